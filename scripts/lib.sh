@@ -1,0 +1,94 @@
+# Shared by scripts/demo, scripts/test and bench/: install what is missing, build and
+# install the extension, start and stop throwaway clusters. Source it; do not run it.
+# Everything it starts listens on loopback or on a socket under target/ only.
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PG_BIN=/usr/lib/postgresql/15/bin
+PG_CONFIG="$PG_BIN/pg_config"
+PGRX_VERSION=0.18.0
+VENV="$ROOT/target/venv"
+APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pgbouncer
+              postgresql-15-cron sudo python3-venv)
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# The OS user clusters run as: initdb refuses root.
+PG_OS_USER=postgres
+as_pg() { if [ "$(id -un)" = "$PG_OS_USER" ]; then "$@"; else as_root runuser -u "$PG_OS_USER" -- "$@"; fi; }
+
+ensure_packages() {
+    local missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+ensure_cargo_pgrx() {
+    if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
+        log "installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
+        cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+    fi
+    if ! grep -q '^pg15' "${PGRX_HOME:-$HOME/.pgrx}/config.toml" 2>/dev/null; then
+        cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+    fi
+}
+
+ensure_python() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        log "creating the test virtualenv"
+        python3 -m venv "$VENV"
+    fi
+    if ! "$VENV/bin/python" -c 'import psycopg, pytest' 2>/dev/null; then
+        "$VENV/bin/pip" install -q -r "$ROOT/tests/requirements.txt"
+    fi
+}
+
+ensure_deps() {
+    ensure_packages
+    ensure_cargo_pgrx
+}
+
+install_extension() {
+    log "building and installing etc_batch"
+    (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+}
+
+# cluster_start NAME PORT [postgresql.conf lines...]
+# Data and socket live in target/pg/NAME; the superuser is "postgres", trusted locally.
+cluster_start() {
+    local name=$1 port=$2; shift 2
+    local dir="$ROOT/target/pg/$name"
+    cluster_stop "$name" 2>/dev/null || true
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    as_root chown "$PG_OS_USER" "$dir"
+    as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log"
+    {
+        echo "port = $port"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$dir'"
+        echo "max_connections = 100"
+        echo "fsync = off"
+        printf '%s\n' "$@"
+    } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
+    as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+}
+
+cluster_stop() {
+    local dir="$ROOT/target/pg/$1"
+    [ -f "$dir/data/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+}
+
+# Connection settings for psql and libpq clients of cluster NAME on PORT.
+cluster_env() {
+    export PGHOST="$ROOT/target/pg/$1" PGPORT=$2 PGUSER=postgres PGDATABASE=${3:-postgres}
+}

@@ -1,0 +1,66 @@
+-- etc_batch schema: tables first, so that the functions generated from Rust can name them.
+--
+-- The tables belong to the extension's owner. Nobody else is granted any write
+-- privilege on them: etc_batch's functions write them as the owner, and that is what
+-- makes "who added this step" trustworthy. Reading them is granted explicitly (see
+-- the README, "Privileges").
+
+CREATE TABLE etc_batch.batch_log (
+    id            bigint      PRIMARY KEY CHECK (id > 0),
+    batch         text        NOT NULL CHECK (batch <> ''),
+    command       text        NOT NULL,
+    status        text        NOT NULL DEFAULT 'pending'
+                              CHECK (status IN ('pending', 'done', 'failed')),
+    attempts      integer     NOT NULL DEFAULT 0,
+    started_at    timestamptz,
+    finished_at   timestamptz,
+    last_error    text,
+    last_sqlstate text,
+    added_by      regrole     NOT NULL,
+    added_at      timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX batch_log_batch_id ON etc_batch.batch_log (batch, id);
+
+COMMENT ON TABLE etc_batch.batch_log IS
+    'One row per ETL step: the chain (batch) it belongs to, the SQL it runs, its status in the current run, and the role it runs as.';
+COMMENT ON COLUMN etc_batch.batch_log.id IS 'The step number; exec_batch_from_id(id) runs this step and every later step of its batch, in id order.';
+COMMENT ON COLUMN etc_batch.batch_log.command IS 'The SQL the step runs, as one transaction, with the privileges of added_by.';
+COMMENT ON COLUMN etc_batch.batch_log.status IS 'pending, done or failed; there is no running state: a step being run is row-locked and still pending until its transaction commits.';
+COMMENT ON COLUMN etc_batch.batch_log.attempts IS 'Attempts in the current run; reset_batch sets it back to 0.';
+COMMENT ON COLUMN etc_batch.batch_log.added_by IS 'The role that added the step; the step runs with its privileges.';
+
+CREATE TABLE etc_batch.step_audit (
+    audit_id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    step_id           bigint      NOT NULL,
+    batch             text        NOT NULL,
+    attempt           integer     NOT NULL,
+    pid               integer     NOT NULL,
+    run_by            regrole     NOT NULL,
+    ran_as            regrole     NOT NULL,
+    lock_requested_at timestamptz NOT NULL,
+    lock_acquired_at  timestamptz NOT NULL,
+    status_seen       text        NOT NULL,
+    outcome           text        NOT NULL CHECK (outcome IN ('done', 'failed', 'skipped')),
+    started_at        timestamptz,
+    finished_at       timestamptz,
+    error             text,
+    sqlstate          text,
+    txid              bigint      NOT NULL
+);
+
+CREATE INDEX step_audit_step ON etc_batch.step_audit (step_id, audit_id);
+
+COMMENT ON TABLE etc_batch.step_audit IS
+    'One row per attempt to run a step and per skip of a step that was already done; committed in the same transaction as the step''s own writes.';
+COMMENT ON COLUMN etc_batch.step_audit.status_seen IS 'The status the runner read after its lock on the step was granted.';
+COMMENT ON COLUMN etc_batch.step_audit.run_by IS 'The role that called exec_batch_from_id.';
+COMMENT ON COLUMN etc_batch.step_audit.ran_as IS 'The role whose privileges the step ran with (the role that added it).';
+COMMENT ON COLUMN etc_batch.step_audit.txid IS 'The transaction that committed the step (or its failure record).';
+
+-- pg_dump keeps the contents of both tables, not just their definitions.
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.batch_log', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.step_audit', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.step_audit_audit_id_seq', '');
+
+REVOKE ALL ON etc_batch.batch_log, etc_batch.step_audit FROM PUBLIC;

@@ -1,0 +1,259 @@
+//! The commit loop behind `CALL etc_batch.exec_batch_from_id(id, wait)`.
+//!
+//! One transaction per step, in id order, no recursion:
+//!   lock the step's row -> re-read its status -> run / skip / stop ->
+//!   record the outcome and the audit row -> find the next step -> COMMIT.
+//! The lock is the step's row lock (SELECT ... FOR UPDATE), held until that COMMIT, so a
+//! second runner waits on the same step and then reads the status the first committed.
+
+use super::sql;
+use super::step::{action_for, classify_failure, Action, FailureKind, StepStatus};
+use crate::error::{BatchError, OrRaise, Result};
+use crate::query;
+use crate::roles::{as_role, current_user, extension_owner};
+use crate::txn::{subtransaction, TxnLoop};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// What the runner knows once it holds a step's lock.
+struct LockedStep {
+    status: StepStatus,
+    command: String,
+    added_by: pg_sys::Oid,
+    attempts: i32,
+    last_sqlstate: Option<String>,
+    last_error: Option<String>,
+    owner_exists: bool,
+}
+
+enum Flow {
+    /// This runner ran the step; it commits with the step's transaction.
+    Ran,
+    /// An earlier runner had done the step.
+    Skipped,
+    /// Another runner holds the step and the caller asked not to wait.
+    Yielded,
+}
+
+/// Who is running the chain, fixed once at the start of the CALL.
+struct Runner {
+    batch: String,
+    caller: pg_sys::Oid,
+    bookkeeper: pg_sys::Oid,
+    wait: bool,
+}
+
+pub fn exec_batch_from_id(tx: &mut TxnLoop, first: i64, wait: bool) -> Result<()> {
+    let bookkeeper = extension_owner()?;
+    let batch = as_role(bookkeeper, || {
+        query::one::<String>(sql::STEP_BATCH, &[first.into()])
+    })?
+    .ok_or(BatchError::UnknownStep { id: first })?;
+    let runner = Runner {
+        batch,
+        caller: current_user(),
+        bookkeeper,
+        wait,
+    };
+
+    let mut next = Some(first);
+    while let Some(id) = next {
+        let ran = match runner.run_step(tx, id)? {
+            Flow::Yielded => return Ok(()),
+            Flow::Ran => true,
+            Flow::Skipped => false,
+        };
+        next = as_role(runner.bookkeeper, || {
+            query::one::<i64>(sql::NEXT_STEP, &[runner.batch.clone().into(), id.into()])
+        })?;
+        tx.commit();
+        if ran {
+            notice!("step {id} of batch \"{}\" committed", runner.batch);
+        }
+    }
+    Ok(())
+}
+
+impl Runner {
+    /// Runs one step in the current transaction. Returns before the COMMIT, except for a
+    /// failed step, whose failure is committed here and then raised.
+    fn run_step(&self, tx: &mut TxnLoop, id: i64) -> Result<Flow> {
+        let lock_requested = now();
+        let Some(step) = self.lock(id)? else {
+            self.report_holder(id)?;
+            return Ok(Flow::Yielded);
+        };
+        let lock_acquired = now();
+
+        match action_for(step.status) {
+            Action::Skip => {
+                as_role(self.bookkeeper, || {
+                    query::run(
+                        sql::RECORD_SKIP,
+                        &[
+                            id.into(),
+                            self.caller.into(),
+                            lock_requested.into(),
+                            lock_acquired.into(),
+                        ],
+                    )
+                })?;
+                notice!(
+                    "step {id} of batch \"{}\" is already done, skipping",
+                    self.batch
+                );
+                Ok(Flow::Skipped)
+            }
+            Action::Stop => Err(BatchError::StepFailed {
+                id,
+                batch: self.batch.clone(),
+                attempts: step.attempts,
+                sqlstate: step.last_sqlstate,
+                error: step.last_error,
+            }),
+            Action::Run => {
+                if !step.owner_exists {
+                    return Err(BatchError::StepOwnerMissing {
+                        id,
+                        batch: self.batch.clone(),
+                    });
+                }
+                let started = now();
+                let outcome =
+                    subtransaction(|| as_role(step.added_by, || run_command(&step.command)));
+                let finished = now();
+                let times = || -> Vec<pgrx::datum::DatumWithOid<'static>> {
+                    vec![
+                        id.into(),
+                        started.into(),
+                        finished.into(),
+                        self.caller.into(),
+                        lock_requested.into(),
+                        lock_acquired.into(),
+                    ]
+                };
+                match outcome {
+                    Ok(()) => {
+                        as_role(self.bookkeeper, || query::run(sql::MARK_DONE, &times()))?;
+                        Ok(Flow::Ran)
+                    }
+                    Err(failure) if classify_failure(failure.code) == FailureKind::Interrupted => {
+                        // Nothing is recorded: the whole transaction rolls back and the
+                        // step stays pending for the next run.
+                        let report = failure.into_report(
+                            format!("Step {id} of batch \"{}\" was interrupted and is still pending.", self.batch),
+                            format!("Run \"CALL etc_batch.exec_batch_from_id({id})\" to continue the chain."),
+                        );
+                        report.report(PgLogLevel::ERROR);
+                        unreachable!()
+                    }
+                    Err(failure) => {
+                        let mut args = times();
+                        args.push(failure.message.clone().into());
+                        args.push(failure.sqlstate().into());
+                        let attempt = as_role(self.bookkeeper, || {
+                            query::one::<i32>(sql::MARK_FAILED, &args)
+                        })?
+                        .unwrap_or_default();
+                        tx.commit();
+                        let report = failure.into_report(
+                            format!(
+                                "Step {id} of batch \"{}\" failed on attempt {attempt}.",
+                                self.batch
+                            ),
+                            format!(
+                                "Fix the cause, then run \"SELECT etc_batch.retry_step({id})\" and \
+                                 \"CALL etc_batch.exec_batch_from_id({id})\"."
+                            ),
+                        );
+                        report.report(PgLogLevel::ERROR);
+                        unreachable!()
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the step's row lock and reads the step as it is now. `None`: another
+    /// runner holds it and `wait` is false.
+    fn lock(&self, id: i64) -> Result<Option<LockedStep>> {
+        let statement = if self.wait {
+            sql::LOCK_STEP
+        } else {
+            sql::LOCK_STEP_NOWAIT
+        };
+        let row = as_role(self.bookkeeper, || {
+            query::row(statement, &[id.into()], |row| {
+                Ok((
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<String>(2)?.unwrap_or_default(),
+                    row.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+                    row.get::<i32>(4)?.unwrap_or_default(),
+                    row.get::<String>(5)?,
+                    row.get::<String>(6)?,
+                    row.get::<bool>(7)?.unwrap_or(false),
+                ))
+            })
+        })?;
+        match row {
+            None if self.wait => Err(BatchError::UnknownStep { id }),
+            None => Ok(None),
+            Some((
+                status,
+                command,
+                added_by,
+                attempts,
+                last_sqlstate,
+                last_error,
+                owner_exists,
+            )) => Ok(Some(LockedStep {
+                status: StepStatus::parse(&status)?,
+                command,
+                added_by,
+                attempts,
+                last_sqlstate,
+                last_error,
+                owner_exists,
+            })),
+        }
+    }
+
+    /// Tells the caller who holds a step it declined to wait for.
+    fn report_holder(&self, id: i64) -> Result<()> {
+        let holder = as_role(self.bookkeeper, || {
+            query::row(sql::STEP_HOLDER, &[id.into()], |row| row.get::<i32>(1))
+        })?;
+        match holder {
+            None => Err(BatchError::UnknownStep { id }),
+            Some(Some(pid)) => {
+                notice!(
+                    "step {id} of batch \"{}\" is being run by process {pid}, not waiting",
+                    self.batch
+                );
+                Ok(())
+            }
+            Some(None) => {
+                notice!(
+                    "step {id} of batch \"{}\" is being run by another process, not waiting",
+                    self.batch
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs a step's command. SET commands inside it end with the step, as they would
+/// in a function with a SET clause, so one step cannot change the next one's settings.
+fn run_command(command: &str) {
+    let nest_level = unsafe { pg_sys::NewGUCNestLevel() };
+    Spi::run(command).map_err(BatchError::from).or_raise();
+    unsafe { pg_sys::AtEOXact_GUC(true, nest_level) };
+}
+
+/// The wall clock, as clock_timestamp() reads it.
+fn now() -> TimestampWithTimeZone {
+    let raw = unsafe { pg_sys::GetCurrentTimestamp() };
+    TimestampWithTimeZone::try_from(raw).expect("the current time is a valid timestamp")
+}

@@ -1,0 +1,286 @@
+//! The one error type of etc_batch.
+//!
+//! Every error a user can see is a variant here, with its SQLSTATE, its message in
+//! PostgreSQL's style (lower case, no period, names in double quotes), a detail that
+//! states the facts, and a hint that says what to do. Callers branch on the SQLSTATE,
+//! so it is the most specific one that fits, and it is chosen in exactly one place.
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode as Code;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchError {
+    /// A procedure that commits was called where it cannot commit.
+    AtomicContext {
+        procedure: &'static str,
+    },
+    /// A required argument was NULL.
+    NullArgument {
+        argument: &'static str,
+    },
+    /// An argument has a value that is never valid.
+    InvalidArgument {
+        message: String,
+        detail: Option<String>,
+    },
+    /// A step command that etc_batch will never be able to run as one step.
+    InvalidCommand {
+        detail: String,
+    },
+    /// A step command that does not parse.
+    CommandSyntax {
+        detail: String,
+    },
+    UnknownStep {
+        id: i64,
+    },
+    UnknownBatch {
+        batch: String,
+    },
+    StepExists {
+        id: i64,
+        batch: String,
+    },
+    /// The chain reached a step that failed earlier and was not retried.
+    StepFailed {
+        id: i64,
+        batch: String,
+        attempts: i32,
+        sqlstate: Option<String>,
+        error: Option<String>,
+    },
+    /// `retry_step` on a step that is not failed.
+    StepNotFailed {
+        id: i64,
+        status: String,
+    },
+    /// A step that was added by a role that no longer exists.
+    StepOwnerMissing {
+        id: i64,
+        batch: String,
+    },
+    /// Something etc_batch itself did not expect; a bug, never a user error.
+    Internal(String),
+}
+
+impl BatchError {
+    pub fn sqlstate(&self) -> Code {
+        use BatchError::*;
+        match self {
+            AtomicContext { .. } => Code::ERRCODE_INVALID_TRANSACTION_TERMINATION,
+            NullArgument { .. } => Code::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            InvalidArgument { .. } => Code::ERRCODE_INVALID_PARAMETER_VALUE,
+            InvalidCommand { .. } => Code::ERRCODE_INVALID_PARAMETER_VALUE,
+            CommandSyntax { .. } => Code::ERRCODE_SYNTAX_ERROR,
+            UnknownStep { .. } | UnknownBatch { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            StepExists { .. } => Code::ERRCODE_UNIQUE_VIOLATION,
+            StepFailed { .. } | StepNotFailed { .. } => {
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
+            StepOwnerMissing { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            Internal(_) => Code::ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        use BatchError::*;
+        match self {
+            AtomicContext { procedure } => {
+                format!("{procedure} cannot run inside a transaction block or an atomic context")
+            }
+            NullArgument { argument } => format!("argument \"{argument}\" must not be null"),
+            InvalidArgument { message, .. } => message.clone(),
+            InvalidCommand { .. } => "invalid step command".into(),
+            CommandSyntax { .. } => "step command has a syntax error".into(),
+            UnknownStep { id } => format!("step {id} does not exist"),
+            UnknownBatch { batch } => format!("batch \"{batch}\" does not exist"),
+            StepExists { id, batch } => format!("step {id} already exists in batch \"{batch}\""),
+            StepFailed { id, batch, .. } => format!("step {id} of batch \"{batch}\" has failed"),
+            StepNotFailed { id, status } => format!("step {id} is {status}, not failed"),
+            StepOwnerMissing { id, batch } => {
+                format!("step {id} of batch \"{batch}\" was added by a role that no longer exists")
+            }
+            Internal(what) => format!("etc_batch internal error: {what}"),
+        }
+    }
+
+    pub fn detail(&self) -> Option<String> {
+        use BatchError::*;
+        match self {
+            AtomicContext { .. } => Some(
+                "It commits after every step, and a transaction block, a function, a SELECT, \
+                 a block with an EXCEPTION clause, or a calling procedure with a SET clause or \
+                 SECURITY DEFINER does not allow that."
+                    .into(),
+            ),
+            InvalidArgument { detail, .. } => detail.clone(),
+            InvalidCommand { detail } | CommandSyntax { detail } => Some(detail.clone()),
+            StepFailed {
+                attempts,
+                sqlstate,
+                error,
+                ..
+            } => Some(format!(
+                "It failed on attempt {attempts}{}{}.",
+                sqlstate
+                    .as_deref()
+                    .map(|s| format!(" with SQLSTATE {s}"))
+                    .unwrap_or_default(),
+                error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default(),
+            )),
+            StepOwnerMissing { .. } => {
+                Some("A step runs with the privileges of the role that added it.".into())
+            }
+            _ => None,
+        }
+    }
+
+    pub fn hint(&self) -> Option<String> {
+        use BatchError::*;
+        match self {
+            AtomicContext { procedure } => Some(format!(
+                "Run \"CALL {procedure}(...)\" as a statement of its own in autocommit mode, \
+                 or from a procedure that was itself CALLed that way."
+            )),
+            StepFailed { id, .. } => Some(format!(
+                "Fix the cause, then run \"SELECT etc_batch.retry_step({id})\" and \
+                 \"CALL etc_batch.exec_batch_from_id({id})\"."
+            )),
+            StepNotFailed { .. } => {
+                Some("Only a failed step can be retried; use etc_batch.reset_batch to rerun a whole batch.".into())
+            }
+            StepExists { .. } => Some("Omit the id to let etc_batch choose the next free one.".into()),
+            StepOwnerMissing { .. } => {
+                Some("Delete the step and add it again as an existing role.".into())
+            }
+            _ => None,
+        }
+    }
+
+    /// Raises this error in the backend; never returns.
+    pub fn raise(self) -> ! {
+        ErrorReport::from(self).report(PgLogLevel::ERROR);
+        unreachable!("ereport(ERROR) returned")
+    }
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+impl From<BatchError> for ErrorReport {
+    fn from(e: BatchError) -> Self {
+        let mut report = ErrorReport::new(e.sqlstate(), e.message(), "etc_batch");
+        if let Some(detail) = e.detail() {
+            report = report.set_detail(detail);
+        }
+        if let Some(hint) = e.hint() {
+            report = report.set_hint(hint);
+        }
+        report
+    }
+}
+
+impl From<pgrx::spi::Error> for BatchError {
+    fn from(e: pgrx::spi::Error) -> Self {
+        BatchError::Internal(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, BatchError>;
+
+/// Raises the error of a failed `Result` in the backend.
+pub trait OrRaise<T> {
+    fn or_raise(self) -> T;
+}
+
+impl<T> OrRaise<T> for Result<T> {
+    fn or_raise(self) -> T {
+        self.unwrap_or_else(|e| e.raise())
+    }
+}
+
+/// A required argument: NULL is an error, never a silent NULL result.
+pub fn required<T>(value: Option<T>, argument: &'static str) -> Result<T> {
+    value.ok_or(BatchError::NullArgument { argument })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_follow_postgres_style() {
+        let all = [
+            BatchError::AtomicContext {
+                procedure: "etc_batch.exec_batch_from_id",
+            },
+            BatchError::NullArgument { argument: "batch" },
+            BatchError::UnknownStep { id: 7 },
+            BatchError::UnknownBatch {
+                batch: "nightly".into(),
+            },
+            BatchError::StepExists {
+                id: 7,
+                batch: "nightly".into(),
+            },
+            BatchError::StepFailed {
+                id: 7,
+                batch: "nightly".into(),
+                attempts: 2,
+                sqlstate: Some("22012".into()),
+                error: Some("division by zero".into()),
+            },
+            BatchError::StepNotFailed {
+                id: 7,
+                status: "done".into(),
+            },
+        ];
+        for e in all {
+            let m = e.message();
+            assert!(!m.ends_with('.'), "{m}");
+            assert!(m.chars().next().unwrap().is_lowercase(), "{m}");
+            for text in [e.detail(), e.hint()].into_iter().flatten() {
+                assert!(text.ends_with('.'), "{text}");
+                assert!(text.chars().next().unwrap().is_uppercase(), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn failed_step_detail_names_attempt_and_sqlstate() {
+        let e = BatchError::StepFailed {
+            id: 24,
+            batch: "nightly".into(),
+            attempts: 3,
+            sqlstate: Some("23505".into()),
+            error: Some("duplicate key".into()),
+        };
+        assert_eq!(
+            e.detail().unwrap(),
+            "It failed on attempt 3 with SQLSTATE 23505: duplicate key."
+        );
+        assert!(e.hint().unwrap().contains("etc_batch.retry_step(24)"));
+        assert_eq!(e.sqlstate(), Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
+    }
+
+    #[test]
+    fn atomic_context_is_2d000() {
+        let e = BatchError::AtomicContext {
+            procedure: "etc_batch.exec_batch_from_id",
+        };
+        assert_eq!(e.sqlstate(), Code::ERRCODE_INVALID_TRANSACTION_TERMINATION);
+        assert!(e
+            .hint()
+            .unwrap()
+            .contains("CALL etc_batch.exec_batch_from_id"));
+    }
+}

@@ -1,0 +1,59 @@
+//! Running a piece of work as another role, for the span of one closure.
+//!
+//! etc_batch does two things as a role other than the caller:
+//! - its bookkeeping (batch_log, step_audit) runs as the extension's owner, so that
+//!   callers need no write privilege on those tables and cannot forge who added a step;
+//! - a step's command runs as the role that added the step, never as the caller.
+//!
+//! A switch never spans a commit: PostgreSQL remembers the user at the start of each
+//! transaction and restores it on abort, so a switch made before a commit would become
+//! the "original" user of the next transaction and survive an error in it.
+
+use crate::error::{BatchError, Result};
+use pgrx::pg_sys;
+
+/// Restores the saved user on drop, on the success path and while unwinding alike.
+struct Restore {
+    user: pg_sys::Oid,
+    context: i32,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) }
+    }
+}
+
+/// Runs `work` with `role`'s privileges. SECURITY_LOCAL_USERID_CHANGE makes SET ROLE
+/// and SET SESSION AUTHORIZATION fail inside, as in a SECURITY DEFINER function.
+pub fn as_role<R>(role: pg_sys::Oid, work: impl FnOnce() -> R) -> R {
+    let mut user = pg_sys::Oid::INVALID;
+    let mut context = 0;
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        pg_sys::SetUserIdAndSecContext(role, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+    }
+    let _restore = Restore { user, context };
+    work()
+}
+
+/// The role running the current statement (current_user).
+pub fn current_user() -> pg_sys::Oid {
+    unsafe { pg_sys::GetUserId() }
+}
+
+/// The owner of the etc_batch extension, who owns its tables.
+pub fn extension_owner() -> Result<pg_sys::Oid> {
+    crate::query::one::<pg_sys::Oid>(
+        "SELECT e.extowner FROM pg_catalog.pg_extension e \
+         WHERE e.extname OPERATOR(pg_catalog.=) 'etc_batch'",
+        &[],
+    )?
+    .ok_or_else(|| BatchError::Internal("extension etc_batch is not installed".into()))
+}
+
+/// Runs `work` as the extension's owner: for etc_batch's own bookkeeping only.
+pub fn as_owner<R>(work: impl FnOnce() -> Result<R>) -> Result<R> {
+    let owner = extension_owner()?;
+    as_role(owner, work)
+}

@@ -1,0 +1,200 @@
+//! Transaction control from inside a procedure: the only module that calls SPI in
+//! non-atomic mode, commits, or opens subtransactions by hand.
+//!
+//! pgrx's `Spi::connect` always connects atomically, so it can never commit. A
+//! procedure that commits between items instead:
+//! 1. proves it was CALLed in a non-atomic context (`TxnLoop::begin`),
+//! 2. connects with `SPI_OPT_NONATOMIC`,
+//! 3. does each item's work with pgrx's ordinary `Spi` API (which nests an atomic
+//!    connection per statement and finishes it again, so nothing from SPI is ever
+//!    held across a commit), and
+//! 4. calls `TxnLoop::commit`.
+//!
+//! PostgreSQL releases everything of a failed transaction itself (the SPI stack
+//! included), so the only cleanup owed here is on the success path.
+
+use crate::error::{BatchError, Result};
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::{CaughtError, ErrorReport, ErrorReportWithLevel};
+use pgrx::{PgSqlErrorCode, PgTryBuilder};
+
+/// A non-atomic SPI connection owned by the running procedure.
+pub struct TxnLoop {
+    finished: bool,
+}
+
+impl TxnLoop {
+    /// Checks that the procedure may commit and connects SPI in non-atomic mode.
+    ///
+    /// # Safety
+    /// `fcinfo` must be the call info PostgreSQL passed to the running C function.
+    pub unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo, procedure: &'static str) -> Result<Self> {
+        if !Self::may_commit(fcinfo) {
+            return Err(BatchError::AtomicContext { procedure });
+        }
+        let rc = pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32);
+        if rc != pg_sys::SPI_OK_CONNECT as i32 {
+            return Err(BatchError::Internal(format!(
+                "SPI_connect_ext returned {rc}"
+            )));
+        }
+        Ok(TxnLoop { finished: false })
+    }
+
+    /// A procedure may commit only when ExecuteCallStmt handed it a CallContext with
+    /// `atomic = false`: that is false inside BEGIN ... COMMIT, under a function or
+    /// SELECT, under an EXCEPTION block, and below a procedure with SET or SECURITY
+    /// DEFINER, which is exactly where COMMIT would fail half-way through the work.
+    unsafe fn may_commit(fcinfo: pg_sys::FunctionCallInfo) -> bool {
+        if fcinfo.is_null() {
+            return false;
+        }
+        let context = (*fcinfo).context;
+        if context.is_null() || !pgrx::is_a(context, pg_sys::NodeTag::T_CallContext) {
+            return false;
+        }
+        let call = context as *mut pg_sys::CallContext;
+        !(*call).atomic && !pg_sys::IsSubTransaction()
+    }
+
+    /// Commits the current transaction and starts the next one.
+    pub fn commit(&mut self) {
+        // SAFETY: we are connected non-atomically (begin), and every nested atomic
+        // connection opened by pgrx's Spi has been finished again by the time control
+        // comes back here, so SPI_commit sees our own connection on top.
+        unsafe { pg_sys::SPI_commit() }
+    }
+
+    /// Disconnects SPI after the last commit.
+    pub fn finish(mut self) {
+        self.finished = true;
+        // SAFETY: our connection is the top of the SPI stack (see commit).
+        unsafe {
+            pg_sys::SPI_finish();
+        }
+    }
+}
+
+impl Drop for TxnLoop {
+    fn drop(&mut self) {
+        // On an error the transaction's abort pops the SPI stack; finishing here as well
+        // would pop a connection that is no longer ours.
+        if !self.finished && !std::thread::panicking() {
+            unsafe {
+                pg_sys::SPI_finish();
+            }
+        }
+    }
+}
+
+/// Runs `work` in a subtransaction. On success the subtransaction is released
+/// (its writes become part of the enclosing transaction); on an error it is rolled
+/// back, so none of `work`'s writes survive, and the error is returned, not raised.
+pub fn subtransaction<R>(work: impl FnOnce() -> R) -> std::result::Result<R, Failure> {
+    // SAFETY: the memory context and resource owner are saved before the
+    // subtransaction starts and restored after it ends either way, as PL/pgSQL's
+    // exception blocks do; BeginInternalSubTransaction switches both.
+    unsafe {
+        let memory = pg_sys::CurrentMemoryContext;
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(memory);
+
+        let mut work = Some(work);
+        let outcome =
+            PgTryBuilder::new(std::panic::AssertUnwindSafe(
+                || Ok((work.take().unwrap())()),
+            ))
+            .catch_others(|caught| Err(caught))
+            .execute();
+
+        match outcome {
+            Ok(value) => {
+                pg_sys::ReleaseCurrentSubTransaction();
+                pg_sys::MemoryContextSwitchTo(memory);
+                pg_sys::CurrentResourceOwner = owner;
+                Ok(value)
+            }
+            Err(caught) => {
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+                pg_sys::MemoryContextSwitchTo(memory);
+                pg_sys::CurrentResourceOwner = owner;
+                Err(Failure::from(caught))
+            }
+        }
+    }
+}
+
+/// An error caught in a subtransaction, kept so it can be recorded and raised again.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub code: PgSqlErrorCode,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl Failure {
+    /// The five-character SQLSTATE, as PostgreSQL prints it.
+    pub fn sqlstate(&self) -> String {
+        unpack_sqlstate(self.code as i32)
+    }
+
+    /// The error as PostgreSQL would raise it again, with `detail` and `hint` used only
+    /// where the original error had none.
+    pub fn into_report(self, detail: String, hint: String) -> ErrorReport {
+        ErrorReport::new(self.code, self.message, "etc_batch")
+            .set_detail(self.detail.unwrap_or(detail))
+            .set_hint(self.hint.unwrap_or(hint))
+    }
+}
+
+impl From<CaughtError> for Failure {
+    fn from(caught: CaughtError) -> Self {
+        let e: &ErrorReportWithLevel = match &caught {
+            CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) => e,
+            CaughtError::RustPanic { ereport, .. } => ereport,
+        };
+        Failure {
+            code: e.sql_error_code(),
+            message: e.message().to_string(),
+            detail: e.detail().map(str::to_string),
+            hint: e.hint().map(str::to_string),
+        }
+    }
+}
+
+/// The inverse of PostgreSQL's MAKE_SQLSTATE: six bits per character, first one lowest.
+pub fn unpack_sqlstate(mut code: i32) -> String {
+    let mut out = String::with_capacity(5);
+    for _ in 0..5 {
+        out.push((((code & 0x3F) as u8) + b'0') as char);
+        code >>= 6;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_unpack_as_printed() {
+        assert_eq!(
+            unpack_sqlstate(PgSqlErrorCode::ERRCODE_DIVISION_BY_ZERO as i32),
+            "22012"
+        );
+        assert_eq!(
+            unpack_sqlstate(PgSqlErrorCode::ERRCODE_INVALID_TRANSACTION_TERMINATION as i32),
+            "2D000"
+        );
+        assert_eq!(
+            unpack_sqlstate(PgSqlErrorCode::ERRCODE_QUERY_CANCELED as i32),
+            "57014"
+        );
+        assert_eq!(
+            unpack_sqlstate(PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION as i32),
+            "P0001"
+        );
+    }
+}
