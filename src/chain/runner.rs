@@ -244,12 +244,14 @@ impl Runner {
     }
 }
 
-/// Runs a step's command. SET commands inside it end with the step, as they would
-/// in a function with a SET clause, so one step cannot change the next one's settings.
+/// Runs a step's command. Settings it changes (SET, SET LOCAL, set_config) end with the
+/// step, so one step cannot change the next one's settings or the caller's session.
 fn run_command(command: &str) {
     let nest_level = unsafe { pg_sys::NewGUCNestLevel() };
     Spi::run(command).map_err(BatchError::from).or_raise();
-    unsafe { pg_sys::AtEOXact_GUC(true, nest_level) };
+    // "false" undoes every change made at this nesting level, as a subtransaction abort
+    // would; "true" would keep plain SETs for the rest of the session.
+    unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
 }
 
 /// The wall clock, as clock_timestamp() reads it.
