@@ -21,6 +21,9 @@ use pgrx::{PgSqlErrorCode, PgTryBuilder};
 /// A non-atomic SPI connection owned by the running procedure.
 pub struct TxnLoop {
     finished: bool,
+    /// Reset before every item, so a loop over a million items uses the memory of one.
+    /// A child of SPI's procedure context, which lives until SPI_finish, across commits.
+    scratch: pg_sys::MemoryContext,
 }
 
 impl TxnLoop {
@@ -38,7 +41,31 @@ impl TxnLoop {
                 "SPI_connect_ext returned {rc}"
             )));
         }
-        Ok(TxnLoop { finished: false })
+        let scratch = pg_sys::AllocSetContextCreateExtended(
+            pg_sys::CurrentMemoryContext,
+            c"etc_batch item".as_ptr(),
+            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+        );
+        Ok(TxnLoop {
+            finished: false,
+            scratch,
+        })
+    }
+
+    /// Runs one item of the loop (a step, a chunk) with a fresh scratch memory context
+    /// as the current one; whatever PostgreSQL allocated for the previous item is freed.
+    pub fn item<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
+        // SAFETY: scratch is a live context (see the field); SPI_commit inside `work`
+        // comes back to the context that was current when it was called.
+        let previous = unsafe {
+            pg_sys::MemoryContextReset(self.scratch);
+            pg_sys::MemoryContextSwitchTo(self.scratch)
+        };
+        let result = work(self);
+        unsafe { pg_sys::MemoryContextSwitchTo(previous) };
+        result
     }
 
     /// A procedure may commit only when ExecuteCallStmt handed it a CallContext with

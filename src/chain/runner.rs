@@ -59,18 +59,21 @@ pub fn exec_batch_from_id(tx: &mut TxnLoop, first: i64, wait: bool) -> Result<()
 
     let mut next = Some(first);
     while let Some(id) = next {
-        let ran = match runner.run_step(tx, id)? {
-            Flow::Yielded => return Ok(()),
-            Flow::Ran => true,
-            Flow::Skipped => false,
-        };
-        next = as_role(runner.bookkeeper, || {
-            query::one::<i64>(sql::NEXT_STEP, &[runner.batch.clone().into(), id.into()])
+        next = tx.item(|tx| -> Result<Option<i64>> {
+            let ran = match runner.run_step(tx, id)? {
+                Flow::Yielded => return Ok(None),
+                Flow::Ran => true,
+                Flow::Skipped => false,
+            };
+            let next = as_role(runner.bookkeeper, || {
+                query::one::<i64>(sql::NEXT_STEP, &[runner.batch.clone().into(), id.into()])
+            })?;
+            tx.commit();
+            if ran {
+                notice!("step {id} of batch \"{}\" committed", runner.batch);
+            }
+            Ok(next)
         })?;
-        tx.commit();
-        if ran {
-            notice!("step {id} of batch \"{}\" committed", runner.batch);
-        }
     }
     Ok(())
 }
@@ -249,6 +252,11 @@ impl Runner {
 fn run_command(command: &str) {
     let nest_level = unsafe { pg_sys::NewGUCNestLevel() };
     Spi::run(command).map_err(BatchError::from).or_raise();
+    // Deferred constraints are checked now, inside the step's subtransaction, so that a
+    // violation is the step's failure rather than an error of the COMMIT after it.
+    Spi::run("SET CONSTRAINTS ALL IMMEDIATE")
+        .map_err(BatchError::from)
+        .or_raise();
     // "false" undoes every change made at this nesting level, as a subtransaction abort
     // would; "true" would keep plain SETs for the rest of the session.
     unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };

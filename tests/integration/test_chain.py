@@ -706,3 +706,25 @@ def test_cancelled_step_stays_pending_and_chain_resumes(db, how):
         (ids[2], "done"),
         (ids[3], "done"),
     ]
+
+
+# settings changed by a step -------------------------------------------------------------------
+
+
+def test_settings_changed_by_a_step_do_not_reach_the_callers_session(db):
+    batch = db.new_batch("settings")
+    ids = db.add_steps(
+        batch,
+        [
+            "SET work_mem = '77MB'",
+            "SELECT set_config('work_mem', '99MB', false)",
+            f"INSERT INTO side_effect(batch, step) SELECT {db.lit(batch)}, 3 "
+            "WHERE current_setting('work_mem') NOT IN ('77MB', '99MB')",
+        ],
+    )
+    conn = db.connect()
+    conn.execute("SET work_mem = '5MB'")
+    db.call(ids[0], conn=conn)
+    assert conn.execute("SHOW work_mem").fetchone() == ("5MB",)
+    # and one step's setting did not reach the next step
+    assert db.side_counts(batch) == {3: 1}

@@ -129,6 +129,23 @@ SELECT step, loaded_by FROM sales WHERE step = 101;
 SELECT count(*) AS secrets_rows FROM secrets;
 SELECT step_id, outcome, sqlstate, run_by, ran_as FROM etc_batch.step_audit WHERE batch = 'owned' ORDER BY audit_id;
 
+-- A deferred constraint that a step violates fails the step, not the COMMIT after it.
+CREATE TABLE parents (id int PRIMARY KEY);
+CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);
+SELECT etc_batch.add_step('deferred', 'INSERT INTO children VALUES (7)', 401);
+CALL etc_batch.exec_batch_from_id(401);
+\echo :LAST_ERROR_SQLSTATE
+SELECT status, last_sqlstate FROM etc_batch.batch_log WHERE id = 401;
+SELECT count(*) AS children_rows FROM children;
+
+-- A step cannot change who it runs as.
+SELECT etc_batch.add_step('escalate', 'SET ROLE etl_owner', 301);
+CALL etc_batch.exec_batch_from_id(301);
+\echo :LAST_ERROR_SQLSTATE
+SELECT etc_batch.add_step('escalate2', 'SET SESSION AUTHORIZATION etl_owner', 302);
+CALL etc_batch.exec_batch_from_id(302);
+\echo :LAST_ERROR_SQLSTATE
+
 -- A step's SET does not leak into the next step or the session.
 SELECT etc_batch.add_step('settings', 'SET work_mem = ''7MB''', 201);
 SELECT etc_batch.add_step('settings', 'INSERT INTO sales(step, loaded_by) SELECT 202, current_setting(''work_mem'')', 202);
