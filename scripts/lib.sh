@@ -80,7 +80,8 @@ cluster_start() {
         echo "fsync = off"
         printf '%s\n' "$@"
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
-    as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    # The server must not inherit RUST_BACKTRACE: it would add backtraces to error details.
+    as_pg env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 }
 
 cluster_stop() {

@@ -60,6 +60,41 @@ pub enum BatchError {
         id: i64,
         batch: String,
     },
+    /// A column named in a job that the target does not have.
+    UndefinedColumn {
+        column: String,
+    },
+    /// Something etc_batch does not support (yet), such as a key of an unusual type.
+    Unsupported {
+        message: String,
+        detail: String,
+    },
+    UnknownJob {
+        job: String,
+    },
+    PermissionDenied {
+        message: String,
+        detail: String,
+    },
+    /// The same job id registered again with different content.
+    JobMismatch {
+        job: String,
+        detail: String,
+    },
+    /// An item no longer holds what was approved: a business decision is needed.
+    JobConflict {
+        job: String,
+        detail: String,
+    },
+    /// The job's progress does not match its approved list.
+    JobCorrupt {
+        job: String,
+        detail: String,
+    },
+    JobAborted {
+        job: String,
+        reason: Option<String>,
+    },
     /// Something etc_batch itself did not expect; a bug, never a user error.
     Internal(String),
 }
@@ -79,6 +114,15 @@ impl BatchError {
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             StepOwnerMissing { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            UndefinedColumn { .. } => Code::ERRCODE_UNDEFINED_COLUMN,
+            Unsupported { .. } => Code::ERRCODE_FEATURE_NOT_SUPPORTED,
+            UnknownJob { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            PermissionDenied { .. } => Code::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            JobMismatch { .. } => Code::ERRCODE_DUPLICATE_OBJECT,
+            // Not class 40: a conflict is never retryable; it needs a new approval.
+            JobConflict { .. } => Code::ERRCODE_INTEGRITY_CONSTRAINT_VIOLATION,
+            JobCorrupt { .. } => Code::ERRCODE_DATA_CORRUPTED,
+            JobAborted { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Internal(_) => Code::ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -101,6 +145,18 @@ impl BatchError {
             StepOwnerMissing { id, batch } => {
                 format!("step {id} of batch \"{batch}\" was added by a role that no longer exists")
             }
+            UndefinedColumn { column } => {
+                format!("column \"{column}\" does not exist in the target")
+            }
+            Unsupported { message, .. } => message.clone(),
+            UnknownJob { job } => format!("job \"{job}\" does not exist"),
+            PermissionDenied { message, .. } => message.clone(),
+            JobMismatch { job, .. } => {
+                format!("job \"{job}\" is already registered with different content")
+            }
+            JobConflict { job, .. } => format!("job \"{job}\" is in conflict"),
+            JobCorrupt { job, .. } => format!("job \"{job}\" has corrupt progress"),
+            JobAborted { job, .. } => format!("job \"{job}\" was aborted"),
             Internal(what) => format!("etc_batch internal error: {what}"),
         }
     }
@@ -135,6 +191,11 @@ impl BatchError {
             StepOwnerMissing { .. } => {
                 Some("A step runs with the privileges of the role that added it.".into())
             }
+            Unsupported { detail, .. } | PermissionDenied { detail, .. } => Some(detail.clone()),
+            JobMismatch { detail, .. } | JobConflict { detail, .. } | JobCorrupt { detail, .. } => {
+                Some(detail.clone())
+            }
+            JobAborted { reason, .. } => reason.as_ref().map(|r| format!("Reason given: {r}")),
             _ => None,
         }
     }
@@ -157,6 +218,19 @@ impl BatchError {
             StepOwnerMissing { .. } => {
                 Some("Delete the step and add it again as an existing role.".into())
             }
+            JobMismatch { .. } => Some(
+                "A job id names one approval forever; register the new approval under a new job id.".into(),
+            ),
+            JobConflict { .. } => Some(
+                "This is a business conflict, not a transient error: chunks committed earlier stay \
+                 committed, and the remaining items need a new approval under a new job id."
+                    .into(),
+            ),
+            JobCorrupt { .. } => Some(
+                "etc_batch does not repair progress by itself; compare etc_batch.verify_job with \
+                 etc_batch.job_audit, then abort the job and register what remains."
+                    .into(),
+            ),
             _ => None,
         }
     }

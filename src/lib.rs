@@ -4,6 +4,7 @@
 //! - `api/`      the SQL surface: every function and procedure a DBA calls.
 //! - `chain/`    the chain runner behind `exec_batch_from_id` (rules in `chain::step`,
 //!               the commit loop in `chain::runner`, bookkeeping SQL in `chain::sql`).
+//! - `job/`      checkpointed jobs behind `drain_job` (approval, progress, drain, reports).
 //! - `txn`       the one place that talks to SPI in non-atomic mode and commits.
 //! - `roles`     running a piece of work as another role, scoped to one transaction.
 //! - `error`     the one error type, mapped to SQLSTATEs.
@@ -14,6 +15,7 @@ use pgrx::prelude::*;
 pub mod api;
 pub mod chain;
 pub mod error;
+pub mod job;
 pub mod query;
 pub mod roles;
 pub mod txn;
@@ -21,7 +23,13 @@ pub mod txn;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-extension_sql_file!("../sql/chain.sql", name = "chain", finalize);
+extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["schema"]);
+extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    job::crash::register();
+}
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]

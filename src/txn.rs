@@ -118,6 +118,17 @@ impl Drop for TxnLoop {
 /// (its writes become part of the enclosing transaction); on an error it is rolled
 /// back, so none of `work`'s writes survive, and the error is returned, not raised.
 pub fn subtransaction<R>(work: impl FnOnce() -> R) -> std::result::Result<R, Failure> {
+    subtransaction_unless(|| Ok::<R, std::convert::Infallible>(work())).map(|r| match r {
+        Ok(value) => value,
+        Err(never) => match never {},
+    })
+}
+
+/// As `subtransaction`, but `work` may also decide to roll back by returning `Err`: the
+/// subtransaction is rolled back and that `Err` is handed back, inside `Ok`.
+pub fn subtransaction_unless<R, E>(
+    work: impl FnOnce() -> std::result::Result<R, E>,
+) -> std::result::Result<std::result::Result<R, E>, Failure> {
     // SAFETY: the memory context and resource owner are saved before the
     // subtransaction starts and restored after it ends either way, as PL/pgSQL's
     // exception blocks do; BeginInternalSubTransaction switches both.
@@ -135,20 +146,15 @@ pub fn subtransaction<R>(work: impl FnOnce() -> R) -> std::result::Result<R, Fai
             .catch_others(|caught| Err(caught))
             .execute();
 
-        match outcome {
-            Ok(value) => {
-                pg_sys::ReleaseCurrentSubTransaction();
-                pg_sys::MemoryContextSwitchTo(memory);
-                pg_sys::CurrentResourceOwner = owner;
-                Ok(value)
-            }
-            Err(caught) => {
-                pg_sys::RollbackAndReleaseCurrentSubTransaction();
-                pg_sys::MemoryContextSwitchTo(memory);
-                pg_sys::CurrentResourceOwner = owner;
-                Err(Failure::from(caught))
-            }
+        let keep = matches!(outcome, Ok(Ok(_)));
+        if keep {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
         }
+        pg_sys::MemoryContextSwitchTo(memory);
+        pg_sys::CurrentResourceOwner = owner;
+        outcome.map_err(Failure::from)
     }
 }
 

@@ -3,3 +3,4 @@
 //! the `#[pg_extern]` attributes below.
 
 pub mod chain;
+pub mod job;

@@ -1,0 +1,108 @@
+-- Checkpointed jobs: a frozen, approved list of items, drained chunk by chunk.
+--
+-- The three tables hold the promise a checkpoint makes: job.next_index says that every
+-- approved item (job_item) below it has been changed and audited (job_audit), in the same
+-- transaction, and nothing at or beyond it has. Like the chain tables, they belong to the
+-- extension's owner and only etc_batch's functions write them.
+
+CREATE TABLE etc_batch.job (
+    job_id           text        PRIMARY KEY CHECK (job_id <> ''),
+    tenant           text        NOT NULL,
+    target           regclass    NOT NULL,
+    key_column       name        NOT NULL,
+    tenant_column    name        NOT NULL,
+    revision_column  name        NOT NULL,
+    chunk_size       integer     NOT NULL CHECK (chunk_size > 0),
+    set_values       jsonb,
+    handler          regprocedure,
+    expect           jsonb       NOT NULL DEFAULT '{}',
+    guard_columns    text[]      NOT NULL DEFAULT '{}',
+    item_count       integer     NOT NULL CHECK (item_count > 0),
+    fingerprint      text        NOT NULL,
+    status           text        NOT NULL DEFAULT 'pending'
+                                 CHECK (status IN ('pending', 'done', 'conflict', 'corrupt', 'aborted')),
+    next_index       integer     NOT NULL DEFAULT 0,
+    chunks_committed integer     NOT NULL DEFAULT 0,
+    audit_changes    bigint      NOT NULL DEFAULT 0,
+    item_changes     bigint      NOT NULL DEFAULT 0,
+    problem          jsonb,
+    status_reason    text,
+    registered_by    regrole     NOT NULL,
+    registered_at    timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    last_commit_at   timestamptz,
+    finished_at      timestamptz,
+    CHECK ((set_values IS NULL) <> (handler IS NULL))
+);
+
+COMMENT ON TABLE etc_batch.job IS
+    'One row per registered approval: what to change, on which table, for which tenant, in chunks of what size, and the checkpoint next_index.';
+COMMENT ON COLUMN etc_batch.job.next_index IS 'The checkpoint: every approved item at a lower position is committed, change and audit together; none at or beyond it is.';
+COMMENT ON COLUMN etc_batch.job.audit_changes IS 'Updates, deletes and truncates of this job''s audit rows, counted by a trigger; anything but 0 makes the job corrupt.';
+COMMENT ON COLUMN etc_batch.job.item_changes IS 'Updates, deletes and truncates of this job''s approved items, counted by a trigger; anything but 0 makes the job corrupt.';
+COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';
+
+CREATE TABLE etc_batch.job_item (
+    job_id   text    NOT NULL,
+    position integer NOT NULL CHECK (position >= 0),
+    item_key text    NOT NULL,
+    revision bigint  NOT NULL,
+    guards   jsonb   NOT NULL,
+    PRIMARY KEY (job_id, position)
+);
+
+COMMENT ON TABLE etc_batch.job_item IS
+    'The approved list, frozen at registration in key order: position, key, the revision the operator saw, and the guard values that must still hold.';
+
+CREATE TABLE etc_batch.job_audit (
+    job_id          text        NOT NULL,
+    position        integer     NOT NULL,
+    item_key        text        NOT NULL,
+    revision_before bigint      NOT NULL,
+    revision_after  bigint,
+    guards          jsonb       NOT NULL,
+    chunk           integer     NOT NULL,
+    txid            bigint      NOT NULL,
+    committed_at    timestamptz NOT NULL,
+    PRIMARY KEY (job_id, position)
+);
+
+COMMENT ON TABLE etc_batch.job_audit IS
+    'One row per changed item, written in the same transaction as the change and the checkpoint.';
+
+-- Counting changes to what must never change: the per-chunk check reads one number
+-- instead of comparing a million rows (see src/job/progress.rs).
+CREATE FUNCTION etc_batch.count_job_changes() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    counter text := TG_ARGV[0];
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        EXECUTE format('UPDATE etc_batch.job SET %I = %I + 1', counter, counter);
+    ELSIF TG_OP = 'DELETE' THEN
+        EXECUTE format('UPDATE etc_batch.job SET %I = %I + 1 WHERE job_id = $1', counter, counter)
+            USING OLD.job_id;
+    ELSE
+        EXECUTE format('UPDATE etc_batch.job SET %I = %I + 1 WHERE job_id IN ($1, $2)', counter, counter)
+            USING OLD.job_id, NEW.job_id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit
+    FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
+CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit
+    FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
+CREATE TRIGGER job_item_changed AFTER UPDATE OR DELETE ON etc_batch.job_item
+    FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
+CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item
+    FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
+
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_item', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_audit', '');
+
+REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;

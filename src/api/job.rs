@@ -1,0 +1,220 @@
+//! Checkpointed jobs: register_job, drain_job, job_report, job_summary, verify_job,
+//! abort_job.
+
+use crate::error::{required, BatchError, OrRaise, Result};
+use crate::job::{drain, register, report};
+use crate::txn::TxnLoop;
+use pgrx::datum::JsonB;
+use pgrx::fcinfo::pg_getarg;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CStr;
+
+/// The approval's columns are `name`s and its target a `regclass`, as a DBA would write
+/// them, so the declaration is written out here rather than derived from Rust types.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION etc_batch.register_job(
+    job_id text, tenant text, target regclass, items jsonb, chunk_size integer,
+    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT 'id',
+    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+    handler regprocedure DEFAULT NULL)
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
+"#
+)]
+fn register_job(
+    job_id: Option<String>,
+    tenant: Option<String>,
+    target: Option<pg_sys::Oid>,
+    items: Option<JsonB>,
+    chunk_size: Option<i32>,
+    set_values: Option<JsonB>,
+    expect: Option<JsonB>,
+    key_column: Option<&CStr>,
+    tenant_column: Option<&CStr>,
+    revision_column: Option<&CStr>,
+    handler: Option<pg_sys::Oid>,
+) -> TableIterator<
+    'static,
+    (
+        name!(job_id, String),
+        name!(created, bool),
+        name!(items, i32),
+        name!(chunks, i32),
+    ),
+> {
+    let name = |v: Option<&CStr>, arg| required(v, arg).map(|c| c.to_string_lossy().into_owned());
+    let request = (|| -> Result<register::Request> {
+        Ok(register::Request {
+            job_id: required(job_id, "job_id")?,
+            tenant: required(tenant, "tenant")?,
+            target: required(target, "target")?,
+            items: required(items, "items")?.0,
+            chunk_size: required(chunk_size, "chunk_size")?,
+            set_values: set_values.map(|j| j.0).filter(|v| !v.is_null()),
+            expect: required(expect, "expect")?.0,
+            key_column: name(key_column, "key_column")?,
+            tenant_column: name(tenant_column, "tenant_column")?,
+            revision_column: name(revision_column, "revision_column")?,
+            handler,
+        })
+    })()
+    .or_raise();
+    let job_id = request.job_id.clone();
+    let registered = register::register(request).or_raise();
+    TableIterator::once((
+        job_id,
+        registered.created,
+        registered.items,
+        registered.chunks,
+    ))
+}
+
+/// Every approved item of a job: unprocessed, or committed and now matching, drifted
+/// or missing; read in one snapshot with the caller's privileges.
+#[pg_extern(stable, parallel_unsafe)]
+fn job_report(
+    job_id: Option<String>,
+) -> TableIterator<
+    'static,
+    (
+        name!(position, i32),
+        name!(item_key, String),
+        name!(state, String),
+        name!(revision_committed, Option<i64>),
+        name!(revision_now, Option<i64>),
+    ),
+> {
+    let job_id = required(job_id, "job_id").or_raise();
+    let rows = report::report(&job_id).or_raise();
+    TableIterator::new(rows.into_iter().map(|r| {
+        (
+            r.position,
+            r.item_key,
+            r.state,
+            r.revision_committed,
+            r.revision_now,
+        )
+    }))
+}
+
+/// A job's status and counts of its items by state.
+#[pg_extern(stable, parallel_unsafe)]
+fn job_summary(
+    job_id: Option<String>,
+) -> TableIterator<
+    'static,
+    (
+        name!(status, String),
+        name!(approved, i32),
+        name!(committed, i32),
+        name!(unprocessed, i32),
+        name!(matching, i32),
+        name!(drifted, i32),
+        name!(missing, i32),
+    ),
+> {
+    let job_id = required(job_id, "job_id").or_raise();
+    let s = report::summary(&job_id).or_raise();
+    TableIterator::once((
+        s.status,
+        s.approved,
+        s.committed,
+        s.unprocessed,
+        s.matching,
+        s.drifted,
+        s.missing,
+    ))
+}
+
+/// The full check of a job's progress against its approved list.
+#[pg_extern(volatile, parallel_unsafe)]
+fn verify_job(
+    job_id: Option<String>,
+) -> TableIterator<
+    'static,
+    (
+        name!(check_name, String),
+        name!(ok, bool),
+        name!(detail, String),
+    ),
+> {
+    let job_id = required(job_id, "job_id").or_raise();
+    let checks = report::verify(&job_id).or_raise();
+    TableIterator::new(
+        checks
+            .into_iter()
+            .map(|c| (c.name.to_string(), c.ok, c.detail)),
+    )
+}
+
+/// Stops a job for good; its approval, audit and checkpoint stay.
+#[pg_extern(volatile, parallel_unsafe)]
+fn abort_job(job_id: Option<String>, reason: Option<String>) {
+    let job_id = required(job_id, "job_id").or_raise();
+    let reason = required(reason, "reason").or_raise();
+    report::abort(&job_id, &reason).or_raise()
+}
+
+// CALL etc_batch.drain_job(job_id text, max_chunks integer DEFAULT NULL,
+//                          INOUT committed_keys text[] DEFAULT NULL,
+//                          INOUT committed_chunks integer DEFAULT NULL,
+//                          INOUT status text DEFAULT NULL)
+
+#[no_mangle]
+#[doc(hidden)]
+pub extern "C" fn pg_finfo_etc_batch_drain_job() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn etc_batch_drain_job(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    // The result row is built where the caller will read it: the memory context current
+    // at entry, which outlives the commits (SPI's own contexts do not).
+    let caller_context = pg_sys::CurrentMemoryContext;
+    let drained = drain_job(fcinfo).or_raise();
+    pg_sys::MemoryContextSwitchTo(caller_context);
+    result_row(fcinfo, drained)
+}
+
+unsafe fn drain_job(fcinfo: pg_sys::FunctionCallInfo) -> Result<drain::Drained> {
+    let mut tx = TxnLoop::begin(fcinfo, "etc_batch.drain_job")?;
+    let job_id: String = required(pg_getarg(fcinfo, 0), "job_id")?;
+    let max_chunks: Option<i32> = pg_getarg(fcinfo, 1);
+    let drained = drain::drain(&mut tx, &job_id, max_chunks)?;
+    tx.finish();
+    Ok(drained)
+}
+
+unsafe fn result_row(fcinfo: pg_sys::FunctionCallInfo, drained: drain::Drained) -> pg_sys::Datum {
+    let mut tupdesc: pg_sys::TupleDesc = std::ptr::null_mut();
+    if pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut tupdesc)
+        != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE
+    {
+        BatchError::Internal("drain_job was not declared with INOUT parameters".into()).raise();
+    }
+    let tupdesc = pg_sys::BlessTupleDesc(tupdesc);
+    let mut values = [
+        drained.keys.into_datum().unwrap_or(pg_sys::Datum::from(0)),
+        drained
+            .chunks
+            .into_datum()
+            .unwrap_or(pg_sys::Datum::from(0)),
+        drained
+            .status
+            .into_datum()
+            .unwrap_or(pg_sys::Datum::from(0)),
+    ];
+    let mut nulls = [false; 3];
+    let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
+    pg_sys::heap_copy_tuple_as_datum(tuple, tupdesc)
+}

@@ -1,0 +1,794 @@
+//! The approved list: parsed, checked against the target's columns, normalized by key
+//! order and fingerprinted. Pure Rust, so every rule here is unit-tested (and fuzzed)
+//! without a database.
+//!
+//! Normal form: items sorted by key in the key column's own type (integers by value,
+//! uuids by their bytes as PostgreSQL orders them, text by its bytes, that is in the "C"
+//! collation, so the order never depends on a locale), each with its revision and its
+//! guards in column-name order. Two registrations are the same request exactly when
+//! their normal forms are equal, whatever order the caller listed the items in.
+
+use crate::error::{BatchError, Result};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+/// What a column accepts, as far as a JSON value can be checked without a database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Int {
+        min: i64,
+        max: i64,
+    },
+    Numeric,
+    Text,
+    Bool,
+    Uuid,
+    /// Anything else (dates, enums, ...): a string or a number, checked by a cast in SQL.
+    Other,
+}
+
+impl Kind {
+    pub fn for_type(type_name: &str) -> Kind {
+        match type_name {
+            "int2" => Kind::Int {
+                min: i16::MIN as i64,
+                max: i16::MAX as i64,
+            },
+            "int4" => Kind::Int {
+                min: i32::MIN as i64,
+                max: i32::MAX as i64,
+            },
+            "int8" => Kind::Int {
+                min: i64::MIN,
+                max: i64::MAX,
+            },
+            "numeric" | "float4" | "float8" => Kind::Numeric,
+            "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
+            "bool" => Kind::Bool,
+            "uuid" => Kind::Uuid,
+            _ => Kind::Other,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Int { .. } => "an integer",
+            Kind::Numeric => "a number",
+            Kind::Text => "a string",
+            Kind::Bool => "true or false",
+            Kind::Uuid => "a uuid string",
+            Kind::Other => "a string or a number",
+        }
+    }
+}
+
+/// A column of the target table.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    pub type_name: String,
+    pub kind: Kind,
+}
+
+/// What the approval is checked against: the target's columns and the roles they play.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub columns: HashMap<String, Column>,
+    pub key_column: String,
+    pub tenant_column: String,
+    pub revision_column: String,
+}
+
+/// A key in the key column's own type; the derived order is that type's order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Key {
+    Int(i64),
+    Uuid([u8; 16]),
+    Text(String),
+}
+
+impl Key {
+    /// A key as stored (its text form), read back in the key column's type.
+    pub fn from_text(kind: Kind, text: &str) -> Key {
+        match kind {
+            Kind::Int { .. } => text
+                .parse()
+                .map(Key::Int)
+                .unwrap_or_else(|_| Key::Text(text.into())),
+            Kind::Uuid => parse_uuid(text)
+                .map(Key::Uuid)
+                .unwrap_or_else(|| Key::Text(text.into())),
+            _ => Key::Text(text.into()),
+        }
+    }
+
+    /// The key as PostgreSQL prints it, which is also how it is stored and cast back.
+    pub fn text(&self) -> String {
+        match self {
+            Key::Int(i) => i.to_string(),
+            Key::Text(s) => s.clone(),
+            Key::Uuid(b) => {
+                let mut s = String::with_capacity(36);
+                for (i, byte) in b.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        s.push('-');
+                    }
+                    let _ = write!(s, "{byte:02x}");
+                }
+                s
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub key: Key,
+    pub revision: i64,
+    /// Every other field of the item: a column that must still hold this value.
+    pub guards: BTreeMap<String, Value>,
+}
+
+impl Item {
+    /// The guards as the canonical JSON object stored with the item.
+    pub fn guards_json(&self) -> Value {
+        Value::Object(
+            self.guards
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Map<_, _>>(),
+        )
+    }
+}
+
+fn invalid(message: impl Into<String>, detail: impl Into<String>) -> BatchError {
+    BatchError::InvalidArgument {
+        message: message.into(),
+        detail: Some(detail.into()),
+    }
+}
+
+impl Shape {
+    pub fn column(&self, name: &str) -> Result<&Column> {
+        self.columns
+            .get(name)
+            .ok_or_else(|| BatchError::UndefinedColumn {
+                column: name.to_string(),
+            })
+    }
+
+    /// Checks the roles of the named columns: the key has a supported type and the
+    /// revision is an integer.
+    pub fn check_roles(&self) -> Result<()> {
+        let key = self.column(&self.key_column)?;
+        if !matches!(key.kind, Kind::Int { .. } | Kind::Text | Kind::Uuid) {
+            return Err(BatchError::Unsupported {
+                message: format!("key column \"{}\" has type {}", key.name, key.type_name),
+                detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
+                    .into(),
+            });
+        }
+        self.column(&self.tenant_column)?;
+        let revision = self.column(&self.revision_column)?;
+        if !matches!(revision.kind, Kind::Int { .. }) {
+            return Err(invalid(
+                format!(
+                    "revision column \"{}\" must be an integer column",
+                    revision.name
+                ),
+                format!("It has type {}.", revision.type_name),
+            ));
+        }
+        Ok(())
+    }
+
+    fn key_of(&self, value: &Value, position: usize) -> Result<Key> {
+        let column = self.column(&self.key_column)?;
+        let wrong = || {
+            invalid(
+                format!("item {position} has a key of the wrong type"),
+                format!(
+                    "Key column \"{}\" is {}, so the key must be {}, not {}.",
+                    column.name,
+                    column.type_name,
+                    column.kind.describe(),
+                    json_kind(value)
+                ),
+            )
+        };
+        match column.kind {
+            Kind::Int { min, max } => {
+                let i = value.as_i64().ok_or_else(wrong)?;
+                if i < min || i > max {
+                    return Err(invalid(
+                        format!("item {position} has a key out of range"),
+                        format!(
+                            "{i} does not fit key column \"{}\" of type {}.",
+                            column.name, column.type_name
+                        ),
+                    ));
+                }
+                Ok(Key::Int(i))
+            }
+            Kind::Text => Ok(Key::Text(value.as_str().ok_or_else(wrong)?.to_string())),
+            Kind::Uuid => parse_uuid(value.as_str().ok_or_else(wrong)?)
+                .map(Key::Uuid)
+                .ok_or_else(wrong),
+            _ => Err(wrong()),
+        }
+    }
+
+    /// Checks a value meant for `column` (a guard, an expectation, a value to set).
+    pub fn check_value(&self, column: &str, value: &Value, context: &str) -> Result<Value> {
+        let column = self.column(column)?;
+        let ok = match (column.kind, value) {
+            (_, Value::Null) => true,
+            (Kind::Int { min, max }, v) => v.as_i64().is_some_and(|i| i >= min && i <= max),
+            (Kind::Numeric, Value::Number(_)) => true,
+            (Kind::Text, Value::String(_)) => true,
+            (Kind::Bool, Value::Bool(_)) => true,
+            (Kind::Uuid, Value::String(s)) => parse_uuid(s).is_some(),
+            (Kind::Other, Value::String(_) | Value::Number(_)) => true,
+            _ => false,
+        };
+        if !ok {
+            return Err(invalid(
+                format!(
+                    "{context} has a value of the wrong type for column \"{}\"",
+                    column.name
+                ),
+                format!(
+                    "Column \"{}\" is {}, so the value must be {}, not {}.",
+                    column.name,
+                    column.type_name,
+                    column.kind.describe(),
+                    json_kind(value)
+                ),
+            ));
+        }
+        Ok(value.clone())
+    }
+
+    /// Checks an object of column -> value (set_values, expect) and returns it with its
+    /// keys sorted.
+    pub fn check_columns_object(
+        &self,
+        what: &str,
+        value: &Value,
+    ) -> Result<BTreeMap<String, Value>> {
+        let object = value.as_object().ok_or_else(|| {
+            invalid(
+                format!("{what} must be a JSON object"),
+                format!("It is {}.", json_kind(value)),
+            )
+        })?;
+        object
+            .iter()
+            .map(|(column, v)| Ok((column.clone(), self.check_value(column, v, what)?)))
+            .collect()
+    }
+
+    /// Parses, checks and normalizes the approved list.
+    pub fn normalize(&self, items: &Value) -> Result<Vec<Item>> {
+        let list = items.as_array().ok_or_else(|| {
+            invalid(
+                "items must be a JSON array",
+                format!("It is {}.", json_kind(items)),
+            )
+        })?;
+        if list.is_empty() {
+            return Err(invalid(
+                "items must not be empty",
+                "An approval names at least one item.",
+            ));
+        }
+        if list.len() > i32::MAX as usize {
+            return Err(invalid(
+                "too many items",
+                "An approval holds at most 2147483647 items.",
+            ));
+        }
+        let revision_column = self.column(&self.revision_column)?;
+        let mut normalized = Vec::with_capacity(list.len());
+        for (index, entry) in list.iter().enumerate() {
+            let position = index + 1;
+            let object = entry.as_object().ok_or_else(|| {
+                invalid(
+                    format!("item {position} is not a JSON object"),
+                    format!("It is {}.", json_kind(entry)),
+                )
+            })?;
+            let key_value = object.get(&self.key_column).ok_or_else(|| {
+                invalid(
+                    format!("item {position} has no key"),
+                    format!("It has no field \"{}\".", self.key_column),
+                )
+            })?;
+            let key = self.key_of(key_value, position)?;
+            let revision = object
+                .get(&self.revision_column)
+                .ok_or_else(|| {
+                    invalid(
+                        format!("item {position} has no revision"),
+                        format!("It has no field \"{}\".", self.revision_column),
+                    )
+                })?
+                .as_i64()
+                .filter(|r| {
+                    matches!(revision_column.kind, Kind::Int { min, max } if *r >= min && *r <= max)
+                })
+                .ok_or_else(|| {
+                    invalid(
+                        format!("item {position} has a revision of the wrong type"),
+                        format!(
+                            "Revision column \"{}\" is {}, so the revision must be an integer in its range.",
+                            revision_column.name, revision_column.type_name
+                        ),
+                    )
+                })?;
+            let mut guards = BTreeMap::new();
+            for (field, value) in object {
+                if field == &self.key_column || field == &self.revision_column {
+                    continue;
+                }
+                if field == &self.tenant_column {
+                    return Err(invalid(
+                        format!("item {position} names the tenant column \"{field}\""),
+                        "The tenant is given once for the whole job, not per item.",
+                    ));
+                }
+                let value = self.check_value(field, value, &format!("item {position}"))?;
+                guards.insert(field.clone(), value);
+            }
+            normalized.push(Item {
+                key,
+                revision,
+                guards,
+            });
+        }
+        normalized.sort_by(|a, b| a.key.cmp(&b.key));
+        if let Some(pair) = normalized.windows(2).find(|w| w[0].key == w[1].key) {
+            return Err(invalid(
+                "items contain a duplicate key",
+                format!("Key {} appears more than once.", pair[0].key.text()),
+            ));
+        }
+        Ok(normalized)
+    }
+}
+
+/// What a job does to each item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Set(BTreeMap<String, Value>),
+    Handler(String),
+}
+
+/// A whole registration in normal form: what two registrations are compared on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    pub tenant: String,
+    pub target: String,
+    pub key_column: String,
+    pub tenant_column: String,
+    pub revision_column: String,
+    pub chunk_size: i32,
+    pub action: Action,
+    pub expect: BTreeMap<String, Value>,
+    pub items: Vec<Item>,
+}
+
+impl Approval {
+    /// A SHA-256 of the normal form: equal for the same request in any item order.
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        let mut field = |name: &str, value: &str| {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update((value.len() as u64).to_le_bytes());
+            h.update(value.as_bytes());
+        };
+        field("tenant", &self.tenant);
+        field("target", &self.target);
+        field("key_column", &self.key_column);
+        field("tenant_column", &self.tenant_column);
+        field("revision_column", &self.revision_column);
+        field("chunk_size", &self.chunk_size.to_string());
+        match &self.action {
+            Action::Set(values) => field("set_values", &canonical_object(values)),
+            Action::Handler(name) => field("handler", name),
+        }
+        field("expect", &canonical_object(&self.expect));
+        for item in &self.items {
+            field("key", &item.key.text());
+            field("revision", &item.revision.to_string());
+            field("guards", &canonical_object(&item.guards));
+        }
+        let digest = h.finalize();
+        digest.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+
+    /// Names the first thing in which `other` differs from this registration.
+    pub fn difference(&self, other: &Approval) -> Option<String> {
+        let scalar = [
+            ("tenant", &self.tenant, &other.tenant),
+            ("target", &self.target, &other.target),
+            ("key column", &self.key_column, &other.key_column),
+            ("tenant column", &self.tenant_column, &other.tenant_column),
+            (
+                "revision column",
+                &self.revision_column,
+                &other.revision_column,
+            ),
+        ];
+        for (what, a, b) in scalar {
+            if a != b {
+                return Some(format!("The {what} was \"{a}\" and is now \"{b}\"."));
+            }
+        }
+        if self.chunk_size != other.chunk_size {
+            return Some(format!(
+                "The chunk size was {} and is now {}.",
+                self.chunk_size, other.chunk_size
+            ));
+        }
+        if self.action != other.action {
+            return Some(format!(
+                "The action was {} and is now {}.",
+                describe_action(&self.action),
+                describe_action(&other.action)
+            ));
+        }
+        if self.expect != other.expect {
+            return Some(format!(
+                "The expectations were {} and are now {}.",
+                canonical_object(&self.expect),
+                canonical_object(&other.expect)
+            ));
+        }
+        let old: BTreeMap<&Key, &Item> = self.items.iter().map(|i| (&i.key, i)).collect();
+        let new: BTreeMap<&Key, &Item> = other.items.iter().map(|i| (&i.key, i)).collect();
+        let keys: BTreeSet<&Key> = old.keys().chain(new.keys()).copied().collect();
+        for key in keys {
+            match (old.get(key), new.get(key)) {
+                (Some(_), None) => {
+                    return Some(format!(
+                        "Item {} was approved and is missing now.",
+                        key.text()
+                    ))
+                }
+                (None, Some(_)) => {
+                    return Some(format!("Item {} was not in the approval.", key.text()))
+                }
+                (Some(a), Some(b)) if a.revision != b.revision => {
+                    return Some(format!(
+                        "Item {} was approved at revision {} and is now given revision {}.",
+                        key.text(),
+                        a.revision,
+                        b.revision
+                    ))
+                }
+                (Some(a), Some(b)) if a.guards != b.guards => {
+                    return Some(format!(
+                        "Item {} was approved with {} and is now given {}.",
+                        key.text(),
+                        canonical_object(&a.guards),
+                        canonical_object(&b.guards)
+                    ))
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+fn describe_action(action: &Action) -> String {
+    match action {
+        Action::Set(values) => format!("set_values {}", canonical_object(values)),
+        Action::Handler(name) => format!("handler {name}"),
+    }
+}
+
+/// JSON text with object keys in order, the same for equal content.
+pub fn canonical_object(map: &BTreeMap<String, Value>) -> String {
+    let mut out = String::from("{");
+    for (i, (k, v)) in map.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&Value::String(k.clone()).to_string());
+        out.push_str(": ");
+        canonical_value(v, &mut out);
+    }
+    out.push('}');
+    out
+}
+
+fn canonical_value(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let sorted: BTreeMap<String, Value> =
+                m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            out.push_str(&canonical_object(&sorted));
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                canonical_value(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parses a uuid the way PostgreSQL's uuid_in accepts it in its usual forms.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let s = s
+        .strip_prefix('{')
+        .and_then(|s| s.strip_suffix('}'))
+        .unwrap_or(s);
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn shape(key_type: &str) -> Shape {
+        let cols = [
+            ("id", key_type),
+            ("tenant", "text"),
+            ("revision", "int4"),
+            ("qty", "int4"),
+            ("status", "text"),
+            ("price", "numeric"),
+        ];
+        Shape {
+            columns: cols
+                .iter()
+                .map(|(n, t)| {
+                    (
+                        n.to_string(),
+                        Column {
+                            name: n.to_string(),
+                            type_name: t.to_string(),
+                            kind: Kind::for_type(t),
+                        },
+                    )
+                })
+                .collect(),
+            key_column: "id".into(),
+            tenant_column: "tenant".into(),
+            revision_column: "revision".into(),
+        }
+    }
+
+    fn approval(items: Vec<Item>) -> Approval {
+        Approval {
+            tenant: "x".into(),
+            target: "public.orders".into(),
+            key_column: "id".into(),
+            tenant_column: "tenant".into(),
+            revision_column: "revision".into(),
+            chunk_size: 10,
+            action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
+            expect: BTreeMap::new(),
+            items,
+        }
+    }
+
+    #[test]
+    fn integer_keys_sort_by_value_not_text() {
+        let items = shape("int8")
+            .normalize(&json!([{"id": 10, "revision": 1}, {"id": 9, "revision": 1}, {"id": 100, "revision": 2}]))
+            .unwrap();
+        let keys: Vec<String> = items.iter().map(|i| i.key.text()).collect();
+        assert_eq!(keys, ["9", "10", "100"]);
+    }
+
+    #[test]
+    fn the_same_request_in_another_order_has_the_same_fingerprint() {
+        let s = shape("int4");
+        let a = s
+            .normalize(
+                &json!([{"id": 1, "revision": 3, "qty": 2}, {"id": 2, "revision": 1, "qty": 5}]),
+            )
+            .unwrap();
+        let b = s
+            .normalize(
+                &json!([{"qty": 5, "revision": 1, "id": 2}, {"id": 1, "qty": 2, "revision": 3}]),
+            )
+            .unwrap();
+        assert_eq!(approval(a.clone()).fingerprint(), approval(b).fingerprint());
+        let c = s
+            .normalize(
+                &json!([{"id": 1, "revision": 3, "qty": 3}, {"id": 2, "revision": 1, "qty": 5}]),
+            )
+            .unwrap();
+        let (a, c) = (approval(a), approval(c));
+        assert_ne!(a.fingerprint(), c.fingerprint());
+        assert_eq!(
+            a.difference(&c).unwrap(),
+            "Item 1 was approved with {\"qty\": 2} and is now given {\"qty\": 3}."
+        );
+    }
+
+    #[test]
+    fn differences_name_what_changed() {
+        let s = shape("int4");
+        let items = s.normalize(&json!([{"id": 1, "revision": 3}])).unwrap();
+        let a = approval(items.clone());
+        let mut b = a.clone();
+        b.tenant = "y".into();
+        assert_eq!(
+            a.difference(&b).unwrap(),
+            "The tenant was \"x\" and is now \"y\"."
+        );
+        let mut b = a.clone();
+        b.chunk_size = 5;
+        assert_eq!(
+            a.difference(&b).unwrap(),
+            "The chunk size was 10 and is now 5."
+        );
+        let mut b = a.clone();
+        b.action = Action::Handler("public.cancel(jsonb)".into());
+        assert!(a
+            .difference(&b)
+            .unwrap()
+            .starts_with("The action was set_values"));
+        let mut b = a.clone();
+        b.items.push(Item {
+            key: Key::Int(7),
+            revision: 1,
+            guards: BTreeMap::new(),
+        });
+        assert_eq!(a.difference(&b).unwrap(), "Item 7 was not in the approval.");
+        let mut b = a.clone();
+        b.items[0].revision = 4;
+        assert_eq!(
+            a.difference(&b).unwrap(),
+            "Item 1 was approved at revision 3 and is now given revision 4."
+        );
+        assert_eq!(a.difference(&a.clone()), None);
+    }
+
+    #[test]
+    fn bad_lists_are_rejected() {
+        let s = shape("int4");
+        let cases = [
+            (json!([]), "items must not be empty"),
+            (json!({"id": 1}), "items must be a JSON array"),
+            (json!([1]), "item 1 is not a JSON object"),
+            (json!([{"revision": 1}]), "item 1 has no key"),
+            (json!([{"id": 1}]), "item 1 has no revision"),
+            (
+                json!([{"id": "1", "revision": 1}]),
+                "item 1 has a key of the wrong type",
+            ),
+            (
+                json!([{"id": 1.5, "revision": 1}]),
+                "item 1 has a key of the wrong type",
+            ),
+            (
+                json!([{"id": 3000000000i64, "revision": 1}]),
+                "item 1 has a key out of range",
+            ),
+            (
+                json!([{"id": 1, "revision": "3"}]),
+                "item 1 has a revision of the wrong type",
+            ),
+            (
+                json!([{"id": 1, "revision": 1, "qty": "two"}]),
+                "item 1 has a value of the wrong type for column \"qty\"",
+            ),
+            (
+                json!([{"id": 1, "revision": 1, "tenant": "x"}]),
+                "item 1 names the tenant column \"tenant\"",
+            ),
+            (
+                json!([{"id": 1, "revision": 1}, {"id": 1, "revision": 2}]),
+                "items contain a duplicate key",
+            ),
+        ];
+        for (items, message) in cases {
+            let e = s.normalize(&items).unwrap_err();
+            assert_eq!(e.message(), message, "{items}");
+        }
+        let e = s
+            .normalize(&json!([{"id": 1, "revision": 1, "nope": 1}]))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            BatchError::UndefinedColumn {
+                column: "nope".into()
+            }
+        );
+    }
+
+    #[test]
+    fn uuid_keys_normalize_to_postgres_text() {
+        let s = shape("uuid");
+        let items = s
+            .normalize(&json!([
+                {"id": "{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}", "revision": 1},
+                {"id": "00000000000000000000000000000001", "revision": 1}
+            ]))
+            .unwrap();
+        assert_eq!(items[0].key.text(), "00000000-0000-0000-0000-000000000001");
+        assert_eq!(items[1].key.text(), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11");
+        assert!(s
+            .normalize(&json!([{"id": "not-a-uuid", "revision": 1}]))
+            .is_err());
+    }
+
+    #[test]
+    fn text_keys_sort_by_bytes() {
+        let items = shape("text")
+            .normalize(&json!([{"id": "b", "revision": 1}, {"id": "B", "revision": 1}, {"id": "a", "revision": 1}]))
+            .unwrap();
+        let keys: Vec<String> = items.iter().map(|i| i.key.text()).collect();
+        assert_eq!(keys, ["B", "a", "b"]);
+    }
+
+    #[test]
+    fn key_and_revision_roles_are_checked() {
+        let mut s = shape("numeric");
+        assert!(matches!(
+            s.check_roles(),
+            Err(BatchError::Unsupported { .. })
+        ));
+        s = shape("int8");
+        s.revision_column = "status".into();
+        assert!(s.check_roles().is_err());
+        s.revision_column = "missing".into();
+        assert_eq!(
+            s.check_roles(),
+            Err(BatchError::UndefinedColumn {
+                column: "missing".into()
+            })
+        );
+    }
+
+    #[test]
+    fn canonical_objects_sort_nested_keys() {
+        let m = BTreeMap::from([
+            ("b".to_string(), json!({"z": 1, "a": [1, {"y": 2, "x": 1}]})),
+            ("a".to_string(), json!(null)),
+        ]);
+        assert_eq!(
+            canonical_object(&m),
+            "{\"a\": null, \"b\": {\"a\": [1, {\"x\": 1, \"y\": 2}], \"z\": 1}}"
+        );
+    }
+}

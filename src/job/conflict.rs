@@ -1,0 +1,154 @@
+//! Saying what a conflict is: which item, what the approval expected, and what the row
+//! holds now or that it is gone. Pure, so the wording is unit-tested.
+
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+/// What the approval expected of one item.
+pub struct Expected<'a> {
+    pub key: &'a str,
+    pub position: i32,
+    pub item_count: i32,
+    pub tenant: &'a str,
+    pub revision_column: &'a str,
+    pub revision: i64,
+    pub guards: &'a BTreeMap<String, Value>,
+    pub expect: &'a BTreeMap<String, Value>,
+}
+
+/// The detail message and the problem record for an item whose row did not match.
+/// `row` is the row as to_jsonb(t) gives it, or None when no row of the tenant has the key.
+pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
+    let at = format!(
+        "Item {} (the {} of {} approved items)",
+        e.key,
+        ordinal(e.position + 1),
+        e.item_count
+    );
+    let expected = json!({
+        "revision": e.revision,
+        "guards": Value::Object(e.guards.clone().into_iter().collect::<Map<_, _>>()),
+        "expect": Value::Object(e.expect.clone().into_iter().collect::<Map<_, _>>()),
+    });
+    let problem = |found: Value| json!({"position": e.position, "key": e.key, "expected": expected, "found": found});
+    let Some(row) = row else {
+        return (
+            format!(
+                "{at} is gone: no row of tenant \"{}\" has that key any more.",
+                e.tenant
+            ),
+            problem(Value::Null),
+        );
+    };
+    let now = |column: &str| row.get(column).cloned().unwrap_or(Value::Null);
+    let detail = if !same(&now(e.revision_column), &json!(e.revision)) {
+        format!(
+            "{at} was approved at revision {}, but the row now has revision {}.",
+            e.revision,
+            now(e.revision_column)
+        )
+    } else if let Some((column, value)) = e.guards.iter().find(|(c, v)| !same(&now(c), v)) {
+        format!(
+            "{at} was approved with {column} = {value}, but the row now has {column} = {}.",
+            now(column)
+        )
+    } else if let Some((column, value)) = e.expect.iter().find(|(c, v)| !same(&now(c), v)) {
+        format!(
+            "{at} must have {column} = {value}, but the row now has {column} = {}.",
+            now(column)
+        )
+    } else {
+        format!("{at} did not match while the chunk ran; it matches again now, so it changed concurrently.")
+    };
+    (detail, problem(row.clone()))
+}
+
+/// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ...
+pub fn ordinal(n: i32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, r) if r != 11 => "st",
+        (2, r) if r != 12 => "nd",
+        (3, r) if r != 13 => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// JSON equality where numbers compare by value (2 = 2.0 = 2.00).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expected<'a>(
+        guards: &'a BTreeMap<String, Value>,
+        expect: &'a BTreeMap<String, Value>,
+    ) -> Expected<'a> {
+        Expected {
+            key: "15",
+            position: 14,
+            item_count: 40,
+            tenant: "alien-fest",
+            revision_column: "revision",
+            revision: 3,
+            guards,
+            expect,
+        }
+    }
+
+    #[test]
+    fn ordinals() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111]
+            .iter()
+            .map(|n| ordinal(*n))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
+                "111th"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_the_first_difference() {
+        let guards = BTreeMap::from([("qty".to_string(), json!(2))]);
+        let expect = BTreeMap::from([("status".to_string(), json!("pending"))]);
+        let e = expected(&guards, &expect);
+        let (d, p) = describe(&e, None);
+        assert_eq!(d, "Item 15 (the 15th of 40 approved items) is gone: no row of tenant \"alien-fest\" has that key any more.");
+        assert_eq!(p["found"], Value::Null);
+        assert_eq!(p["expected"]["revision"], json!(3));
+
+        let (d, _) = describe(
+            &e,
+            Some(&json!({"revision": 4, "qty": 2, "status": "pending"})),
+        );
+        assert_eq!(d, "Item 15 (the 15th of 40 approved items) was approved at revision 3, but the row now has revision 4.");
+        let (d, _) = describe(
+            &e,
+            Some(&json!({"revision": 3, "qty": 5, "status": "pending"})),
+        );
+        assert_eq!(d, "Item 15 (the 15th of 40 approved items) was approved with qty = 2, but the row now has qty = 5.");
+        let (d, _) = describe(
+            &e,
+            Some(&json!({"revision": 3, "qty": 2.0, "status": "shipped"})),
+        );
+        assert_eq!(
+            d,
+            "Item 15 (the 15th of 40 approved items) must have status = \"pending\", but the row now has status = \"shipped\"."
+        );
+        let (d, _) = describe(
+            &e,
+            Some(&json!({"revision": 3, "qty": 2, "status": "pending"})),
+        );
+        assert!(d.contains("changed concurrently"));
+    }
+}

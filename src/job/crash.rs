@@ -1,0 +1,57 @@
+//! A test aid: `etc_batch.crash_at` names a point in a chunk's transaction at which the
+//! backend terminates itself, to show what survives a client or backend that dies there.
+//! Superuser-only, empty by default, and a no-op unless set.
+
+use pgrx::prelude::*;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+pub static CRASH_AT: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+
+/// The points, in the order a chunk reaches them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    AfterChange,
+    AfterAudit,
+    AfterCheckpoint,
+    AfterCommit,
+}
+
+impl Point {
+    pub fn name(self) -> &'static str {
+        match self {
+            Point::AfterChange => "after_change",
+            Point::AfterAudit => "after_audit",
+            Point::AfterCheckpoint => "after_checkpoint",
+            Point::AfterCommit => "after_commit",
+        }
+    }
+}
+
+pub fn register() {
+    GucRegistry::define_string_guc(
+        c"etc_batch.crash_at",
+        c"Test aid: terminate the backend at this point of a job's chunk.",
+        c"One of after_change, after_audit, after_checkpoint, after_commit. Empty (the default) does nothing.",
+        &CRASH_AT,
+        GucContext::Suset,
+        GucFlags::NO_SHOW_ALL,
+    );
+}
+
+/// Terminates the backend (FATAL) if etc_batch.crash_at names `point`.
+pub fn reached(point: Point) {
+    let Some(setting) = CRASH_AT.get() else {
+        return;
+    };
+    if setting.to_bytes() == point.name().as_bytes() {
+        ereport!(
+            PgLogLevel::FATAL,
+            PgSqlErrorCode::ERRCODE_ADMIN_SHUTDOWN,
+            format!(
+                "etc_batch.crash_at: terminating the backend {}",
+                point.name()
+            )
+        );
+    }
+}

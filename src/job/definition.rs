@@ -1,0 +1,57 @@
+//! A job as registered: read once per call, since registration never changes it.
+
+use super::register::parse_object;
+use super::sql;
+use crate::error::Result;
+use crate::query;
+use pgrx::pg_sys;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+pub struct Definition {
+    pub job_id: String,
+    pub tenant: String,
+    pub target: pg_sys::Oid,
+    /// `"schema"."table"`, quoted.
+    pub target_name: String,
+    pub key_column: String,
+    pub tenant_column: String,
+    pub revision_column: String,
+    pub chunk_size: i32,
+    pub set_values: Option<BTreeMap<String, Value>>,
+    /// The handler as a callable, schema-qualified, quoted name.
+    pub handler: Option<String>,
+    pub expect: BTreeMap<String, Value>,
+    pub guard_columns: Vec<String>,
+    pub item_count: i32,
+    pub registered_by: pg_sys::Oid,
+    pub fingerprint: String,
+}
+
+impl Definition {
+    pub fn load(job_id: &str) -> Result<Option<Definition>> {
+        query::row(sql::JOB_DEFINITION, &[job_id.into()], |r| {
+            Ok(Definition {
+                job_id: job_id.to_string(),
+                tenant: r.get::<String>(1)?.unwrap_or_default(),
+                target: r.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::Oid::INVALID),
+                key_column: r.get::<String>(3)?.unwrap_or_default(),
+                tenant_column: r.get::<String>(4)?.unwrap_or_default(),
+                revision_column: r.get::<String>(5)?.unwrap_or_default(),
+                chunk_size: r.get::<i32>(6)?.unwrap_or(1),
+                set_values: r.get::<String>(7)?.map(|t| parse_object(&t)),
+                handler: r.get::<String>(8)?,
+                expect: r
+                    .get::<String>(9)?
+                    .map(|t| parse_object(&t))
+                    .unwrap_or_default(),
+                guard_columns: r.get::<Vec<String>>(10)?.unwrap_or_default(),
+                item_count: r.get::<i32>(11)?.unwrap_or(0),
+                registered_by: r.get::<pg_sys::Oid>(12)?.unwrap_or(pg_sys::Oid::INVALID),
+                fingerprint: r.get::<String>(13)?.unwrap_or_default(),
+                target_name: r.get::<String>(14)?.unwrap_or_default(),
+            })
+        })
+    }
+}

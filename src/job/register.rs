@@ -1,0 +1,371 @@
+//! register_job: check an approval against its target, normalize it, and freeze it as
+//! rows; or recognise the same request, or name how a different one differs.
+
+use super::approval::{Action, Approval, Item, Key, Kind, Shape};
+use super::sql;
+use super::target::Target;
+use crate::error::{BatchError, Result};
+use crate::query;
+use crate::roles::{as_owner, current_user};
+use crate::txn::subtransaction;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+pub struct Request {
+    pub job_id: String,
+    pub tenant: String,
+    pub target: pg_sys::Oid,
+    pub items: Value,
+    pub chunk_size: i32,
+    pub set_values: Option<Value>,
+    pub expect: Value,
+    pub key_column: String,
+    pub tenant_column: String,
+    pub revision_column: String,
+    pub handler: Option<pg_sys::Oid>,
+}
+
+pub struct Registered {
+    pub created: bool,
+    pub items: i32,
+    pub chunks: i32,
+}
+
+pub fn register(req: Request) -> Result<Registered> {
+    if req.job_id.trim().is_empty() {
+        return Err(invalid("job id must not be empty", None));
+    }
+    if req.chunk_size < 1 {
+        return Err(invalid(
+            format!("chunk size {} is out of range", req.chunk_size),
+            Some("A chunk holds at least one item."),
+        ));
+    }
+    let target = Target::load(
+        req.target,
+        &req.key_column,
+        &req.tenant_column,
+        &req.revision_column,
+    )?;
+    let shape = &target.shape;
+    let items = shape.normalize(&req.items)?;
+    let action = match (&req.set_values, req.handler) {
+        (Some(values), None) => Action::Set(check_set_values(shape, values)?),
+        (None, Some(handler)) => Action::Handler(check_handler(handler)?),
+        _ => {
+            return Err(invalid(
+                "a job needs either set_values or a handler",
+                Some("Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both."),
+            ))
+        }
+    };
+    let expect = shape.check_columns_object("expect", &req.expect)?;
+    check_casts(&target, &req.tenant, &items, &action, &expect)?;
+    if matches!(action, Action::Set(_)) {
+        check_update_privilege(req.target, &target.display)?;
+    }
+
+    let approval = Approval {
+        tenant: req.tenant.clone(),
+        target: target.sql_name.clone(),
+        key_column: req.key_column.clone(),
+        tenant_column: req.tenant_column.clone(),
+        revision_column: req.revision_column.clone(),
+        chunk_size: req.chunk_size,
+        action,
+        expect,
+        items,
+    };
+    let fingerprint = approval.fingerprint();
+    let item_count = approval.items.len() as i32;
+    let chunks = ((item_count as i64 + req.chunk_size as i64 - 1) / req.chunk_size as i64) as i32;
+    let registrant = current_user();
+
+    as_owner(|| {
+        query::run(sql::LOCK_JOB_ID, &[req.job_id.clone().into()])?;
+        if let Some(stored) = load_approval(&req.job_id, shape)? {
+            if stored.1 == fingerprint {
+                notice!(
+                    "job \"{}\" is already registered with the same approval; nothing changed",
+                    req.job_id
+                );
+                return Ok(Registered {
+                    created: false,
+                    items: item_count,
+                    chunks,
+                });
+            }
+            let detail = stored.0.difference(&approval).unwrap_or_else(|| {
+                "The approval differs from the registered one, though no single field names how.".into()
+            });
+            return Err(BatchError::JobMismatch {
+                job: req.job_id.clone(),
+                detail,
+            });
+        }
+        insert(
+            &req.job_id,
+            &approval,
+            &fingerprint,
+            registrant,
+            req.target,
+            req.handler,
+        )?;
+        Ok(Registered {
+            created: true,
+            items: item_count,
+            chunks,
+        })
+    })
+}
+
+fn invalid(message: impl Into<String>, detail: Option<&str>) -> BatchError {
+    BatchError::InvalidArgument {
+        message: message.into(),
+        detail: detail.map(str::to_string),
+    }
+}
+
+fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Value>> {
+    let values = shape.check_columns_object("set_values", values)?;
+    if values.is_empty() {
+        return Err(invalid("set_values must name at least one column", None));
+    }
+    for protected in [
+        &shape.key_column,
+        &shape.tenant_column,
+        &shape.revision_column,
+    ] {
+        if values.contains_key(protected.as_str()) {
+            return Err(invalid(
+                format!("set_values must not assign column \"{protected}\""),
+                Some("The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch."),
+            ));
+        }
+    }
+    Ok(values)
+}
+
+/// A handler is a function (jsonb) RETURNS jsonb; returns its regprocedure text.
+fn check_handler(handler: pg_sys::Oid) -> Result<String> {
+    let row = query::row(
+        "SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
+                  OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname),
+                p.prokind OPERATOR(pg_catalog.=) 'f'
+                AND p.pronargs OPERATOR(pg_catalog.=) 1
+                AND p.proargtypes[0] OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
+                AND p.prorettype OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
+                AND NOT p.proretset
+           FROM pg_catalog.pg_proc p
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+          WHERE p.oid OPERATOR(pg_catalog.=) $1",
+        &[handler.into()],
+        |r| Ok((r.get::<String>(1)?, r.get::<bool>(2)?)),
+    )?;
+    match row {
+        Some((Some(name), Some(true))) => Ok(name),
+        Some((Some(name), _)) => Err(invalid(
+            format!("handler {name} must take one jsonb argument and return jsonb"),
+            Some("It is called once per item with the item as jsonb, and returns the new state of the row, or NULL for a conflict."),
+        )),
+        _ => Err(invalid(format!("function with OID {} does not exist", handler.to_u32()), None)),
+    }
+}
+
+/// Values of types Rust cannot check (dates, enums, the tenant as the tenant column's
+/// type) are cast by PostgreSQL itself, in a subtransaction, before anything is stored.
+fn check_casts(
+    target: &Target,
+    tenant: &str,
+    items: &[Item],
+    action: &Action,
+    expect: &BTreeMap<String, Value>,
+) -> Result<()> {
+    let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    values
+        .entry(&target.shape.tenant_column)
+        .or_default()
+        .push(tenant.to_string());
+    let mut add = |column: &str, value: &Value| {
+        let kind = target.shape.columns.get(column).map(|c| c.kind);
+        if matches!(kind, Some(Kind::Other)) {
+            if let Some(text) = scalar_text(value) {
+                values
+                    .entry(target.shape.columns.get_key_value(column).unwrap().0)
+                    .or_default()
+                    .push(text);
+            }
+        }
+    };
+    for item in items {
+        for (column, value) in &item.guards {
+            add(column, value);
+        }
+    }
+    if let Action::Set(set) = action {
+        for (column, value) in set {
+            add(column, value);
+        }
+    }
+    for (column, value) in expect {
+        add(column, value);
+    }
+    for (column, texts) in values {
+        let sql = format!(
+            "SELECT pg_catalog.count(v::{}) FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
+            target.types[column]
+        );
+        let checked = subtransaction(|| query::run(&sql, &[texts.clone().into()]));
+        if let Err(failure) = checked
+            .map_err(|f| f.message)
+            .and_then(|r| r.map_err(|e| e.message()))
+        {
+            let role = if column == target.shape.tenant_column {
+                "the tenant"
+            } else {
+                "a value"
+            };
+            return Err(invalid(
+                format!(
+                    "{role} for column \"{column}\" is not a valid {}",
+                    target.shape.columns[column].type_name
+                ),
+                Some(&format!("{}.", capitalize(&failure))),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+fn check_update_privilege(target: pg_sys::Oid, display: &str) -> Result<()> {
+    let allowed = query::one::<bool>(
+        "SELECT pg_catalog.has_table_privilege($1, 'UPDATE') AND pg_catalog.has_table_privilege($1, 'SELECT')",
+        &[target.into()],
+    )?;
+    if allowed == Some(true) {
+        return Ok(());
+    }
+    Err(BatchError::PermissionDenied {
+        message: format!("permission denied for table {display}"),
+        detail: "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target.".into(),
+    })
+}
+
+/// The stored approval of a job and its fingerprint, or None for an unknown job id.
+pub fn load_approval(job_id: &str, shape: &Shape) -> Result<Option<(Approval, String)>> {
+    let Some(def) = super::definition::Definition::load(job_id)? else {
+        return Ok(None);
+    };
+    let (keys, revisions, guards) = query::row(sql::JOB_ITEMS, &[job_id.into()], |r| {
+        Ok((
+            r.get::<Vec<String>>(1)?.unwrap_or_default(),
+            r.get::<Vec<i64>>(2)?.unwrap_or_default(),
+            r.get::<Vec<String>>(3)?.unwrap_or_default(),
+        ))
+    })?
+    .unwrap_or_default();
+    let key_kind = shape
+        .columns
+        .get(&def.key_column)
+        .map(|c| c.kind)
+        .unwrap_or(Kind::Text);
+    let items = keys
+        .into_iter()
+        .zip(revisions)
+        .zip(guards)
+        .map(|((key, revision), guards)| Item {
+            key: Key::from_text(key_kind, &key),
+            revision,
+            guards: parse_object(&guards),
+        })
+        .collect();
+    let approval = Approval {
+        tenant: def.tenant.clone(),
+        target: def.target_name.clone(),
+        key_column: def.key_column.clone(),
+        tenant_column: def.tenant_column.clone(),
+        revision_column: def.revision_column.clone(),
+        chunk_size: def.chunk_size,
+        action: match (&def.set_values, &def.handler) {
+            (Some(values), _) => Action::Set(values.clone()),
+            (None, Some(handler)) => Action::Handler(handler.clone()),
+            (None, None) => Action::Set(BTreeMap::new()),
+        },
+        expect: def.expect.clone(),
+        items,
+    };
+    Ok(Some((approval, def.fingerprint)))
+}
+
+pub fn parse_object(text: &str) -> BTreeMap<String, Value> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => m.into_iter().collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+fn insert(
+    job_id: &str,
+    a: &Approval,
+    fingerprint: &str,
+    registrant: pg_sys::Oid,
+    target_oid: pg_sys::Oid,
+    handler_oid: Option<pg_sys::Oid>,
+) -> Result<()> {
+    let guard_columns: BTreeSet<String> = a
+        .items
+        .iter()
+        .flat_map(|i| i.guards.keys().cloned())
+        .collect();
+    let set_values = match &a.action {
+        Action::Set(values) => Some(super::approval::canonical_object(values)),
+        Action::Handler(_) => None,
+    };
+    query::run(
+        sql::INSERT_JOB,
+        &[
+            job_id.into(),
+            a.tenant.clone().into(),
+            target_oid.into(),
+            a.key_column.clone().into(),
+            a.tenant_column.clone().into(),
+            a.revision_column.clone().into(),
+            a.chunk_size.into(),
+            set_values.into(),
+            handler_oid.into(),
+            super::approval::canonical_object(&a.expect).into(),
+            guard_columns.into_iter().collect::<Vec<_>>().into(),
+            (a.items.len() as i32).into(),
+            fingerprint.into(),
+            registrant.into(),
+        ],
+    )?;
+    let keys: Vec<String> = a.items.iter().map(|i| i.key.text()).collect();
+    let revisions: Vec<i64> = a.items.iter().map(|i| i.revision).collect();
+    let guards: Vec<String> = a
+        .items
+        .iter()
+        .map(|i| super::approval::canonical_object(&i.guards))
+        .collect();
+    query::run(
+        sql::INSERT_ITEMS,
+        &[job_id.into(), keys.into(), revisions.into(), guards.into()],
+    )
+}

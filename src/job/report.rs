@@ -1,0 +1,237 @@
+//! Reading a job back: job_report, job_summary, verify_job; and abort_job.
+
+use super::definition::Definition;
+use super::drain::audit_problems;
+use super::progress::Progress;
+use super::register::load_approval;
+use super::sql;
+use super::target::Target;
+use crate::error::{BatchError, Result};
+use crate::query;
+use crate::roles::{as_owner, current_user};
+use pgrx::prelude::*;
+
+pub struct ReportRow {
+    pub position: i32,
+    pub item_key: String,
+    pub state: String,
+    pub revision_committed: Option<i64>,
+    pub revision_now: Option<i64>,
+}
+
+/// Every approved item with its state, from one statement (one snapshot), read with
+/// the caller's privileges.
+pub fn report(job_id: &str) -> Result<Vec<ReportRow>> {
+    let def =
+        Definition::load(job_id)?.ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+    let target = Target::load(
+        def.target,
+        &def.key_column,
+        &def.tenant_column,
+        &def.revision_column,
+    )?;
+    let sql = target.report_sql();
+    Ok(Spi::connect_mut(|client| {
+        let table = client.update(
+            sql.as_str(),
+            None,
+            &[job_id.into(), def.tenant.clone().into()],
+        )?;
+        let mut rows = Vec::with_capacity(table.len());
+        for r in table {
+            rows.push(ReportRow {
+                position: r.get::<i32>(1)?.unwrap_or(0),
+                item_key: r.get::<String>(2)?.unwrap_or_default(),
+                state: r.get::<String>(3)?.unwrap_or_default(),
+                revision_committed: r.get::<i64>(4)?,
+                revision_now: r.get::<i64>(5)?,
+            });
+        }
+        Ok::<_, pgrx::spi::Error>(rows)
+    })?)
+}
+
+pub struct Summary {
+    pub status: String,
+    pub approved: i32,
+    pub committed: i32,
+    pub unprocessed: i32,
+    pub matching: i32,
+    pub drifted: i32,
+    pub missing: i32,
+}
+
+pub fn summary(job_id: &str) -> Result<Summary> {
+    let status = query::row(
+        "SELECT j.status, j.item_count, j.next_index FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1",
+        &[job_id.into()],
+        |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<i32>(2)?.unwrap_or(0), r.get::<i32>(3)?.unwrap_or(0))),
+    )?
+    .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+    let rows = report(job_id)?;
+    let count = |state: &str| rows.iter().filter(|r| r.state == state).count() as i32;
+    Ok(Summary {
+        status: status.0,
+        approved: status.1,
+        committed: status.2,
+        unprocessed: count("unprocessed"),
+        matching: count("matching"),
+        drifted: count("drifted"),
+        missing: count("missing"),
+    })
+}
+
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// The full check: every audit row against every approved item, the counts, the
+/// fingerprint of the frozen list. A pending job that fails it becomes corrupt.
+pub fn verify(job_id: &str) -> Result<Vec<Check>> {
+    as_owner(|| {
+        let def = Definition::load(job_id)?
+            .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+        let (status, next_index, audit_changes, item_changes) = query::row(
+            "SELECT j.status, j.next_index, j.audit_changes, j.item_changes FROM etc_batch.job j
+              WHERE j.job_id OPERATOR(pg_catalog.=) $1",
+            &[job_id.into()],
+            |r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<i32>(2)?.unwrap_or(0),
+                    r.get::<i64>(3)?.unwrap_or(0),
+                    r.get::<i64>(4)?.unwrap_or(0),
+                ))
+            },
+        )?
+        .unwrap_or_default();
+        let p = Progress {
+            next_index,
+            item_count: def.item_count,
+            chunk_size: def.chunk_size,
+        };
+        let mut checks = Vec::new();
+        let mut check = |name, ok: bool, detail: String| checks.push(Check { name, ok, detail });
+
+        let position = p.check_position();
+        check(
+            "checkpoint",
+            position.is_ok(),
+            position.err().unwrap_or_else(|| {
+                format!(
+                    "next_index {} of {} approved items, on a chunk boundary.",
+                    p.next_index, p.item_count
+                )
+            }),
+        );
+
+        let (items, audits, beyond) =
+            query::row(sql::FULL_COUNTS, &[job_id.into(), next_index.into()], |r| {
+                Ok((
+                    r.get::<i64>(1)?.unwrap_or(0),
+                    r.get::<i64>(2)?.unwrap_or(0),
+                    r.get::<i64>(3)?.unwrap_or(0),
+                ))
+            })?
+            .unwrap_or_default();
+        check(
+            "approved items",
+            items == def.item_count as i64,
+            format!(
+                "{items} approved items stored, {} registered.",
+                def.item_count
+            ),
+        );
+        let target = Target::load(
+            def.target,
+            &def.key_column,
+            &def.tenant_column,
+            &def.revision_column,
+        )?;
+        let fingerprint_ok = load_approval(job_id, &target.shape)?
+            .is_some_and(|(a, stored)| a.fingerprint() == stored);
+        check(
+            "approval fingerprint",
+            fingerprint_ok,
+            if fingerprint_ok {
+                "The frozen list is the one registered.".into()
+            } else {
+                "The frozen list no longer hashes to the fingerprint taken at registration.".into()
+            },
+        );
+        check(
+            "audit rows",
+            audits == next_index as i64 && beyond == 0,
+            format!(
+                "{audits} audit rows for a checkpoint of {next_index}; {beyond} at or beyond it."
+            ),
+        );
+        let problems = audit_problems(job_id, &p, 0, 20)?;
+        check(
+            "audit matches approval",
+            problems.is_empty(),
+            if problems.is_empty() {
+                format!("All {next_index} audit rows match their approved items.")
+            } else {
+                problems.join(" ")
+            },
+        );
+        check(
+            "changes outside etc_batch",
+            audit_changes == 0 && item_changes == 0,
+            format!("{audit_changes} change(s) to audit rows, {item_changes} to approved items."),
+        );
+
+        let failed: Vec<&Check> = checks.iter().filter(|c| !c.ok).collect();
+        if status == "pending" && !failed.is_empty() {
+            let reason = failed
+                .iter()
+                .map(|c| c.detail.as_str())
+                .collect::<Vec<_>>()
+                .join(" ");
+            query::run(
+                sql::SET_PROBLEM,
+                &[
+                    job_id.into(),
+                    "corrupt".into(),
+                    serde_json::json!({"reason": reason}).to_string().into(),
+                    reason.into(),
+                ],
+            )?;
+            warning!("job \"{job_id}\" failed verification and is now corrupt");
+        }
+        Ok(checks)
+    })
+}
+
+/// Stops a job for good, keeping its history.
+pub fn abort(job_id: &str, reason: &str) -> Result<()> {
+    let by = current_user();
+    as_owner(|| {
+        let status = query::one::<String>(
+            "SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+            &[job_id.into()],
+        )?
+        .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+        match status.as_str() {
+            "done" => Err(BatchError::InvalidArgument {
+                message: format!("job \"{job_id}\" is already done"),
+                detail: Some("A finished job has nothing left to stop.".into()),
+            }),
+            "aborted" => {
+                notice!("job \"{job_id}\" was already aborted; nothing changed");
+                Ok(())
+            }
+            _ => query::run(
+                "UPDATE etc_batch.job
+                    SET status = 'aborted', status_reason = $2, finished_at = pg_catalog.now(),
+                        problem = pg_catalog.jsonb_build_object('aborted_by', $3::pg_catalog.regrole::pg_catalog.text,
+                                                               'previous_status', status, 'previous_problem', problem)
+                  WHERE job_id OPERATOR(pg_catalog.=) $1",
+                &[job_id.into(), reason.into(), by.into()],
+            ),
+        }
+    })
+}

@@ -1,0 +1,137 @@
+//! Every fixed statement the job functions send. As in `chain::sql`: schema-qualified
+//! names, OPERATOR(pg_catalog.x), values bound as parameters. The statements that name
+//! the business table are built per job in `target`.
+
+/// Serializes registrations of one job id.
+pub const LOCK_JOB_ID: &str = "\
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(
+         'etc_batch.job:' OPERATOR(pg_catalog.||) $1, 0))";
+
+/// A job as registered: what it changes and how. Never changes after registration.
+pub const JOB_DEFINITION: &str = "\
+SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
+       j.tenant_column::pg_catalog.text, j.revision_column::pg_catalog.text, j.chunk_size,
+       j.set_values::pg_catalog.text,
+       (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
+               OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname)
+          FROM pg_catalog.pg_proc p
+          JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+         WHERE p.oid OPERATOR(pg_catalog.=) j.handler::pg_catalog.oid),
+       j.expect::pg_catalog.text, j.guard_columns, j.item_count,
+       j.registered_by::pg_catalog.oid, j.fingerprint,
+       (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
+               OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname)
+          FROM pg_catalog.pg_class c
+          JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+         WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid)
+  FROM etc_batch.job j
+ WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+
+/// Locks the job's row, so that two drainers never pick the same next chunk, and reads
+/// the checkpoint as the last committed transaction left it.
+pub const LOCK_JOB: &str = "\
+SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count, j.chunk_size
+  FROM etc_batch.job j
+ WHERE j.job_id OPERATOR(pg_catalog.=) $1
+   FOR UPDATE";
+
+/// The first audit row at or beyond the checkpoint; there must be none.
+pub const AUDIT_BEYOND: &str = "\
+SELECT a.position, a.item_key
+  FROM etc_batch.job_audit a
+ WHERE a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.>=) $2
+ ORDER BY a.position
+ LIMIT 1";
+
+/// The approved items in [$2, $3) whose audit row is missing or differs, at most $4.
+pub const AUDIT_MISMATCHES: &str = "\
+SELECT i.position, i.item_key, a.item_key, i.revision, a.revision_before,
+       i.guards::pg_catalog.text, a.guards::pg_catalog.text
+  FROM etc_batch.job_item i
+  LEFT JOIN etc_batch.job_audit a
+    ON a.job_id OPERATOR(pg_catalog.=) i.job_id AND a.position OPERATOR(pg_catalog.=) i.position
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1
+   AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3
+   AND (a.position IS NULL
+        OR a.item_key OPERATOR(pg_catalog.<>) i.item_key
+        OR a.revision_before OPERATOR(pg_catalog.<>) i.revision
+        OR a.guards OPERATOR(pg_catalog.<>) i.guards)
+ ORDER BY i.position
+ LIMIT $4";
+
+/// The approved items of positions [$2, $3), as arrays for the business statement.
+pub const CHUNK_ITEMS: &str = "\
+SELECT pg_catalog.array_agg(i.position ORDER BY i.position),
+       pg_catalog.array_agg(i.item_key ORDER BY i.position),
+       pg_catalog.array_agg(i.revision ORDER BY i.position),
+       pg_catalog.array_agg(i.guards::pg_catalog.text ORDER BY i.position)
+  FROM etc_batch.job_item i
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1
+   AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3";
+
+/// One audit row per changed item. $1 job, $2 positions, $3 revisions after, $4 chunk.
+pub const INSERT_AUDIT: &str = "\
+INSERT INTO etc_batch.job_audit
+  (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
+SELECT i.job_id, i.position, i.item_key, i.revision, u.revision_after, i.guards, $4,
+       pg_catalog.txid_current(), pg_catalog.now()
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[]))
+       AS u(position, revision_after)
+  JOIN etc_batch.job_item i
+    ON i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) u.position";
+
+/// Moves the checkpoint past the chunk. $1 job, $2 new next_index.
+pub const ADVANCE: &str = "\
+UPDATE etc_batch.job
+   SET next_index = $2,
+       chunks_committed = chunks_committed OPERATOR(pg_catalog.+) 1,
+       started_at = COALESCE(started_at, pg_catalog.now()),
+       last_commit_at = pg_catalog.now(),
+       status = CASE WHEN $2 OPERATOR(pg_catalog.=) item_count THEN 'done' ELSE status END,
+       finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) item_count THEN pg_catalog.now() END
+ WHERE job_id OPERATOR(pg_catalog.=) $1";
+
+/// Puts a pending job into conflict, corrupt or aborted, with what was found.
+/// $1 job, $2 status, $3 problem (jsonb text), $4 reason.
+pub const SET_PROBLEM: &str = "\
+UPDATE etc_batch.job
+   SET status = $2, problem = $3::pg_catalog.jsonb, status_reason = $4,
+       finished_at = pg_catalog.now()
+ WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'";
+
+/// $1 job, $2 tenant, $3 target, $4 key column, $5 tenant column, $6 revision column,
+/// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
+/// $12 item count, $13 fingerprint, $14 registering role.
+pub const INSERT_JOB: &str = "\
+INSERT INTO etc_batch.job
+  (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
+   set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
+        $11, $12, $13, $14)";
+
+/// $1 job, $2 keys, $3 revisions, $4 guards, all in position order.
+pub const INSERT_ITEMS: &str = "\
+INSERT INTO etc_batch.job_item (job_id, position, item_key, revision, guards)
+SELECT $1, (u.ord OPERATOR(pg_catalog.-) 1)::pg_catalog.int4, u.item_key, u.revision,
+       u.guards::pg_catalog.jsonb
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]),
+                  pg_catalog.unnest($4::pg_catalog.text[]))
+       WITH ORDINALITY AS u(item_key, revision, guards, ord)";
+
+/// The registered items, for naming how a new registration differs.
+pub const JOB_ITEMS: &str = "\
+SELECT pg_catalog.array_agg(i.item_key ORDER BY i.position),
+       pg_catalog.array_agg(i.revision ORDER BY i.position),
+       pg_catalog.array_agg(i.guards::pg_catalog.text ORDER BY i.position)
+  FROM etc_batch.job_item i
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1";
+
+/// Counts that the full check compares with the checkpoint.
+pub const FULL_COUNTS: &str = "\
+SELECT (SELECT pg_catalog.count(*) FROM etc_batch.job_item i
+         WHERE i.job_id OPERATOR(pg_catalog.=) $1)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM etc_batch.job_audit a
+         WHERE a.job_id OPERATOR(pg_catalog.=) $1)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM etc_batch.job_audit a
+         WHERE a.job_id OPERATOR(pg_catalog.=) $1
+           AND a.position OPERATOR(pg_catalog.>=) $2)::pg_catalog.int8";

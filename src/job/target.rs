@@ -1,0 +1,297 @@
+//! The business table a job changes: its columns as read from the catalog, and the
+//! statements etc_batch builds for it.
+//!
+//! Identifiers are quoted, types are schema-qualified, operators are spelled
+//! OPERATOR(pg_catalog.x), and every value is a bound parameter: nothing a caller
+//! supplies is ever spliced into SQL as text.
+
+use super::approval::{Column, Kind, Shape};
+use crate::error::{BatchError, Result};
+use crate::query;
+use pgrx::pg_sys;
+use pgrx::spi::{quote_identifier, quote_literal};
+use std::collections::HashMap;
+
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `"schema"."table"`, quoted for SQL.
+    pub sql_name: String,
+    /// The table as regclass prints it, for messages and fingerprints.
+    pub display: String,
+    pub shape: Shape,
+    /// Column -> `"schema"."type"`, quoted for casts.
+    pub types: HashMap<String, String>,
+}
+
+const RELATION: &str = "\
+SELECT c.relkind::pg_catalog.text,
+       pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname),
+       c.oid::pg_catalog.regclass::pg_catalog.text
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+ WHERE c.oid OPERATOR(pg_catalog.=) $1";
+
+const COLUMNS: &str = "\
+SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum),
+       pg_catalog.array_agg(t.typname::pg_catalog.text ORDER BY a.attnum),
+       pg_catalog.array_agg(pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) ORDER BY a.attnum)
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+  JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace
+ WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
+   AND NOT a.attisdropped";
+
+/// The columns of every plain unique index, as one comma-separated list per index.
+const UNIQUE_INDEXES: &str = "\
+SELECT pg_catalog.array_agg(cols)
+  FROM (SELECT pg_catalog.string_agg(a.attname::pg_catalog.text, ',') AS cols
+          FROM pg_catalog.pg_index i
+         CROSS JOIN LATERAL pg_catalog.unnest(i.indkey::pg_catalog.int2[]) AS k(attnum)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                        AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+         WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique
+           AND i.indpred IS NULL AND i.indexprs IS NULL
+         GROUP BY i.indexrelid) u";
+
+impl Target {
+    pub fn load(
+        oid: pg_sys::Oid,
+        key_column: &str,
+        tenant_column: &str,
+        revision_column: &str,
+    ) -> Result<Target> {
+        let (kind, sql_name, display) = query::row(RELATION, &[oid.into()], |r| {
+            Ok((
+                r.get::<String>(1)?,
+                r.get::<String>(2)?,
+                r.get::<String>(3)?,
+            ))
+        })?
+        .ok_or_else(|| BatchError::InvalidArgument {
+            message: format!("relation with OID {} does not exist", oid.to_u32()),
+            detail: None,
+        })?;
+        let (sql_name, display) = (sql_name.unwrap_or_default(), display.unwrap_or_default());
+        if !matches!(kind.as_deref(), Some("r") | Some("p")) {
+            return Err(BatchError::InvalidArgument {
+                message: format!("target \"{display}\" is not a table"),
+                detail: Some("A job changes rows of a table or a partitioned table.".into()),
+            });
+        }
+        let (names, type_names, qualified) = query::row(COLUMNS, &[oid.into()], |r| {
+            Ok((
+                r.get::<Vec<String>>(1)?,
+                r.get::<Vec<String>>(2)?,
+                r.get::<Vec<String>>(3)?,
+            ))
+        })?
+        .map(|(a, b, c)| {
+            (
+                a.unwrap_or_default(),
+                b.unwrap_or_default(),
+                c.unwrap_or_default(),
+            )
+        })
+        .unwrap_or_default();
+        let mut columns = HashMap::new();
+        let mut types = HashMap::new();
+        for ((name, type_name), sql_type) in names.into_iter().zip(type_names).zip(qualified) {
+            let kind = Kind::for_type(&type_name);
+            columns.insert(
+                name.clone(),
+                Column {
+                    name: name.clone(),
+                    type_name,
+                    kind,
+                },
+            );
+            types.insert(name, sql_type);
+        }
+        let shape = Shape {
+            columns,
+            key_column: key_column.to_string(),
+            tenant_column: tenant_column.to_string(),
+            revision_column: revision_column.to_string(),
+        };
+        shape.check_roles()?;
+        let target = Target {
+            sql_name,
+            display,
+            shape,
+            types,
+        };
+        target.check_unique_key(oid)?;
+        Ok(target)
+    }
+
+    /// One approved item must match one row: some unique index must cover only the key
+    /// and tenant columns.
+    fn check_unique_key(&self, oid: pg_sys::Oid) -> Result<()> {
+        let indexes = query::one::<Vec<String>>(UNIQUE_INDEXES, &[oid.into()])?.unwrap_or_default();
+        let (key, tenant) = (&self.shape.key_column, &self.shape.tenant_column);
+        let covered = indexes
+            .iter()
+            .any(|cols| cols.split(',').all(|c| c == key || c == tenant));
+        if covered {
+            return Ok(());
+        }
+        Err(BatchError::InvalidArgument {
+            message: format!(
+                "target \"{}\" has no unique index on ({tenant}, {key})",
+                self.display
+            ),
+            detail: Some("Each approved item must match exactly one row of its tenant.".into()),
+        })
+    }
+
+    fn col(&self, name: &str) -> String {
+        quote_identifier(name)
+    }
+
+    fn cast(&self, expr: &str, column: &str) -> String {
+        format!("({expr})::{}", self.types[column])
+    }
+
+    /// `t.col` equals the value stored under `name` in the jsonb `source`, where a JSON
+    /// null means the column must be NULL.
+    fn matches(&self, source: &str, name: &str) -> String {
+        let lit = quote_literal(name);
+        let col = self.col(name);
+        format!(
+            "(CASE WHEN {source} OPERATOR(pg_catalog.->) {lit} OPERATOR(pg_catalog.=) 'null'::pg_catalog.jsonb \
+             THEN t.{col} IS NULL \
+             ELSE t.{col} OPERATOR(pg_catalog.=) {} END)",
+            self.cast(&format!("{source} OPERATOR(pg_catalog.->>) {lit}"), name)
+        )
+    }
+
+    /// The chunk's items as a relation `i(position, item_key, revision, guards)`, from
+    /// parameters $1 to $4.
+    const ITEMS: &'static str = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.int4[]), \
+         pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]), \
+         pg_catalog.unnest($4::pg_catalog.jsonb[])) AS i(position, item_key, revision, guards)";
+
+    fn item_conditions(&self, guard_columns: &[String], expect_columns: &[String]) -> String {
+        let s = &self.shape;
+        let mut conditions = vec![
+            format!(
+                "t.{} OPERATOR(pg_catalog.=) {}",
+                self.col(&s.tenant_column),
+                self.cast("$5", &s.tenant_column)
+            ),
+            format!(
+                "t.{} OPERATOR(pg_catalog.=) {}",
+                self.col(&s.key_column),
+                self.cast("i.item_key", &s.key_column)
+            ),
+            format!(
+                "t.{} OPERATOR(pg_catalog.=) i.revision",
+                self.col(&s.revision_column)
+            ),
+        ];
+        for g in guard_columns {
+            conditions.push(format!(
+                "(NOT (i.guards OPERATOR(pg_catalog.?) {}) OR {})",
+                quote_literal(g),
+                self.matches("i.guards", g)
+            ));
+        }
+        for e in expect_columns {
+            conditions.push(self.matches("$7", e));
+        }
+        conditions.join("\n   AND ")
+    }
+
+    /// The guarded change of one chunk, one statement: tenant, key, revision, every
+    /// guard and expectation in the WHERE clause, the revision incremented, and RETURNING
+    /// what really changed. $1-$4 the chunk's items, $5 tenant, $6 set_values, $7 expect.
+    pub fn update_sql(
+        &self,
+        set_columns: &[String],
+        guard_columns: &[String],
+        expect_columns: &[String],
+    ) -> String {
+        let rev = self.col(&self.shape.revision_column);
+        let mut assignments: Vec<String> = set_columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} = {}",
+                    self.col(c),
+                    self.cast(
+                        &format!("$6 OPERATOR(pg_catalog.->>) {}", quote_literal(c)),
+                        c
+                    )
+                )
+            })
+            .collect();
+        assignments.push(format!("{rev} = t.{rev} OPERATOR(pg_catalog.+) 1"));
+        format!(
+            "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\nRETURNING i.position, t.{rev}::pg_catalog.int8",
+            self.sql_name,
+            assignments.join(", "),
+            Self::ITEMS,
+            self.item_conditions(guard_columns, expect_columns),
+        )
+    }
+
+    /// A handler job's chunk: the handler is called once per item, in position order,
+    /// with the item as jsonb (key, revision, tenant, guards). $1-$5 as update_sql.
+    pub fn handler_sql(&self, handler: &str) -> String {
+        let s = &self.shape;
+        format!(
+            "SELECT i.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, i.revision, {}, {}) \
+             OPERATOR(pg_catalog.||) i.guards)\n  FROM {}\n ORDER BY i.position",
+            quote_literal(&s.key_column),
+            self.cast("i.item_key", &s.key_column),
+            quote_literal(&s.revision_column),
+            quote_literal(&s.tenant_column),
+            self.cast("$5", &s.tenant_column),
+            Self::ITEMS,
+        )
+    }
+
+    /// The row an item names now, as jsonb, or no row: what a conflict reports.
+    /// $1 tenant, $2 key.
+    pub fn current_row_sql(&self) -> String {
+        let s = &self.shape;
+        format!(
+            "SELECT pg_catalog.to_jsonb(t) FROM {} AS t WHERE t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}",
+            self.sql_name,
+            self.col(&s.tenant_column),
+            self.cast("$1", &s.tenant_column),
+            self.col(&s.key_column),
+            self.cast("$2", &s.key_column),
+        )
+    }
+
+    /// Every approved item with what the job committed for it and what its row holds
+    /// now, in one statement and so in one snapshot. $1 job, $2 tenant.
+    pub fn report_sql(&self) -> String {
+        let s = &self.shape;
+        let rev = self.col(&s.revision_column);
+        let key = self.col(&s.key_column);
+        format!(
+            "SELECT i.position, i.item_key,
+       CASE WHEN a.position IS NULL THEN 'unprocessed'
+            WHEN t.{key} IS NULL THEN 'missing'
+            WHEN t.{rev}::pg_catalog.int8 OPERATOR(pg_catalog.=) a.revision_after THEN 'matching'
+            ELSE 'drifted' END,
+       a.revision_after, t.{rev}::pg_catalog.int8
+  FROM etc_batch.job_item i
+  LEFT JOIN etc_batch.job_audit a
+    ON a.job_id OPERATOR(pg_catalog.=) i.job_id AND a.position OPERATOR(pg_catalog.=) i.position
+  LEFT JOIN {} AS t
+    ON t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1
+ ORDER BY i.position",
+            self.sql_name,
+            self.col(&s.tenant_column),
+            self.cast("$2", &s.tenant_column),
+            self.col(&s.key_column),
+            self.cast("i.item_key", &s.key_column),
+        )
+    }
+}
