@@ -165,9 +165,9 @@ impl BatchError {
         use BatchError::*;
         match self {
             AtomicContext { .. } => Some(
-                "It commits after every step, and a transaction block, a function, a SELECT, \
-                 a block with an EXCEPTION clause, or a calling procedure with a SET clause or \
-                 SECURITY DEFINER does not allow that."
+                "It commits as it works, a step or a chunk at a time, and a transaction block, a \
+                 function, a SELECT, a block with an EXCEPTION clause, or a calling procedure with \
+                 a SET clause or SECURITY DEFINER does not allow that."
                     .into(),
             ),
             InvalidArgument { detail, .. } => detail.clone(),
@@ -195,7 +195,9 @@ impl BatchError {
             JobMismatch { detail, .. } | JobConflict { detail, .. } | JobCorrupt { detail, .. } => {
                 Some(detail.clone())
             }
-            JobAborted { reason, .. } => reason.as_ref().map(|r| format!("Reason given: {r}")),
+            JobAborted { reason, .. } => reason
+                .as_ref()
+                .map(|r| format!("The reason given was: {r}")),
             _ => None,
         }
     }

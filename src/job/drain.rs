@@ -203,7 +203,10 @@ impl Job {
                 &[
                     self.id().into(),
                     items.positions.clone().into(),
+                    items.keys.clone().into(),
+                    items.revisions.clone().into(),
                     revisions_after.into(),
+                    items.guards.clone().into(),
                     number.into(),
                 ],
             )
@@ -215,8 +218,9 @@ impl Job {
         crash::reached(Point::AfterCommit);
 
         notice!(
-            "chunk {number} of {total} committed: {} items, keys {} to {}",
+            "chunk {number} of {total} committed: {} item{}, keys {} to {}",
             items.keys.len(),
+            if items.keys.len() == 1 { "" } else { "s" },
             items.keys.first().map(String::as_str).unwrap_or(""),
             items.keys.last().map(String::as_str).unwrap_or("")
         );

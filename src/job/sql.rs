@@ -48,8 +48,13 @@ pub const AUDIT_MISMATCHES: &str = "\
 SELECT i.position, i.item_key, a.item_key, i.revision, a.revision_before,
        i.guards::pg_catalog.text, a.guards::pg_catalog.text
   FROM etc_batch.job_item i
-  LEFT JOIN etc_batch.job_audit a
-    ON a.job_id OPERATOR(pg_catalog.=) i.job_id AND a.position OPERATOR(pg_catalog.=) i.position
+  -- One index probe per item. OFFSET 0 keeps the planner from turning this into a join
+  -- whose plan depends on statistics that a freshly registered job does not have yet.
+  LEFT JOIN LATERAL (
+        SELECT a.position, a.item_key, a.revision_before, a.guards
+          FROM etc_batch.job_audit a
+         WHERE a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
+        OFFSET 0) a ON true
  WHERE i.job_id OPERATOR(pg_catalog.=) $1
    AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3
    AND (a.position IS NULL
@@ -69,16 +74,18 @@ SELECT pg_catalog.array_agg(i.position ORDER BY i.position),
  WHERE i.job_id OPERATOR(pg_catalog.=) $1
    AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3";
 
-/// One audit row per changed item. $1 job, $2 positions, $3 revisions after, $4 chunk.
+/// One audit row per changed item, from the chunk's items as the drainer holds them:
+/// no second read of job_item. $1 job, $2 positions, $3 keys, $4 revisions before,
+/// $5 revisions after, $6 guards, $7 chunk.
 pub const INSERT_AUDIT: &str = "\
 INSERT INTO etc_batch.job_audit
   (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
-SELECT i.job_id, i.position, i.item_key, i.revision, u.revision_after, i.guards, $4,
-       pg_catalog.txid_current(), pg_catalog.now()
-  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[]))
-       AS u(position, revision_after)
-  JOIN etc_batch.job_item i
-    ON i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) u.position";
+SELECT $1, u.position, u.item_key, u.revision_before, u.revision_after,
+       u.guards::pg_catalog.jsonb, $7, pg_catalog.txid_current(), pg_catalog.now()
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[]),
+                  pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[]),
+                  pg_catalog.unnest($6::pg_catalog.text[]))
+       AS u(position, item_key, revision_before, revision_after, guards)";
 
 /// Moves the checkpoint past the chunk. $1 job, $2 new next_index.
 pub const ADVANCE: &str = "\

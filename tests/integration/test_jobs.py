@@ -1,0 +1,946 @@
+"""Checkpointed jobs driven by clients: etc_batch.register_job and
+CALL etc_batch.drain_job over real connections, with conflicting operators, backends
+that die at each point of a chunk, lost replies, concurrent drainers, tampered
+progress, bad registrations, handler jobs and roles.
+
+Every outcome is checked on the business table itself (each order's revision against
+the revision it had when the approval was taken) and on the audit rows counted per
+key, not only on what etc_batch reports about itself.
+"""
+
+import random
+import secrets
+import threading
+from collections import Counter
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from conftest import JOIN, WAIT
+
+CANCEL = {"status": "cancelled"}
+PENDING = {"status": "pending"}
+
+
+# helpers ----------------------------------------------------------------------------------
+
+
+class Orders:
+    """A business table orders(tenant, id, revision, qty, status) of one test, with
+    tenant A's rows at varied initial revisions and tenant B's rows (same ids) all at
+    revision 1. `initial` is the table as created: (tenant, id) -> (revision, qty, status).
+    """
+
+    def __init__(self, db, label, a_ids, b_ids=(), primary_key=True):
+        self.db = db
+        self.name = f"orders_{label}_{secrets.token_hex(3)}"
+        self.ident = sql.Identifier(self.name)
+        pk = ", PRIMARY KEY (tenant, id)" if primary_key else ""
+        db.admin.execute(
+            sql.SQL(
+                "CREATE TABLE {} (tenant text NOT NULL, id integer NOT NULL, "
+                "revision integer NOT NULL, qty integer, status text NOT NULL" + pk + ")"
+            ).format(self.ident)
+        )
+        rows = [("A", i, 1 + i % 4, 1 + i % 9, "pending") for i in a_ids]
+        rows += [("B", i, 1, 1 + i % 9, "pending") for i in b_ids]
+        with db.admin.cursor() as cur:
+            cur.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (tenant, id, revision, qty, status) VALUES (%s, %s, %s, %s, %s)"
+                ).format(self.ident),
+                rows,
+            )
+        self.initial = self.snapshot()
+
+    def snapshot(self):
+        rows = self.db.admin.execute(
+            sql.SQL("SELECT tenant, id, revision, qty, status FROM {}").format(self.ident)
+        ).fetchall()
+        return {(r["tenant"], r["id"]): (r["revision"], r["qty"], r["status"]) for r in rows}
+
+    def items(self, keys, tenant="A"):
+        """The approval an operator would take now: key, revision and qty as a guard."""
+        out = []
+        for k in keys:
+            revision, qty, _ = self.initial[(tenant, k)]
+            out.append({"id": k, "revision": revision, "qty": qty})
+        return out
+
+    def execute(self, statement, params=()):
+        """Runs statement with {t} standing for this table."""
+        return self.db.admin.execute(sql.SQL(statement).format(t=self.ident), params)
+
+
+def register(conn, job, target, items, chunk_size=10, tenant="A", set_values=CANCEL,
+             expect=PENDING, handler=None, notices=None):
+    """SELECT * FROM etc_batch.register_job(...) with named arguments; returns its row
+    as a dict. expect=None leaves the default; items/set_values go as jsonb."""
+    args = [
+        sql.SQL("job_id => %s"),
+        sql.SQL("tenant => %s"),
+        sql.SQL("target => %s::regclass"),
+        sql.SQL("items => %s::jsonb"),
+        sql.SQL("chunk_size => %s"),
+        sql.SQL("set_values => %s::jsonb"),
+    ]
+    params = [
+        job,
+        tenant,
+        target,
+        None if items is None else Jsonb(items),
+        chunk_size,
+        None if set_values is None else Jsonb(set_values),
+    ]
+    if expect is not None:
+        args.append(sql.SQL("expect => %s::jsonb"))
+        params.append(Jsonb(expect))
+    if handler is not None:
+        args.append(sql.SQL("handler => %s::regprocedure"))
+        params.append(handler)
+    keep = None
+    if notices is not None:
+        def keep(diag):
+            notices.append(diag.message_primary or "")
+        conn.add_notice_handler(keep)
+    try:
+        cur = conn.cursor(row_factory=dict_row)
+        return cur.execute(
+            sql.SQL("SELECT * FROM etc_batch.register_job({})").format(sql.SQL(", ").join(args)),
+            params,
+        ).fetchone()
+    finally:
+        if keep is not None:
+            conn.remove_notice_handler(keep)
+
+
+def drain(conn, job, max_chunks=None, notices=None):
+    """CALL etc_batch.drain_job(job, max_chunks) on conn; returns its result row as a
+    dict (committed_keys, committed_chunks, status). Errors propagate."""
+    keep = None
+    if notices is not None:
+        def keep(diag):
+            notices.append(diag.message_primary or "")
+        conn.add_notice_handler(keep)
+    try:
+        cur = conn.cursor(row_factory=dict_row)
+        return cur.execute(
+            "CALL etc_batch.drain_job(%s, %s::integer)", (job, max_chunks)
+        ).fetchone()
+    finally:
+        if keep is not None:
+            conn.remove_notice_handler(keep)
+
+
+def job_row(db, job):
+    return db.admin.execute(
+        """SELECT job_id, status, next_index, item_count, chunk_size, chunks_committed,
+                  audit_changes, item_changes, problem, status_reason,
+                  registered_by::text AS registered_by, registered_at
+             FROM etc_batch.job WHERE job_id = %s""",
+        (job,),
+    ).fetchone()
+
+
+def job_items(db, job):
+    return db.admin.execute(
+        "SELECT position, item_key, revision, guards FROM etc_batch.job_item "
+        "WHERE job_id = %s ORDER BY position",
+        (job,),
+    ).fetchall()
+
+
+def audit_rows(db, job):
+    return db.admin.execute(
+        """SELECT position, item_key, revision_before, revision_after, guards, chunk, txid,
+                  committed_at
+             FROM etc_batch.job_audit WHERE job_id = %s ORDER BY position""",
+        (job,),
+    ).fetchall()
+
+
+def audit_count_by_key(db, job):
+    return Counter(r["item_key"] for r in audit_rows(db, job))
+
+
+def postmaster_start(db):
+    return db.admin.execute("SELECT pg_postmaster_start_time() AS t").fetchone()["t"]
+
+
+def chunk_notice(number, total, keys):
+    noun = "item" if len(keys) == 1 else "items"
+    return f"chunk {number} of {total} committed: {len(keys)} {noun}, keys {keys[0]} to {keys[-1]}"
+
+
+def keys_text(keys):
+    return [str(k) for k in keys]
+
+
+def pick_keys(seed, count, universe):
+    """count distinct ids out of universe, sorted numerically, with gaps between them."""
+    rng = random.Random(seed)
+    return sorted(rng.sample(list(universe), count))
+
+
+def shuffled(items, seed):
+    out = list(items)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def assert_changed_once(orders, keys, tenant="A"):
+    """Each key's row carries exactly one change by the job: status cancelled and the
+    revision one above the approved one, qty untouched."""
+    now = orders.snapshot()
+    for k in keys:
+        revision, qty, _ = orders.initial[(tenant, k)]
+        assert now[(tenant, k)] == (revision + 1, qty, "cancelled"), (k, now[(tenant, k)])
+
+
+def assert_untouched(orders, keys, tenant="A"):
+    now = orders.snapshot()
+    for k in keys:
+        assert now[(tenant, k)] == orders.initial[(tenant, k)], (tenant, k, now[(tenant, k)])
+
+
+def assert_others_untouched(orders, approved, tenant="A"):
+    """Every row that is not an approved (tenant, key) is as it was created."""
+    approved = {(tenant, k) for k in approved}
+    now = orders.snapshot()
+    assert set(now) == set(orders.initial)
+    for row, values in orders.initial.items():
+        if row not in approved:
+            assert now[row] == values, (row, now[row])
+
+
+def assert_job_complete(db, orders, job, keys):
+    """The job is done, every approved key has exactly one audit row whose revisions
+    agree with the row, and no other row of the table changed."""
+    assert audit_count_by_key(db, job) == Counter(keys_text(keys))
+    assert_changed_once(orders, keys)
+    assert_others_untouched(orders, keys)
+    for r in audit_rows(db, job):
+        revision = orders.initial[("A", int(r["item_key"]))][0]
+        assert (r["revision_before"], r["revision_after"]) == (revision, revision + 1), r
+    j = job_row(db, job)
+    assert (j["status"], j["next_index"]) == ("done", len(keys)), j
+
+
+def crash_drain(db, job, point):
+    """CALL etc_batch.drain_job(job, 1) on a connection of its own whose backend
+    terminates itself at `point` of the chunk; returns once that backend is gone."""
+    conn = db.connect()
+    conn.execute("LOAD 'etc_batch'")
+    conn.execute(sql.SQL("SET etc_batch.crash_at = {}").format(sql.Literal(point)))
+    pid = conn.info.backend_pid
+    with pytest.raises(psycopg.OperationalError):
+        conn.execute("CALL etc_batch.drain_job(%s, 1)", (job,))
+    assert conn.closed or conn.broken
+    db.wait_for_exit(pid)
+
+
+class Drainer:
+    """CALL etc_batch.drain_job(job) in a thread of its own, on a connection of its
+    own, released by a barrier; keeps the result row, the notices and the error."""
+
+    def __init__(self, db, job, barrier):
+        self.conn = db.connect()
+        self.pid = self.conn.info.backend_pid
+        self.job = job
+        self.barrier = barrier
+        self.notices = []
+        self.result = None
+        self.error = None
+        self.thread = threading.Thread(target=self._run, name=f"drain_job-{self.pid}", daemon=True)
+
+    def _run(self):
+        try:
+            self.barrier.wait(WAIT)
+            self.result = drain(self.conn, self.job, notices=self.notices)
+        except BaseException as exc:  # kept for the test to assert on
+            self.error = exc
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def join(self):
+        self.thread.join(JOIN)
+        assert not self.thread.is_alive(), f"drain_job in backend {self.pid} did not return"
+        return self
+
+
+# 1. the seed scenario ---------------------------------------------------------------------
+
+
+def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
+    universe = range(1, 200)
+    keys = pick_keys(20240611, 37, universe)
+    assert any(b - a > 1 for a, b in zip(keys, keys[1:])), "keys must have gaps"
+    # keys of one, two and three digits: text order differs from numeric order
+    assert keys[0] < 10 and keys[-1] >= 100
+    orders = Orders(db, "seed", a_ids=universe, b_ids=universe)
+    job = db.new_batch("seed")
+    items = orders.items(keys)
+
+    conn = db.connect()
+    first = register(conn, job, orders.name, shuffled(items, 1))
+    assert first == {"job_id": job, "created": True, "items": 37, "chunks": 4}
+    frozen = job_items(db, job)
+    assert [r["position"] for r in frozen] == list(range(37))
+    assert [r["item_key"] for r in frozen] == keys_text(keys)
+    for r, k in zip(frozen, keys):
+        revision, qty, _ = orders.initial[("A", k)]
+        assert (r["revision"], r["guards"]) == (revision, {"qty": qty})
+    registered_at = job_row(db, job)["registered_at"]
+
+    # the same approval in another order: recognised, nothing changes
+    notices = []
+    again = register(conn, job, orders.name, shuffled(items, 2), notices=notices)
+    assert again == {"job_id": job, "created": False, "items": 37, "chunks": 4}
+    assert any("already registered" in n for n in notices), notices
+    assert job_items(db, job) == frozen
+    assert job_row(db, job)["registered_at"] == registered_at
+
+    # one qty changed: refused, naming the key
+    changed_key = keys[22]
+    altered = [dict(i) for i in shuffled(items, 3)]
+    for i in altered:
+        if i["id"] == changed_key:
+            i["qty"] += 1
+    with pytest.raises(errors.DuplicateObject) as refused:
+        register(conn, job, orders.name, altered)
+    assert refused.value.sqlstate == "42710"
+    diag = refused.value.diag
+    assert f"Item {changed_key} " in (diag.message_detail or ""), diag.message_detail
+    assert job_items(db, job) == frozen
+
+    # one chunk: the 10 smallest keys, numerically
+    notices = []
+    result = drain(conn, job, 1, notices=notices)
+    assert result == {
+        "committed_keys": keys_text(keys[:10]),
+        "committed_chunks": 1,
+        "status": "pending",
+    }
+    assert notices == [chunk_notice(1, 4, keys[:10])]
+    assert_changed_once(orders, keys[:10])
+    assert_untouched(orders, keys[10:])
+    assert audit_count_by_key(db, job) == Counter(keys_text(keys[:10]))
+
+    # another operator changes the 15th item (the 5th of chunk 2)
+    contested = keys[14]
+    orders.execute(
+        "UPDATE {t} SET qty = qty + 1, revision = revision + 1 WHERE tenant = 'A' AND id = %s",
+        (contested,),
+    )
+    with pytest.raises(errors.IntegrityConstraintViolation) as conflict:
+        drain(conn, job)
+    assert conflict.value.sqlstate == "23000"
+    assert str(contested) in (conflict.value.diag.message_detail or ""), conflict.value.diag
+
+    def check_after_conflict():
+        now = orders.snapshot()
+        # chunk 1 stays committed, once
+        assert_changed_once(orders, keys[:10])
+        # items 11 to 14 and 16 to 20 of the rolled-back chunk: unchanged
+        assert_untouched(orders, keys[10:14] + keys[15:])
+        # item 15 holds the other operator's change, not the job's
+        revision, qty, _ = orders.initial[("A", contested)]
+        assert now[("A", contested)] == (revision + 1, qty + 1, "pending")
+        # tenant B, same ids: untouched, all pending at revision 1
+        b_rows = {k: v for k, v in now.items() if k[0] == "B"}
+        assert len(b_rows) == len(universe)
+        assert all(v[0] == 1 and v[2] == "pending" for v in b_rows.values())
+        assert_others_untouched(orders, keys[:10] + [contested])
+        assert audit_count_by_key(db, job) == Counter(keys_text(keys[:10]))
+        j = job_row(db, job)
+        assert (j["status"], j["next_index"], j["chunks_committed"]) == ("conflict", 10, 1)
+        assert j["status_reason"]
+        assert j["problem"]["key"] == str(contested) and j["problem"]["position"] == 14
+
+    check_after_conflict()
+    # a job in conflict stays stopped
+    with pytest.raises(errors.IntegrityConstraintViolation) as again_conflict:
+        drain(db.connect(), job)
+    assert again_conflict.value.sqlstate == "23000"
+    check_after_conflict()
+
+    # the committed rows drift: one deleted, one changed again
+    gone, drifted = keys[3], keys[6]
+    orders.execute("DELETE FROM {t} WHERE tenant = 'A' AND id = %s", (gone,))
+    orders.execute(
+        "UPDATE {t} SET revision = revision + 1 WHERE tenant = 'A' AND id = %s", (drifted,)
+    )
+    report = db.admin.execute(
+        "SELECT * FROM etc_batch.job_report(%s) ORDER BY position", (job,)
+    ).fetchall()
+    assert [r["position"] for r in report] == list(range(37))
+    assert [r["item_key"] for r in report] == keys_text(keys)
+    for r, k in zip(report, keys):
+        revision = orders.initial[("A", k)][0]
+        if k == gone:
+            assert (r["state"], r["revision_committed"], r["revision_now"]) == (
+                "missing", revision + 1, None)
+        elif k == drifted:
+            assert (r["state"], r["revision_committed"], r["revision_now"]) == (
+                "drifted", revision + 1, revision + 2)
+        elif r["position"] < 10:
+            assert (r["state"], r["revision_committed"], r["revision_now"]) == (
+                "matching", revision + 1, revision + 1)
+        else:
+            assert r["state"] == "unprocessed" and r["revision_committed"] is None, r
+    states = Counter(r["state"] for r in report)
+    assert states == {"matching": 8, "drifted": 1, "missing": 1, "unprocessed": 27}
+    summary = db.admin.execute("SELECT * FROM etc_batch.job_summary(%s)", (job,)).fetchone()
+    assert summary == {
+        "status": "conflict",
+        "approved": 37,
+        "committed": 10,
+        "unprocessed": 27,
+        "matching": 8,
+        "drifted": 1,
+        "missing": 1,
+    }
+
+
+# 2. a backend that dies at each point of a chunk ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "point", ["after_change", "after_audit", "after_checkpoint", "after_commit"]
+)
+def test_backend_dying_mid_chunk_leaves_chunk_whole_or_absent(db, point):
+    started = postmaster_start(db)
+    keys = pick_keys(len(point) * 31 + ord(point[6]), 35, range(1, 80))
+    orders = Orders(db, "crash", a_ids=range(1, 80), b_ids=range(1, 80))
+    job = db.new_batch(f"crash_{point}")
+    register(db.connect(), job, orders.name, shuffled(orders.items(keys), 7))
+
+    assert drain(db.connect(), job, 1)["committed_keys"] == keys_text(keys[:10])
+    crash_drain(db, job, point)
+    db.assert_server_alive()
+
+    chunk2 = keys[10:20]
+    j = job_row(db, job)
+    if point == "after_commit":
+        # the chunk committed before the backend died: all of it
+        assert_changed_once(orders, keys[:20])
+        assert_untouched(orders, keys[20:])
+        assert audit_count_by_key(db, job) == Counter(keys_text(keys[:20]))
+        assert [r["chunk"] for r in audit_rows(db, job)][10:] == [2] * 10
+        assert (j["status"], j["next_index"], j["chunks_committed"]) == ("pending", 20, 2)
+    else:
+        # nothing of the chunk survived
+        assert_changed_once(orders, keys[:10])
+        assert_untouched(orders, keys[10:])
+        assert audit_count_by_key(db, job) == Counter(keys_text(keys[:10]))
+        assert not any(r["chunk"] == 2 for r in audit_rows(db, job))
+        assert (j["status"], j["next_index"], j["chunks_committed"]) == ("pending", 10, 1)
+    assert j["audit_changes"] == 0 and j["item_changes"] == 0
+    assert_others_untouched(orders, keys)
+
+    # a normal caller resumes where the checkpoint says
+    resumed = drain(db.connect(), job)
+    rest = keys[20:] if point == "after_commit" else chunk2 + keys[20:]
+    assert resumed == {"committed_keys": keys_text(rest), "committed_chunks": len(rest) // 10 + 1,
+                       "status": "done"}
+    assert_job_complete(db, orders, job, keys)
+    assert all(c["ok"] for c in db.admin.execute(
+        "SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall())
+    # the backend ended itself with FATAL: no crash, no restart of the server
+    assert postmaster_start(db) == started
+
+
+# 3. a lost reply --------------------------------------------------------------------------
+
+
+def test_lost_reply_after_commit_is_not_replayed(db):
+    started = postmaster_start(db)
+    keys = pick_keys(99, 35, range(1, 60))
+    orders = Orders(db, "lostreply", a_ids=range(1, 60), b_ids=range(1, 60))
+    job = db.new_batch("lostreply")
+    register(db.connect(), job, orders.name, shuffled(orders.items(keys), 4))
+    drain(db.connect(), job, 1)
+
+    # chunk 2 commits, then the connection dies before the reply reaches the client
+    crash_drain(db, job, "after_commit")
+
+    # the client, not knowing, calls again: it gets chunk 3, never chunk 2 again
+    notices = []
+    retry = drain(db.connect(), job, 1, notices=notices)
+    assert retry == {"committed_keys": keys_text(keys[20:30]), "committed_chunks": 1,
+                     "status": "pending"}
+    assert notices == [chunk_notice(3, 4, keys[20:30])]
+    audit = audit_rows(db, job)
+    assert audit_count_by_key(db, job) == Counter(keys_text(keys[:30]))
+    by_chunk = {}
+    for r in audit:
+        by_chunk.setdefault(r["chunk"], set()).add(r["txid"])
+    assert sorted(by_chunk) == [1, 2, 3]
+    assert all(len(t) == 1 for t in by_chunk.values()), by_chunk
+    assert len({next(iter(t)) for t in by_chunk.values()}) == 3
+    # chunk 2's rows were changed exactly once
+    assert_changed_once(orders, keys[:30])
+    assert_untouched(orders, keys[30:])
+
+    drain(db.connect(), job)
+    assert_job_complete(db, orders, job, keys)
+    assert postmaster_start(db) == started
+
+
+# 4. concurrent drainers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("callers", [2, 8])
+def test_concurrent_drainers_commit_each_chunk_once(db, callers):
+    universe = range(1, 301)
+    keys = pick_keys(callers, 200, universe)
+    orders = Orders(db, f"conc{callers}", a_ids=universe, b_ids=range(1, 50))
+    job = db.new_batch(f"concurrent{callers}")
+    assert register(db.connect(), job, orders.name, shuffled(orders.items(keys), 5))["chunks"] == 20
+
+    barrier = threading.Barrier(callers)
+    drainers = [Drainer(db, job, barrier) for _ in range(callers)]
+    for d in drainers:
+        d.start()
+    for d in drainers:
+        d.join()
+    for d in drainers:
+        assert d.error is None, f"drainer {d.pid}: {d.error!r}"
+        assert d.result["status"] == "done", d.result
+
+    # the callers' results partition the approval
+    all_keys = []
+    for d in drainers:
+        all_keys += d.result["committed_keys"]
+        assert d.result["committed_chunks"] * 10 == len(d.result["committed_keys"])
+    assert sorted(all_keys, key=int) == keys_text(keys)
+    assert len(all_keys) == len(set(all_keys)) == 200
+    assert sum(d.result["committed_chunks"] for d in drainers) == 20
+
+    assert_job_complete(db, orders, job, keys)
+    j = job_row(db, job)
+    assert j["chunks_committed"] == 20
+
+    # each chunk committed in exactly one transaction of its own, in chunk order
+    audit = audit_rows(db, job)
+    txids, stamps = {}, {}
+    for r in audit:
+        assert r["chunk"] == r["position"] // 10 + 1, r
+        txids.setdefault(r["chunk"], set()).add(r["txid"])
+        stamps.setdefault(r["chunk"], set()).add(r["committed_at"])
+    assert sorted(txids) == list(range(1, 21))
+    assert all(len(t) == 1 for t in txids.values()), txids
+    assert all(len(s) == 1 for s in stamps.values()), stamps
+    chunk_txids = [next(iter(txids[c])) for c in range(1, 21)]
+    assert chunk_txids == sorted(chunk_txids) and len(set(chunk_txids)) == 20, chunk_txids
+    # each caller's own chunks: increasing, with increasing committed_at
+    chunk_of_key = {r["item_key"]: r["chunk"] for r in audit}
+    for d in drainers:
+        mine = []
+        for k in d.result["committed_keys"]:
+            if chunk_of_key[k] not in mine:
+                mine.append(chunk_of_key[k])
+        assert mine == sorted(mine), (d.pid, mine)
+        times = [next(iter(stamps[c])) for c in mine]
+        assert times == sorted(times) and len(set(times)) == len(times), (d.pid, times)
+        # and was told about each chunk it committed
+        committed = [n for n in d.notices if n.startswith("chunk ")]
+        assert committed == [
+            chunk_notice(c, 20, keys_text(keys[(c - 1) * 10:c * 10])) for c in mine
+        ]
+
+
+# 5. tampered progress ---------------------------------------------------------------------
+
+
+def tamper_delete_audit_row(db, job, keys):
+    db.admin.execute(
+        "DELETE FROM etc_batch.job_audit WHERE job_id = %s AND position = 4", (job,)
+    )
+
+
+def tamper_mid_chunk(db, job, keys):
+    db.admin.execute("UPDATE etc_batch.job SET next_index = 15 WHERE job_id = %s", (job,))
+
+
+def tamper_past_end(db, job, keys):
+    db.admin.execute(
+        "UPDATE etc_batch.job SET next_index = item_count + 10 WHERE job_id = %s", (job,)
+    )
+
+
+def tamper_insert_foreign_audit_row(db, job, keys):
+    db.admin.execute(
+        """INSERT INTO etc_batch.job_audit
+             (job_id, position, item_key, revision_before, revision_after, guards, chunk,
+              txid, committed_at)
+           VALUES (%s, 20, '999999', 1, 2, '{}', 3, txid_current(), now())""",
+        (job,),
+    )
+
+
+def tamper_rename_audit_key(db, job, keys):
+    db.admin.execute(
+        "UPDATE etc_batch.job_audit SET item_key = '999999' WHERE job_id = %s AND position = 12",
+        (job,),
+    )
+
+
+TAMPERING = {
+    "delete_audit_row": tamper_delete_audit_row,
+    "next_index_mid_chunk": tamper_mid_chunk,
+    "next_index_past_end": tamper_past_end,
+    "foreign_audit_row_at_checkpoint": tamper_insert_foreign_audit_row,
+    "audit_row_renamed": tamper_rename_audit_key,
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERING))
+def test_tampered_progress_is_refused_and_nothing_changes(db, case):
+    keys = pick_keys(len(case), 35, range(1, 70))
+    orders = Orders(db, "tamper", a_ids=range(1, 70), b_ids=range(1, 20))
+    job = db.new_batch(f"tamper_{case}")
+    register(db.connect(), job, orders.name, shuffled(orders.items(keys), 6))
+    assert drain(db.connect(), job, 2)["committed_chunks"] == 2
+    assert_changed_once(orders, keys[:20])
+
+    TAMPERING[case](db, job, keys)
+    business = orders.snapshot()
+    audit = audit_rows(db, job)
+    next_index = job_row(db, job)["next_index"]
+
+    with pytest.raises(errors.DataCorrupted) as refused:
+        drain(db.connect(), job)
+    assert refused.value.sqlstate == "XX001"
+
+    def check_nothing_changed():
+        assert orders.snapshot() == business
+        assert audit_rows(db, job) == audit
+        j = job_row(db, job)
+        assert (j["status"], j["next_index"]) == ("corrupt", next_index), j
+        assert j["status_reason"]
+
+    check_nothing_changed()
+    with pytest.raises(errors.DataCorrupted) as again:
+        drain(db.connect(), job, 1)
+    assert again.value.sqlstate == "XX001"
+    check_nothing_changed()
+
+    checks = db.admin.execute("SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert any(not c["ok"] for c in checks), checks
+    check_nothing_changed()
+
+
+def test_verify_job_marks_a_tampered_pending_job_corrupt(db):
+    keys = pick_keys(5, 25, range(1, 40))
+    orders = Orders(db, "verify", a_ids=range(1, 40))
+    job = db.new_batch("verify")
+    register(db.connect(), job, orders.name, orders.items(keys))
+    drain(db.connect(), job, 1)
+
+    clean = db.admin.execute("SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert clean and all(c["ok"] for c in clean), clean
+    assert job_row(db, job)["status"] == "pending"
+
+    tamper_delete_audit_row(db, job, keys)
+    checks = db.admin.execute("SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    failed = {c["check_name"] for c in checks if not c["ok"]}
+    assert failed, checks
+    assert job_row(db, job)["status"] == "corrupt"
+    before = orders.snapshot()
+    with pytest.raises(errors.DataCorrupted):
+        drain(db.connect(), job)
+    assert orders.snapshot() == before
+    assert_untouched(orders, keys[10:])
+
+
+# 6. bad registrations ---------------------------------------------------------------------
+
+
+BAD_REGISTRATIONS = {
+    # label: (changes to the good request, SQLSTATE)
+    "empty_items": ({"items": []}, "22023"),
+    "duplicate_keys": ({"items": [{"id": 3, "revision": 1}, {"id": 3, "revision": 1}]}, "22023"),
+    "string_key_for_int_key": ({"items": [{"id": "3", "revision": 1}]}, "22023"),
+    "guard_of_wrong_type": ({"items": [{"id": 3, "revision": 1, "qty": "two"}]}, "22023"),
+    "chunk_size_zero": ({"chunk_size": 0}, "22023"),
+    "unknown_guard_column": ({"items": [{"id": 3, "revision": 1, "colour": "red"}]}, "42703"),
+    "unknown_set_column": ({"set_values": {"colour": "red"}}, "42703"),
+    "set_values_assigns_id": ({"set_values": {"status": "cancelled", "id": 9}}, "22023"),
+    "set_values_assigns_tenant": ({"set_values": {"tenant": "B"}}, "22023"),
+    "set_values_assigns_revision": ({"set_values": {"revision": 7}}, "22023"),
+    "no_unique_index": ({"target": "nounique"}, "22023"),
+    "null_items": ({"items": None}, "22004"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REGISTRATIONS))
+def test_bad_registration_is_refused_and_nothing_is_stored(db, case):
+    changes, sqlstate = BAD_REGISTRATIONS[case]
+    orders = Orders(db, "bad", a_ids=range(1, 10))
+    request = {
+        "target": orders.name,
+        "items": [{"id": 3, "revision": 4, "qty": 4}, {"id": 5, "revision": 2, "qty": 6}],
+        "chunk_size": 10,
+        "set_values": CANCEL,
+    }
+    request.update(changes)
+    if request["target"] == "nounique":
+        request["target"] = Orders(db, "nounique", a_ids=range(1, 10), primary_key=False).name
+    job = db.new_batch(case)
+    with pytest.raises(psycopg.Error) as refused:
+        register(db.connect(), job, **request)
+    assert refused.value.sqlstate == sqlstate, (refused.value.sqlstate, str(refused.value))
+    assert str(refused.value).strip(), "the error says what is wrong"
+    assert job_row(db, job) is None
+    assert job_items(db, job) == []
+
+
+def test_unknown_target_fails_at_the_regclass_cast(db):
+    job = db.new_batch("notable")
+    with pytest.raises(errors.UndefinedTable) as refused:
+        register(db.connect(), job, "no_such_table", [{"id": 1, "revision": 1}])
+    assert refused.value.sqlstate == "42P01"
+    assert "no_such_table" in str(refused.value)
+    assert job_row(db, job) is None
+
+
+# 7. handler jobs --------------------------------------------------------------------------
+
+
+def make_handler(db, orders):
+    fn = f"cancel_order_{secrets.token_hex(3)}"
+    db.admin.execute(
+        sql.SQL(
+            """CREATE FUNCTION {fn}(item jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+               DECLARE r jsonb;
+               BEGIN
+                 UPDATE {t} SET status = 'cancelled', revision = revision + 1
+                  WHERE tenant = item->>'tenant' AND id = (item->>'id')::int
+                    AND revision = (item->>'revision')::int
+                 RETURNING to_jsonb({t}.*) INTO r;
+                 RETURN r;
+               END $$"""
+        ).format(fn=sql.Identifier(fn), t=orders.ident)
+    )
+    return f"{fn}(jsonb)"
+
+
+def test_handler_job_drains_to_done(db):
+    orders = Orders(db, "handler", a_ids=range(1, 60), b_ids=range(1, 60))
+    handler = make_handler(db, orders)
+    keys = pick_keys(7, 25, range(1, 60))
+    job = db.new_batch("handler")
+    registered = register(db.connect(), job, orders.name, shuffled(orders.items(keys), 8),
+                          set_values=None, expect=None, handler=handler)
+    assert registered == {"job_id": job, "created": True, "items": 25, "chunks": 3}
+    result = drain(db.connect(), job)
+    assert result == {"committed_keys": keys_text(keys), "committed_chunks": 3, "status": "done"}
+    assert_job_complete(db, orders, job, keys)
+    # tenant B's rows with the same ids: untouched
+    assert_others_untouched(orders, keys)
+
+
+def test_handler_conflict_rolls_back_the_chunk(db):
+    orders = Orders(db, "hconflict", a_ids=range(1, 60))
+    handler = make_handler(db, orders)
+    keys = pick_keys(8, 25, range(1, 60))
+    job = db.new_batch("hconflict")
+    register(db.connect(), job, orders.name, orders.items(keys),
+             set_values=None, expect=None, handler=handler)
+    assert drain(db.connect(), job, 1)["committed_keys"] == keys_text(keys[:10])
+
+    contested = keys[16]  # the 7th of chunk 2: the handler has changed six rows before it
+    orders.execute("UPDATE {t} SET revision = revision + 1 WHERE tenant = 'A' AND id = %s",
+                   (contested,))
+    with pytest.raises(errors.IntegrityConstraintViolation) as conflict:
+        drain(db.connect(), job)
+    assert conflict.value.sqlstate == "23000"
+
+    assert_changed_once(orders, keys[:10])
+    assert_untouched(orders, keys[10:16] + keys[17:])
+    revision, qty, _ = orders.initial[("A", contested)]
+    assert orders.snapshot()[("A", contested)] == (revision + 1, qty, "pending")
+    assert audit_count_by_key(db, job) == Counter(keys_text(keys[:10]))
+    j = job_row(db, job)
+    assert (j["status"], j["next_index"]) == ("conflict", 10)
+    assert j["problem"]["key"] == str(contested)
+
+
+# 8. max_chunks, done jobs, aborted jobs ---------------------------------------------------
+
+
+def test_max_chunks_and_a_done_job(db):
+    keys = pick_keys(11, 45, range(1, 90))
+    orders = Orders(db, "maxchunks", a_ids=range(1, 90))
+    job = db.new_batch("maxchunks")
+    register(db.connect(), job, orders.name, orders.items(keys))
+    conn = db.connect()
+
+    assert drain(conn, job, 2) == {"committed_keys": keys_text(keys[:20]), "committed_chunks": 2,
+                                   "status": "pending"}
+    assert audit_count_by_key(db, job) == Counter(keys_text(keys[:20]))
+    assert job_row(db, job)["next_index"] == 20
+    assert_untouched(orders, keys[20:])
+
+    assert drain(conn, job, 0) == {"committed_keys": [], "committed_chunks": 0,
+                                   "status": "pending"}
+    assert job_row(db, job)["next_index"] == 20
+
+    with pytest.raises(errors.InvalidParameterValue):
+        drain(conn, job, -1)
+
+    assert drain(conn, job) == {"committed_keys": keys_text(keys[20:]), "committed_chunks": 3,
+                                "status": "done"}
+    assert_job_complete(db, orders, job, keys)
+
+    # a done job: nothing to do, no error, an empty array rather than NULL
+    for max_chunks in (None, 1):
+        notices = []
+        assert drain(conn, job, max_chunks, notices=notices) == {
+            "committed_keys": [], "committed_chunks": 0, "status": "done"}
+        assert not [n for n in notices if n.startswith("chunk ")]
+    assert_job_complete(db, orders, job, keys)
+
+
+def test_aborted_job_is_not_drained(db):
+    keys = pick_keys(12, 15, range(1, 30))
+    orders = Orders(db, "abort", a_ids=range(1, 30))
+    job = db.new_batch("abort")
+    register(db.connect(), job, orders.name, orders.items(keys))
+    drain(db.connect(), job, 1)
+    db.admin.execute("SELECT etc_batch.abort_job(%s, %s)", (job, "customer withdrew"))
+    with pytest.raises(errors.ObjectNotInPrerequisiteState) as refused:
+        drain(db.connect(), job)
+    assert refused.value.sqlstate == "55000"
+    assert_changed_once(orders, keys[:10])
+    assert_untouched(orders, keys[10:])
+    j = job_row(db, job)
+    assert (j["status"], j["next_index"], j["status_reason"]) == (
+        "aborted", 10, "customer withdrew")
+
+
+def test_unknown_job_and_transaction_block_are_refused(db):
+    with pytest.raises(errors.UndefinedObject):
+        drain(db.connect(), "no such job")
+
+    keys = pick_keys(13, 12, range(1, 20))
+    orders = Orders(db, "atomic", a_ids=range(1, 20))
+    job = db.new_batch("atomic")
+    register(db.connect(), job, orders.name, orders.items(keys))
+    conn = db.connect(autocommit=False)
+    with pytest.raises(psycopg.Error) as refused:
+        drain(conn, job)
+    assert refused.value.sqlstate == "2D000", str(refused.value)
+    conn.rollback()
+    assert_untouched(orders, keys)
+    assert job_row(db, job)["next_index"] == 0
+
+
+# 9. privileges ----------------------------------------------------------------------------
+
+
+REGISTER_SIGNATURE = (
+    "etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, "
+    "name, regprocedure)"
+)
+DRAIN_SIGNATURE = "etc_batch.drain_job(text, integer, text[], integer, text)"
+
+
+def grant_job_api(db, role):
+    r = sql.Identifier(role)
+    db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(r))
+    db.admin.execute(
+        sql.SQL("GRANT EXECUTE ON FUNCTION " + REGISTER_SIGNATURE + " TO {}").format(r))
+    db.admin.execute(sql.SQL("GRANT EXECUTE ON PROCEDURE " + DRAIN_SIGNATURE + " TO {}").format(r))
+
+
+def as_role(db, role):
+    conn = db.connect()
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+    return conn
+
+
+def test_job_changes_rows_as_the_registering_role(db, roles):
+    clerk = roles("clerk")
+    intruder = roles("intruder")
+    orders = Orders(db, "priv", a_ids=range(1, 40), b_ids=range(1, 40))
+    changes = f"changes_{secrets.token_hex(3)}"
+    db.admin.execute(
+        sql.SQL("CREATE TABLE {} (id integer, changed_by name DEFAULT current_user)")
+        .format(sql.Identifier(changes)))
+    db.admin.execute(
+        sql.SQL(
+            """CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN INSERT INTO {c} (id) VALUES (NEW.id); RETURN NEW; END $$"""
+        ).format(fn=sql.Identifier(f"{changes}_fn"), c=sql.Identifier(changes)))
+    db.admin.execute(
+        sql.SQL("CREATE TRIGGER record_change AFTER UPDATE ON {t} FOR EACH ROW "
+                "EXECUTE FUNCTION {fn}()").format(t=orders.ident,
+                                                  fn=sql.Identifier(f"{changes}_fn")))
+    for role in (clerk, intruder):
+        grant_job_api(db, role)
+        db.admin.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(orders.ident,
+                                                                     sql.Identifier(role)))
+    db.admin.execute(sql.SQL("GRANT UPDATE ON {} TO {}").format(orders.ident,
+                                                                 sql.Identifier(clerk)))
+    db.admin.execute(sql.SQL("GRANT INSERT ON {} TO {}").format(sql.Identifier(changes),
+                                                                 sql.Identifier(clerk)))
+
+    keys = pick_keys(14, 25, range(1, 40))
+    items = orders.items(keys)
+
+    # without UPDATE on the table, no job on it
+    bad_job = db.new_batch("intruder")
+    with pytest.raises(errors.InsufficientPrivilege) as refused:
+        register(as_role(db, intruder), bad_job, orders.name, items)
+    assert refused.value.sqlstate == "42501"
+    assert job_row(db, bad_job) is None and job_items(db, bad_job) == []
+
+    job = db.new_batch("clerk")
+    clerk_conn = as_role(db, clerk)
+    assert register(clerk_conn, job, orders.name, items)["created"] is True
+    assert job_row(db, job)["registered_by"] == clerk
+    # the clerk drains a chunk, the superuser drains the rest: both change rows as clerk
+    assert drain(clerk_conn, job, 1)["committed_keys"] == keys_text(keys[:10])
+    assert drain(db.connect(), job)["status"] == "done"
+    assert_job_complete(db, orders, job, keys)
+    recorded = db.admin.execute(
+        sql.SQL("SELECT id, changed_by::text AS changed_by FROM {} ORDER BY id")
+        .format(sql.Identifier(changes))).fetchall()
+    assert [r["id"] for r in recorded] == keys
+    assert {r["changed_by"] for r in recorded} == {clerk}
+
+
+def test_row_level_security_of_the_registering_role_applies(db, roles):
+    clerk = roles("clerk")
+    orders = Orders(db, "rls", a_ids=range(1, 30), b_ids=range(1, 30))
+    grant_job_api(db, clerk)
+    db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(orders.ident,
+                                                                         sql.Identifier(clerk)))
+    orders.execute("ALTER TABLE {t} ENABLE ROW LEVEL SECURITY")
+    db.admin.execute(
+        sql.SQL("CREATE POLICY tenant_a ON {} TO {} USING (tenant = 'A')")
+        .format(orders.ident, sql.Identifier(clerk)))
+
+    keys = pick_keys(15, 12, range(1, 30))
+    clerk_conn = as_role(db, clerk)
+    job_a = db.new_batch("rls_a")
+    register(clerk_conn, job_a, orders.name, orders.items(keys))
+    job_b = db.new_batch("rls_b")
+    register(clerk_conn, job_b, orders.name, orders.items(keys, tenant="B"), tenant="B")
+
+    # drained by the superuser, who bypasses row-level security: the change still runs
+    # as the clerk, who cannot see tenant B's rows
+    with pytest.raises(errors.IntegrityConstraintViolation):
+        drain(db.connect(), job_b)
+    assert orders.snapshot() == orders.initial
+    assert job_row(db, job_b)["status"] == "conflict"
+
+    assert drain(db.connect(), job_a)["status"] == "done"
+    assert_job_complete(db, orders, job_a, keys)
