@@ -52,6 +52,8 @@ def main():
             "CREATE TABLE approval AS SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision, "
             "'qty', qty)) AS items FROM orders"
         )
+        pid = c.info.backend_pid
+        rss_before_register = rss_anon_kb(pid)
         t = time.perf_counter()
         c.execute(
             "SELECT * FROM etc_batch.register_job('million', 'A', 'orders', (SELECT items FROM approval), "
@@ -59,8 +61,8 @@ def main():
             (a.chunk,),
         )
         register_s = time.perf_counter() - t
+        rss_after_register = rss_anon_kb(pid)
 
-        pid = c.info.backend_pid
         chunks = (a.items + a.chunk - 1) // a.chunk
         times, memory = [], []
         c.add_notice_handler(lambda d: None)
@@ -86,6 +88,8 @@ def main():
         "chunk_ms_middle": round(middle * 1000, 2),
         "chunk_ms_end": round(end * 1000, 2),
         "end_over_start": round(end / start, 3),
+        "rss_anon_kb_before_register": rss_before_register,
+        "rss_anon_kb_after_register": rss_after_register,
         "rss_anon_kb_after_first_chunk": memory[0],
         "rss_anon_kb_after_middle_chunk": memory[mid],
         "rss_anon_kb_after_last_chunk": memory[-1],

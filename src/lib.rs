@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 
 pub mod api;
 pub mod chain;
+pub mod clock;
 pub mod error;
 pub mod job;
 pub mod query;

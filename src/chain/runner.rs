@@ -8,11 +8,11 @@
 
 use super::sql;
 use super::step::{action_for, classify_failure, Action, FailureKind, StepStatus};
+use crate::clock::now;
 use crate::error::{BatchError, OrRaise, Result};
 use crate::query;
 use crate::roles::{as_role, current_user, extension_owner};
 use crate::txn::{subtransaction, TxnLoop};
-use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -260,10 +260,4 @@ fn run_command(command: &str) {
     // "false" undoes every change made at this nesting level, as a subtransaction abort
     // would; "true" would keep plain SETs for the rest of the session.
     unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
-}
-
-/// The wall clock, as clock_timestamp() reads it.
-fn now() -> TimestampWithTimeZone {
-    let raw = unsafe { pg_sys::GetCurrentTimestamp() };
-    TimestampWithTimeZone::try_from(raw).expect("the current time is a valid timestamp")
 }

@@ -34,7 +34,7 @@ pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
     let Some(row) = row else {
         return (
             format!(
-                "{at} is gone: no row of tenant \"{}\" has that key any more.",
+                "{at} is gone: the job sees no row of tenant \"{}\" with that key any more.",
                 e.tenant
             ),
             problem(Value::Null),
@@ -123,7 +123,7 @@ mod tests {
         let expect = BTreeMap::from([("status".to_string(), json!("pending"))]);
         let e = expected(&guards, &expect);
         let (d, p) = describe(&e, None);
-        assert_eq!(d, "Item 15 (the 15th of 40 approved items) is gone: no row of tenant \"alien-fest\" has that key any more.");
+        assert_eq!(d, "Item 15 (the 15th of 40 approved items) is gone: the job sees no row of tenant \"alien-fest\" with that key any more.");
         assert_eq!(p["found"], Value::Null);
         assert_eq!(p["expected"]["revision"], json!(3));
 

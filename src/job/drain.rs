@@ -208,6 +208,7 @@ impl Job {
                     revisions_after.into(),
                     items.guards.clone().into(),
                     number.into(),
+                    crate::clock::now().into(),
                 ],
             )
         })?;
@@ -270,26 +271,21 @@ impl Job {
             }
             args
         };
-        let rows: Vec<(i32, Option<i64>, bool)> = Spi::connect_mut(|client| {
-            let table = client.update(self.change_sql.as_str(), None, &args())?;
-            let mut rows = Vec::with_capacity(items.positions.len());
-            for row in table {
+        let handler = self.def.handler.is_some();
+        let rows: Vec<(i32, Option<i64>, bool)> =
+            query::rows(&self.change_sql, &args(), 0, |row| {
                 let position = row.get::<i32>(1)?.unwrap_or(-1);
-                if self.def.handler.is_some() {
-                    let result = row.get::<JsonB>(2)?;
-                    let revision = result
-                        .as_ref()
-                        .and_then(|j| j.0.get(&self.def.revision_column))
-                        .and_then(Value::as_i64);
-                    rows.push((position, revision, result.is_some()));
-                } else {
-                    rows.push((position, row.get::<i64>(2)?, true));
+                if !handler {
+                    return Ok((position, row.get::<i64>(2)?, true));
                 }
-            }
-            Ok::<_, pgrx::spi::Error>(rows)
-        })
-        .map_err(BatchError::from)
-        .unwrap_or_else(|e| e.raise());
+                let result = row.get::<JsonB>(2)?;
+                let revision = result
+                    .as_ref()
+                    .and_then(|j| j.0.get(&self.def.revision_column))
+                    .and_then(Value::as_i64);
+                Ok((position, revision, result.is_some()))
+            })
+            .unwrap_or_else(|e| e.raise());
 
         let by_position: BTreeMap<i32, (Option<i64>, bool)> = rows
             .into_iter()
@@ -453,40 +449,32 @@ pub fn audit_problems(job_id: &str, p: &Progress, from: i32, limit: i64) -> Resu
         ));
     }
     if p.next_index > from {
-        Spi::connect_mut(|client| {
-            let table = client.update(
-                sql::AUDIT_MISMATCHES,
-                None,
-                &[
-                    job_id.into(),
-                    from.into(),
-                    p.next_index.into(),
-                    limit.into(),
-                ],
-            )?;
-            for r in table {
-                let position = r.get::<i32>(1)?.unwrap_or(0);
-                let key = r.get::<String>(2)?.unwrap_or_default();
-                let problem = match r.get::<String>(3)? {
-                    None => format!("The audit row of position {position} (key {key}) is missing."),
-                    Some(audited) if audited != key => format!(
-                        "The audit row of position {position} names key {audited}, but the approved item there is key {key}."
-                    ),
-                    Some(_) if r.get::<i64>(4)? != r.get::<i64>(5)? => format!(
-                        "The audit row of position {position} (key {key}) says revision {}, but the approval says {}.",
-                        r.get::<i64>(5)?.unwrap_or_default(),
-                        r.get::<i64>(4)?.unwrap_or_default()
-                    ),
-                    Some(_) => format!(
-                        "The audit row of position {position} (key {key}) records guards {}, but the approval says {}.",
-                        r.get::<String>(7)?.unwrap_or_default(),
-                        r.get::<String>(6)?.unwrap_or_default()
-                    ),
-                };
-                problems.push(problem);
-            }
-            Ok::<_, pgrx::spi::Error>(())
-        })?;
+        let args = [
+            job_id.into(),
+            from.into(),
+            p.next_index.into(),
+            limit.into(),
+        ];
+        problems.extend(query::rows(sql::AUDIT_MISMATCHES, &args, 0, |r| {
+            let position = r.get::<i32>(1)?.unwrap_or(0);
+            let key = r.get::<String>(2)?.unwrap_or_default();
+            Ok(match r.get::<String>(3)? {
+                None => format!("The audit row of position {position} (key {key}) is missing."),
+                Some(audited) if audited != key => format!(
+                    "The audit row of position {position} names key {audited}, but the approved item there is key {key}."
+                ),
+                Some(_) if r.get::<i64>(4)? != r.get::<i64>(5)? => format!(
+                    "The audit row of position {position} (key {key}) says revision {}, but the approval says {}.",
+                    r.get::<i64>(5)?.unwrap_or_default(),
+                    r.get::<i64>(4)?.unwrap_or_default()
+                ),
+                Some(_) => format!(
+                    "The audit row of position {position} (key {key}) records guards {}, but the approval says {}.",
+                    r.get::<String>(7)?.unwrap_or_default(),
+                    r.get::<String>(6)?.unwrap_or_default()
+                ),
+            })
+        })?);
     }
     Ok(problems)
 }

@@ -31,24 +31,15 @@ pub fn report(job_id: &str) -> Result<Vec<ReportRow>> {
         &def.revision_column,
     )?;
     let sql = target.report_sql();
-    Ok(Spi::connect_mut(|client| {
-        let table = client.update(
-            sql.as_str(),
-            None,
-            &[job_id.into(), def.tenant.clone().into()],
-        )?;
-        let mut rows = Vec::with_capacity(table.len());
-        for r in table {
-            rows.push(ReportRow {
-                position: r.get::<i32>(1)?.unwrap_or(0),
-                item_key: r.get::<String>(2)?.unwrap_or_default(),
-                state: r.get::<String>(3)?.unwrap_or_default(),
-                revision_committed: r.get::<i64>(4)?,
-                revision_now: r.get::<i64>(5)?,
-            });
-        }
-        Ok::<_, pgrx::spi::Error>(rows)
-    })?)
+    query::rows(&sql, &[job_id.into(), def.tenant.clone().into()], 0, |r| {
+        Ok(ReportRow {
+            position: r.get::<i32>(1)?.unwrap_or(0),
+            item_key: r.get::<String>(2)?.unwrap_or_default(),
+            state: r.get::<String>(3)?.unwrap_or_default(),
+            revision_committed: r.get::<i64>(4)?,
+            revision_now: r.get::<i64>(5)?,
+        })
+    })
 }
 
 pub struct Summary {

@@ -76,12 +76,13 @@ SELECT pg_catalog.array_agg(i.position ORDER BY i.position),
 
 /// One audit row per changed item, from the chunk's items as the drainer holds them:
 /// no second read of job_item. $1 job, $2 positions, $3 keys, $4 revisions before,
-/// $5 revisions after, $6 guards, $7 chunk.
+/// $5 revisions after, $6 guards, $7 chunk, $8 the time, read once the job's lock was
+/// granted (now() would be the start of the transaction, before the wait).
 pub const INSERT_AUDIT: &str = "\
 INSERT INTO etc_batch.job_audit
   (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
 SELECT $1, u.position, u.item_key, u.revision_before, u.revision_after,
-       u.guards::pg_catalog.jsonb, $7, pg_catalog.txid_current(), pg_catalog.now()
+       u.guards::pg_catalog.jsonb, $7, pg_catalog.txid_current(), $8
   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[]),
                   pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[]),
                   pg_catalog.unnest($6::pg_catalog.text[]))

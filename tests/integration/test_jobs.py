@@ -236,8 +236,10 @@ def crash_drain(db, job, point):
     conn.execute("LOAD 'etc_batch'")
     conn.execute(sql.SQL("SET etc_batch.crash_at = {}").format(sql.Literal(point)))
     pid = conn.info.backend_pid
-    with pytest.raises(psycopg.OperationalError):
+    with pytest.raises(psycopg.OperationalError) as died:
         conn.execute("CALL etc_batch.drain_job(%s, 1)", (job,))
+    # the backend ended where it was told to, not for another reason
+    assert f"terminating the backend {point}" in str(died.value), str(died.value)
     assert conn.closed or conn.broken
     db.wait_for_exit(pid)
 
@@ -271,6 +273,50 @@ class Drainer:
         self.thread.join(JOIN)
         assert not self.thread.is_alive(), f"drain_job in backend {self.pid} did not return"
         return self
+
+
+class ProgressObserver:
+    """Polls a job's checkpoint and audit rows, each poll one statement and so one
+    snapshot, until stopped; keeps (next_index, audit rows, 1 + highest audited
+    position, highest audited chunk) of every poll."""
+
+    QUERY = """
+        SELECT j.next_index,
+               (SELECT count(*) FROM etc_batch.job_audit a WHERE a.job_id = j.job_id),
+               (SELECT coalesce(max(a.position) + 1, 0) FROM etc_batch.job_audit a
+                 WHERE a.job_id = j.job_id),
+               (SELECT coalesce(max(a.chunk), 0) FROM etc_batch.job_audit a
+                 WHERE a.job_id = j.job_id)
+          FROM etc_batch.job j WHERE j.job_id = %s"""
+
+    def __init__(self, db, job, barrier):
+        self.conn = db.connect()
+        self.job = job
+        self.barrier = barrier
+        self.seen = []
+        self.error = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="progress-observer", daemon=True)
+
+    def _run(self):
+        try:
+            self.barrier.wait(WAIT)
+            while True:
+                last = self.done.is_set()
+                self.seen.append(tuple(self.conn.execute(self.QUERY, (self.job,)).fetchone()))
+                if last:
+                    break
+        except BaseException as exc:  # kept for the test to assert on
+            self.error = exc
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(JOIN)
+        assert not self.thread.is_alive(), "the progress observer did not stop"
 
 
 # 1. the seed scenario ---------------------------------------------------------------------
@@ -410,12 +456,13 @@ def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
 # 2. a backend that dies at each point of a chunk ------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "point", ["after_change", "after_audit", "after_checkpoint", "after_commit"]
-)
+CRASH_POINTS = ["after_change", "after_audit", "after_checkpoint", "after_commit"]
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
 def test_backend_dying_mid_chunk_leaves_chunk_whole_or_absent(db, point):
     started = postmaster_start(db)
-    keys = pick_keys(len(point) * 31 + ord(point[6]), 35, range(1, 80))
+    keys = pick_keys(40 + CRASH_POINTS.index(point), 35, range(1, 80))
     orders = Orders(db, "crash", a_ids=range(1, 80), b_ids=range(1, 80))
     job = db.new_batch(f"crash_{point}")
     register(db.connect(), job, orders.name, shuffled(orders.items(keys), 7))
@@ -495,20 +542,40 @@ def test_lost_reply_after_commit_is_not_replayed(db):
 # 4. concurrent drainers -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("callers", [2, 8])
-def test_concurrent_drainers_commit_each_chunk_once(db, callers):
+def drain_concurrently(db, callers, label):
+    """A job of 200 approved items in 20 chunks of 10, drained to the end by `callers`
+    concurrent CALLs released together, watched by a ProgressObserver."""
     universe = range(1, 301)
     keys = pick_keys(callers, 200, universe)
-    orders = Orders(db, f"conc{callers}", a_ids=universe, b_ids=range(1, 50))
-    job = db.new_batch(f"concurrent{callers}")
+    orders = Orders(db, label, a_ids=universe, b_ids=range(1, 50))
+    job = db.new_batch(label)
     assert register(db.connect(), job, orders.name, shuffled(orders.items(keys), 5))["chunks"] == 20
 
-    barrier = threading.Barrier(callers)
+    barrier = threading.Barrier(callers + 1)
     drainers = [Drainer(db, job, barrier) for _ in range(callers)]
     for d in drainers:
         d.start()
+    observer = ProgressObserver(db, job, barrier).start()
     for d in drainers:
         d.join()
+    observer.stop()
+    return keys, orders, job, drainers, observer
+
+
+def audit_by_chunk(db, job):
+    """chunk -> (its one txid, its one committed_at); fails if a chunk has more."""
+    txids, stamps = {}, {}
+    for r in audit_rows(db, job):
+        txids.setdefault(r["chunk"], set()).add(r["txid"])
+        stamps.setdefault(r["chunk"], set()).add(r["committed_at"])
+    assert all(len(t) == 1 for t in txids.values()), txids
+    assert all(len(s) == 1 for s in stamps.values()), stamps
+    return {c: (next(iter(txids[c])), next(iter(stamps[c]))) for c in txids}
+
+
+@pytest.mark.parametrize("callers", [2, 8])
+def test_concurrent_drainers_commit_each_chunk_once(db, callers):
+    keys, orders, job, drainers, observer = drain_concurrently(db, callers, f"conc{callers}")
     for d in drainers:
         assert d.error is None, f"drainer {d.pid}: {d.error!r}"
         assert d.result["status"] == "done", d.result
@@ -526,19 +593,26 @@ def test_concurrent_drainers_commit_each_chunk_once(db, callers):
     j = job_row(db, job)
     assert j["chunks_committed"] == 20
 
-    # each chunk committed in exactly one transaction of its own, in chunk order
+    # each chunk committed in exactly one transaction, a different one for each chunk
     audit = audit_rows(db, job)
-    txids, stamps = {}, {}
     for r in audit:
         assert r["chunk"] == r["position"] // 10 + 1, r
-        txids.setdefault(r["chunk"], set()).add(r["txid"])
-        stamps.setdefault(r["chunk"], set()).add(r["committed_at"])
-    assert sorted(txids) == list(range(1, 21))
-    assert all(len(t) == 1 for t in txids.values()), txids
-    assert all(len(s) == 1 for s in stamps.values()), stamps
-    chunk_txids = [next(iter(txids[c])) for c in range(1, 21)]
-    assert chunk_txids == sorted(chunk_txids) and len(set(chunk_txids)) == 20, chunk_txids
-    # each caller's own chunks: increasing, with increasing committed_at
+    chunks = audit_by_chunk(db, job)
+    assert sorted(chunks) == list(range(1, 21))
+    assert len({txid for txid, _ in chunks.values()}) == 20, chunks
+
+    # chunks became visible strictly in order: every snapshot taken while the drainers
+    # ran saw a checkpoint at a chunk boundary with exactly the audit rows below it
+    assert observer.error is None, repr(observer.error)
+    seen = observer.seen
+    assert seen, "the observer took no snapshot"
+    for next_index, audits, top, last_chunk in seen:
+        assert next_index % 10 == 0 and audits == top == next_index, seen
+        assert last_chunk == next_index // 10, seen
+    assert [s[0] for s in seen] == sorted(s[0] for s in seen), seen
+
+    # each caller's own chunks, one transaction after the other: increasing chunk
+    # numbers, txids and committed_at
     chunk_of_key = {r["item_key"]: r["chunk"] for r in audit}
     for d in drainers:
         mine = []
@@ -546,13 +620,37 @@ def test_concurrent_drainers_commit_each_chunk_once(db, callers):
             if chunk_of_key[k] not in mine:
                 mine.append(chunk_of_key[k])
         assert mine == sorted(mine), (d.pid, mine)
-        times = [next(iter(stamps[c])) for c in mine]
+        ids = [chunks[c][0] for c in mine]
+        assert ids == sorted(ids), (d.pid, mine, ids)
+        times = [chunks[c][1] for c in mine]
         assert times == sorted(times) and len(set(times)) == len(times), (d.pid, times)
         # and was told about each chunk it committed
         committed = [n for n in d.notices if n.startswith("chunk ")]
         assert committed == [
             chunk_notice(c, 20, keys_text(keys[(c - 1) * 10:c * 10])) for c in mine
         ]
+
+
+@pytest.mark.parametrize("callers", [2, 8])
+def test_audit_records_concurrent_chunks_in_commit_order(db, callers):
+    keys, orders, job, drainers, _ = drain_concurrently(db, callers, f"order{callers}")
+    for d in drainers:
+        assert d.error is None, f"drainer {d.pid}: {d.error!r}"
+    assert_job_complete(db, orders, job, keys)
+    chunks = audit_by_chunk(db, job)
+    assert sorted(chunks) == list(range(1, 21))
+
+    # Chunk k + 1 is committed only after chunk k: its transaction reads chunk k's
+    # checkpoint under the job's row lock. So the audit must show chunk k + 1 with a
+    # later txid and a later committed_at than chunk k.
+    # This holds because a drainer asks for its transaction id only when it locks the
+    # job's row, after any wait, and stamps committed_at after the lock too.
+    by_chunk = [(c, chunks[c][0], chunks[c][1].isoformat()) for c in range(1, 21)]
+    txids = [chunks[c][0] for c in range(1, 21)]
+    stamps = [chunks[c][1] for c in range(1, 21)]
+    assert txids == sorted(txids), ("audit txids do not increase with the chunk number", by_chunk)
+    assert stamps == sorted(stamps) and len(set(stamps)) == 20, (
+        "audit committed_at does not increase with the chunk number", by_chunk)
 
 
 # 5. tampered progress ---------------------------------------------------------------------
@@ -663,25 +761,28 @@ def test_verify_job_marks_a_tampered_pending_job_corrupt(db):
 
 
 BAD_REGISTRATIONS = {
-    # label: (changes to the good request, SQLSTATE)
-    "empty_items": ({"items": []}, "22023"),
-    "duplicate_keys": ({"items": [{"id": 3, "revision": 1}, {"id": 3, "revision": 1}]}, "22023"),
-    "string_key_for_int_key": ({"items": [{"id": "3", "revision": 1}]}, "22023"),
-    "guard_of_wrong_type": ({"items": [{"id": 3, "revision": 1, "qty": "two"}]}, "22023"),
-    "chunk_size_zero": ({"chunk_size": 0}, "22023"),
-    "unknown_guard_column": ({"items": [{"id": 3, "revision": 1, "colour": "red"}]}, "42703"),
-    "unknown_set_column": ({"set_values": {"colour": "red"}}, "42703"),
-    "set_values_assigns_id": ({"set_values": {"status": "cancelled", "id": 9}}, "22023"),
-    "set_values_assigns_tenant": ({"set_values": {"tenant": "B"}}, "22023"),
-    "set_values_assigns_revision": ({"set_values": {"revision": 7}}, "22023"),
-    "no_unique_index": ({"target": "nounique"}, "22023"),
-    "null_items": ({"items": None}, "22004"),
+    # label: (changes to the good request, SQLSTATE, what the message must name)
+    "empty_items": ({"items": []}, "22023", "must not be empty"),
+    "duplicate_keys": (
+        {"items": [{"id": 3, "revision": 1}, {"id": 3, "revision": 1}]}, "22023", "Key 3"),
+    "string_key_for_int_key": ({"items": [{"id": "3", "revision": 1}]}, "22023", "key"),
+    "guard_of_wrong_type": (
+        {"items": [{"id": 3, "revision": 1, "qty": "two"}]}, "22023", '"qty"'),
+    "chunk_size_zero": ({"chunk_size": 0}, "22023", "chunk size 0"),
+    "unknown_guard_column": (
+        {"items": [{"id": 3, "revision": 1, "colour": "red"}]}, "42703", '"colour"'),
+    "unknown_set_column": ({"set_values": {"colour": "red"}}, "42703", '"colour"'),
+    "set_values_assigns_id": ({"set_values": {"status": "cancelled", "id": 9}}, "22023", '"id"'),
+    "set_values_assigns_tenant": ({"set_values": {"tenant": "B"}}, "22023", '"tenant"'),
+    "set_values_assigns_revision": ({"set_values": {"revision": 7}}, "22023", '"revision"'),
+    "no_unique_index": ({"target": "nounique"}, "22023", "unique index"),
+    "null_items": ({"items": None}, "22004", '"items"'),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_REGISTRATIONS))
 def test_bad_registration_is_refused_and_nothing_is_stored(db, case):
-    changes, sqlstate = BAD_REGISTRATIONS[case]
+    changes, sqlstate, named = BAD_REGISTRATIONS[case]
     orders = Orders(db, "bad", a_ids=range(1, 10))
     request = {
         "target": orders.name,
@@ -696,7 +797,7 @@ def test_bad_registration_is_refused_and_nothing_is_stored(db, case):
     with pytest.raises(psycopg.Error) as refused:
         register(db.connect(), job, **request)
     assert refused.value.sqlstate == sqlstate, (refused.value.sqlstate, str(refused.value))
-    assert str(refused.value).strip(), "the error says what is wrong"
+    assert named in str(refused.value), str(refused.value)
     assert job_row(db, job) is None
     assert job_items(db, job) == []
 

@@ -179,3 +179,29 @@ BEGIN;
 CALL etc_batch.drain_job('festival-rest');
 ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE
+
+-- A job changes rows with the registering role's privileges, row-level security included,
+-- whoever drains it.
+CREATE ROLE clerk;
+CREATE ROLE intruder;
+GRANT USAGE ON SCHEMA etc_batch TO clerk, intruder;
+GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure) TO clerk, intruder;
+CREATE TABLE tickets (tenant text, id int, revision int NOT NULL DEFAULT 1, state text, PRIMARY KEY (tenant, id));
+INSERT INTO tickets SELECT t, g, 1, 'open' FROM unnest(ARRAY['X', 'Y']) t, generate_series(1, 3) g;
+GRANT SELECT, UPDATE ON tickets TO clerk;
+GRANT SELECT ON tickets TO intruder;
+ALTER TABLE tickets ENABLE ROW LEVEL SECURITY;
+CREATE POLICY clerk_works_for_x ON tickets TO clerk USING (tenant = 'X');
+SET ROLE intruder;
+SELECT * FROM etc_batch.register_job('close-x', 'X', 'tickets', '[{"id": 1, "revision": 1}]', 1, '{"state": "closed"}');
+\echo :LAST_ERROR_SQLSTATE
+SET ROLE clerk;
+SELECT * FROM etc_batch.register_job('close-x', 'X', 'tickets', '[{"id": 1, "revision": 1}]', 1, '{"state": "closed"}');
+SELECT * FROM etc_batch.register_job('close-y', 'Y', 'tickets', '[{"id": 1, "revision": 1}]', 1, '{"state": "closed"}');
+RESET ROLE;
+CALL etc_batch.drain_job('close-x');
+CALL etc_batch.drain_job('close-y');
+\echo :LAST_ERROR_SQLSTATE
+SELECT tenant, id, revision, state FROM tickets WHERE id = 1 ORDER BY tenant;
+DROP OWNED BY clerk, intruder;
+DROP ROLE clerk, intruder;
