@@ -24,14 +24,9 @@ def rss_anon_kb(pid):
     return None
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--items", type=int, default=1_000_000)
-    ap.add_argument("--chunk", type=int, default=1000)
-    ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--db", default="bench_million")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+def measure(items=1_000_000, chunk=1000, samples=20, db="bench_million"):
+    """Runs the measurement and returns its numbers as a dict."""
+    a = argparse.Namespace(items=items, chunk=chunk, samples=samples, db=db)
 
     with psycopg.connect("dbname=postgres", autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {a.db} WITH (FORCE)")
@@ -98,6 +93,20 @@ def main():
         "final_next_index": status[1],
         "audit_rows": audited,
     }
+    with psycopg.connect("dbname=postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {a.db} WITH (FORCE)")
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=1_000_000)
+    ap.add_argument("--chunk", type=int, default=1000)
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--db", default="bench_million")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    result = measure(a.items, a.chunk, a.samples, a.db)
     print(json.dumps(result, indent=2))
     if a.out:
         with open(a.out, "w") as f:
