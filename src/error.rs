@@ -95,6 +95,22 @@ pub enum BatchError {
         job: String,
         reason: Option<String>,
     },
+    /// A fence check failed: the holder no longer holds that generation of the lease.
+    LeaseLost {
+        name: String,
+        holder: String,
+        generation: i64,
+        detail: String,
+    },
+    UnknownLease {
+        name: String,
+    },
+    /// release_lease by a holder that does not hold the lease.
+    LeaseNotHeld {
+        name: String,
+        holder: String,
+        detail: String,
+    },
     /// Something etc_batch itself did not expect; a bug, never a user error.
     Internal(String),
 }
@@ -123,6 +139,11 @@ impl BatchError {
             JobConflict { .. } => Code::ERRCODE_INTEGRITY_CONSTRAINT_VIOLATION,
             JobCorrupt { .. } => Code::ERRCODE_DATA_CORRUPTED,
             JobAborted { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            // A class no step or job error uses, so that a worker can tell "I lost my
+            // lease, step down" from every failure of the work itself.
+            LeaseLost { .. } => Code::ERRCODE_INVALID_TRANSACTION_INITIATION,
+            UnknownLease { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            LeaseNotHeld { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             Internal(_) => Code::ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -157,6 +178,18 @@ impl BatchError {
             JobConflict { job, .. } => format!("job \"{job}\" is in conflict"),
             JobCorrupt { job, .. } => format!("job \"{job}\" has corrupt progress"),
             JobAborted { job, .. } => format!("job \"{job}\" was aborted"),
+            LeaseLost {
+                name,
+                holder,
+                generation,
+                ..
+            } => {
+                format!("lease \"{name}\" is not held by \"{holder}\" at generation {generation}")
+            }
+            UnknownLease { name } => format!("lease \"{name}\" does not exist"),
+            LeaseNotHeld { name, holder, .. } => {
+                format!("lease \"{name}\" is not held by \"{holder}\"")
+            }
             Internal(what) => format!("etc_batch internal error: {what}"),
         }
     }
@@ -192,9 +225,11 @@ impl BatchError {
                 Some("A step runs with the privileges of the role that added it.".into())
             }
             Unsupported { detail, .. } | PermissionDenied { detail, .. } => Some(detail.clone()),
-            JobMismatch { detail, .. } | JobConflict { detail, .. } | JobCorrupt { detail, .. } => {
-                Some(detail.clone())
-            }
+            JobMismatch { detail, .. }
+            | JobConflict { detail, .. }
+            | JobCorrupt { detail, .. }
+            | LeaseLost { detail, .. }
+            | LeaseNotHeld { detail, .. } => Some(detail.clone()),
             JobAborted { reason, .. } => reason
                 .as_ref()
                 .map(|r| format!("The reason given was: {r}")),
@@ -222,6 +257,11 @@ impl BatchError {
             }
             JobMismatch { .. } => Some(
                 "A job id names one approval forever; register the new approval under a new job id.".into(),
+            ),
+            LeaseLost { .. } => Some(
+                "Stop acting as the holder: nothing was changed, and no more work may be done \
+                 under this lease. Acquire it again before doing more."
+                    .into(),
             ),
             JobConflict { .. } => Some(
                 "This is a business conflict, not a transient error: chunks committed earlier stay \

@@ -17,6 +17,7 @@ pub mod chain;
 pub mod clock;
 pub mod error;
 pub mod job;
+pub mod lease;
 pub mod query;
 pub mod roles;
 pub mod txn;
@@ -25,6 +26,12 @@ pub mod txn;
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["schema"]);
+extension_sql_file!("../sql/leases.sql", name = "leases", requires = ["schema"]);
+extension_sql_file!(
+    "../sql/doctor.sql",
+    name = "doctor",
+    requires = ["jobs", "leases"]
+);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

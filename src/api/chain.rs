@@ -2,6 +2,7 @@
 
 use crate::chain::{command, runner, sql, step};
 use crate::error::{required, BatchError, OrRaise, Result};
+use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_owner, current_user};
 use crate::txn::TxnLoop;
@@ -85,7 +86,9 @@ fn retry_step_impl(id: Option<i64>) -> Result<()> {
     })
 }
 
-// CALL etc_batch.exec_batch_from_id(p_id bigint, wait boolean DEFAULT true)
+// CALL etc_batch.exec_batch_from_id(p_id bigint, wait boolean DEFAULT true,
+//                                   lease_name text DEFAULT NULL, lease_holder text DEFAULT NULL,
+//                                   lease_generation bigint DEFAULT NULL)
 //
 // A plain V1 C function rather than a #[pg_extern]: it needs fcinfo->context to know
 // whether it may commit, and it is declared as a PROCEDURE in sql/chain.sql.
@@ -110,7 +113,12 @@ unsafe fn exec_batch_from_id(fcinfo: pg_sys::FunctionCallInfo) -> Result<()> {
     let mut tx = TxnLoop::begin(fcinfo, "etc_batch.exec_batch_from_id")?;
     let first = required(pg_getarg::<i64>(fcinfo, 0), "p_id")?;
     let wait = required(pg_getarg::<bool>(fcinfo, 1), "wait")?;
-    runner::exec_batch_from_id(&mut tx, first, wait)?;
+    let fence = Fence::from_args(
+        pg_getarg(fcinfo, 2),
+        pg_getarg(fcinfo, 3),
+        pg_getarg(fcinfo, 4),
+    )?;
+    runner::exec_batch_from_id(&mut tx, first, wait, fence)?;
     tx.finish();
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use crate::error::{required, BatchError, OrRaise, Result};
 use crate::job::{drain, register, report};
+use crate::lease::Fence;
 use crate::txn::TxnLoop;
 use pgrx::datum::JsonB;
 use pgrx::fcinfo::pg_getarg;
@@ -162,6 +163,8 @@ fn abort_job(job_id: Option<String>, reason: Option<String>) {
 }
 
 // CALL etc_batch.drain_job(job_id text, max_chunks integer DEFAULT NULL,
+//                          lease_name text DEFAULT NULL, lease_holder text DEFAULT NULL,
+//                          lease_generation bigint DEFAULT NULL,
 //                          INOUT committed_keys text[] DEFAULT NULL,
 //                          INOUT committed_chunks integer DEFAULT NULL,
 //                          INOUT status text DEFAULT NULL)
@@ -190,7 +193,12 @@ unsafe fn drain_job(fcinfo: pg_sys::FunctionCallInfo) -> Result<drain::Drained> 
     let mut tx = TxnLoop::begin(fcinfo, "etc_batch.drain_job")?;
     let job_id: String = required(pg_getarg(fcinfo, 0), "job_id")?;
     let max_chunks: Option<i32> = pg_getarg(fcinfo, 1);
-    let drained = drain::drain(&mut tx, &job_id, max_chunks)?;
+    let fence = Fence::from_args(
+        pg_getarg(fcinfo, 2),
+        pg_getarg(fcinfo, 3),
+        pg_getarg(fcinfo, 4),
+    )?;
+    let drained = drain::drain(&mut tx, &job_id, max_chunks, fence)?;
     tx.finish();
     Ok(drained)
 }

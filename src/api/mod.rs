@@ -4,3 +4,4 @@
 
 pub mod chain;
 pub mod job;
+pub mod lease;

@@ -10,6 +10,7 @@ use super::sql;
 use super::step::{action_for, classify_failure, Action, FailureKind, StepStatus};
 use crate::clock::now;
 use crate::error::{BatchError, OrRaise, Result};
+use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_role, current_user, extension_owner};
 use crate::txn::{subtransaction, TxnLoop};
@@ -38,19 +39,27 @@ enum Flow {
 
 /// Who is running the chain, fixed once at the start of the CALL.
 struct Runner {
+    /// The lease this runner works under, checked again in every step's transaction.
+    fence: Option<Fence>,
     batch: String,
     caller: pg_sys::Oid,
     bookkeeper: pg_sys::Oid,
     wait: bool,
 }
 
-pub fn exec_batch_from_id(tx: &mut TxnLoop, first: i64, wait: bool) -> Result<()> {
+pub fn exec_batch_from_id(
+    tx: &mut TxnLoop,
+    first: i64,
+    wait: bool,
+    fence: Option<Fence>,
+) -> Result<()> {
     let bookkeeper = extension_owner()?;
     let batch = as_role(bookkeeper, || {
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
     })?
     .ok_or(BatchError::UnknownStep { id: first })?;
     let runner = Runner {
+        fence,
         batch,
         caller: current_user(),
         bookkeeper,
@@ -82,6 +91,9 @@ impl Runner {
     /// Runs one step in the current transaction. Returns before the COMMIT, except for a
     /// failed step, whose failure is committed here and then raised.
     fn run_step(&self, tx: &mut TxnLoop, id: i64) -> Result<Flow> {
+        if let Some(fence) = &self.fence {
+            as_role(self.bookkeeper, || fence.check())?;
+        }
         let lock_requested = now();
         let Some(step) = self.lock(id)? else {
             self.report_holder(id)?;
@@ -186,39 +198,22 @@ impl Runner {
         } else {
             sql::LOCK_STEP_NOWAIT
         };
-        let row = as_role(self.bookkeeper, || {
+        let step = as_role(self.bookkeeper, || {
             query::row(statement, &[id.into()], |row| {
-                Ok((
-                    row.get::<String>(1)?.unwrap_or_default(),
-                    row.get::<String>(2)?.unwrap_or_default(),
-                    row.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-                    row.get::<i32>(4)?.unwrap_or_default(),
-                    row.get::<String>(5)?,
-                    row.get::<String>(6)?,
-                    row.get::<bool>(7)?.unwrap_or(false),
-                ))
+                Ok(LockedStep {
+                    status: StepStatus::parse(&row.get::<String>(1)?.unwrap_or_default())?,
+                    command: row.get::<String>(2)?.unwrap_or_default(),
+                    added_by: row.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+                    attempts: row.get::<i32>(4)?.unwrap_or_default(),
+                    last_sqlstate: row.get::<String>(5)?,
+                    last_error: row.get::<String>(6)?,
+                    owner_exists: row.get::<bool>(7)?.unwrap_or(false),
+                })
             })
         })?;
-        match row {
+        match step {
             None if self.wait => Err(BatchError::UnknownStep { id }),
-            None => Ok(None),
-            Some((
-                status,
-                command,
-                added_by,
-                attempts,
-                last_sqlstate,
-                last_error,
-                owner_exists,
-            )) => Ok(Some(LockedStep {
-                status: StepStatus::parse(&status)?,
-                command,
-                added_by,
-                attempts,
-                last_sqlstate,
-                last_error,
-                owner_exists,
-            })),
+            step => Ok(step),
         }
     }
 

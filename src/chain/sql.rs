@@ -9,27 +9,29 @@
 pub const STEP_BATCH: &str = "\
 SELECT b.batch FROM etc_batch.batch_log b WHERE b.id OPERATOR(pg_catalog.=) $1";
 
-/// Takes the step's row lock (waiting for a runner that holds it) and reads the status
-/// again: the row returned is the latest committed version, even when another runner
-/// changed it while this one waited. A row lock never blocks a plain SELECT.
-pub const LOCK_STEP: &str = "\
-SELECT b.status, b.command, b.added_by::pg_catalog.oid, b.attempts,
+/// Takes the step's row lock and reads the step again: the row returned is the latest
+/// committed version, even when another runner changed it while this one waited. A row
+/// lock never blocks a plain SELECT. `$suffix` chooses between waiting and SKIP LOCKED.
+macro_rules! lock_step {
+    ($suffix:literal) => {
+        concat!(
+            "SELECT b.status, b.command, b.added_by::pg_catalog.oid, b.attempts,
        b.last_sqlstate, b.last_error,
        EXISTS (SELECT FROM pg_catalog.pg_roles r
                WHERE r.oid OPERATOR(pg_catalog.=) b.added_by::pg_catalog.oid)
   FROM etc_batch.batch_log b
  WHERE b.id OPERATOR(pg_catalog.=) $1
-   FOR UPDATE OF b";
+   FOR UPDATE OF b",
+            $suffix
+        )
+    };
+}
 
-/// As LOCK_STEP, but returns no row at once when another runner holds the lock.
-pub const LOCK_STEP_NOWAIT: &str = "\
-SELECT b.status, b.command, b.added_by::pg_catalog.oid, b.attempts,
-       b.last_sqlstate, b.last_error,
-       EXISTS (SELECT FROM pg_catalog.pg_roles r
-               WHERE r.oid OPERATOR(pg_catalog.=) b.added_by::pg_catalog.oid)
-  FROM etc_batch.batch_log b
- WHERE b.id OPERATOR(pg_catalog.=) $1
-   FOR UPDATE OF b SKIP LOCKED";
+/// Waits for a runner that holds the step.
+pub const LOCK_STEP: &str = lock_step!("");
+
+/// Returns no row at once when another runner holds the step.
+pub const LOCK_STEP_NOWAIT: &str = lock_step!(" SKIP LOCKED");
 
 /// The backend holding a step's row lock: the row's xmax is the locker's transaction.
 /// No row means the step is gone; a NULL pid means the holder finished meanwhile.

@@ -2,7 +2,8 @@
 
 use super::register::parse_object;
 use super::sql;
-use crate::error::Result;
+use super::target::Target;
+use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::pg_sys;
 use serde_json::Value;
@@ -30,6 +31,23 @@ pub struct Definition {
 }
 
 impl Definition {
+    /// The job, or the error for an unknown job id.
+    pub fn require(job_id: &str) -> Result<Definition> {
+        Self::load(job_id)?.ok_or_else(|| BatchError::UnknownJob {
+            job: job_id.to_string(),
+        })
+    }
+
+    /// The job's target table, as the catalog describes it now.
+    pub fn target(&self) -> Result<Target> {
+        Target::load(
+            self.target,
+            &self.key_column,
+            &self.tenant_column,
+            &self.revision_column,
+        )
+    }
+
     pub fn load(job_id: &str) -> Result<Option<Definition>> {
         query::row(sql::JOB_DEFINITION, &[job_id.into()], |r| {
             Ok(Definition {

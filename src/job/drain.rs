@@ -13,9 +13,9 @@ use super::crash::{self, Point};
 use super::definition::Definition;
 use super::progress::Progress;
 use super::sql;
-use super::target::Target;
 use crate::chain::step::{classify_failure, FailureKind};
 use crate::error::{BatchError, Result};
+use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_role, extension_owner};
 use crate::txn::{subtransaction_unless, TxnLoop};
@@ -36,6 +36,8 @@ pub struct Drained {
 /// The statements of one job, built once per call.
 struct Job {
     def: Definition,
+    /// The lease this drainer works under, checked again in every chunk's transaction.
+    fence: Option<Fence>,
     change_sql: String,
     row_sql: String,
     bookkeeper: pg_sys::Oid,
@@ -55,7 +57,12 @@ struct Items {
     guards: Vec<String>,
 }
 
-pub fn drain(tx: &mut TxnLoop, job_id: &str, max_chunks: Option<i32>) -> Result<Drained> {
+pub fn drain(
+    tx: &mut TxnLoop,
+    job_id: &str,
+    max_chunks: Option<i32>,
+    fence: Option<Fence>,
+) -> Result<Drained> {
     if let Some(max) = max_chunks.filter(|m| *m < 0) {
         return Err(BatchError::InvalidArgument {
             message: format!("max_chunks {max} is out of range"),
@@ -63,17 +70,8 @@ pub fn drain(tx: &mut TxnLoop, job_id: &str, max_chunks: Option<i32>) -> Result<
         });
     }
     let bookkeeper = extension_owner()?;
-    let def = as_role(bookkeeper, || Definition::load(job_id))?.ok_or_else(|| {
-        BatchError::UnknownJob {
-            job: job_id.to_string(),
-        }
-    })?;
-    let target = Target::load(
-        def.target,
-        &def.key_column,
-        &def.tenant_column,
-        &def.revision_column,
-    )?;
+    let def = as_role(bookkeeper, || Definition::require(job_id))?;
+    let target = def.target()?;
     let change_sql = match &def.handler {
         Some(handler) => target.handler_sql(handler),
         None => {
@@ -89,6 +87,7 @@ pub fn drain(tx: &mut TxnLoop, job_id: &str, max_chunks: Option<i32>) -> Result<
     let row_sql = target.current_row_sql();
     let job = Job {
         def,
+        fence,
         change_sql,
         row_sql,
         bookkeeper,
@@ -124,6 +123,9 @@ impl Job {
     }
 
     fn next_chunk(&self, tx: &mut TxnLoop) -> Result<Chunk> {
+        if let Some(fence) = &self.fence {
+            self.owner(|| fence.check())?;
+        }
         let locked = self.owner(|| {
             query::row(sql::LOCK_JOB, &[self.id().into()], |r| {
                 Ok((

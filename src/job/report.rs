@@ -5,7 +5,6 @@ use super::drain::audit_problems;
 use super::progress::Progress;
 use super::register::load_approval;
 use super::sql;
-use super::target::Target;
 use crate::error::{BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
@@ -22,14 +21,8 @@ pub struct ReportRow {
 /// Every approved item with its state, from one statement (one snapshot), read with
 /// the caller's privileges.
 pub fn report(job_id: &str) -> Result<Vec<ReportRow>> {
-    let def =
-        Definition::load(job_id)?.ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-    let target = Target::load(
-        def.target,
-        &def.key_column,
-        &def.tenant_column,
-        &def.revision_column,
-    )?;
+    let def = Definition::require(job_id)?;
+    let target = def.target()?;
     let sql = target.report_sql();
     query::rows(&sql, &[job_id.into(), def.tenant.clone().into()], 0, |r| {
         Ok(ReportRow {
@@ -135,12 +128,7 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 def.item_count
             ),
         );
-        let target = Target::load(
-            def.target,
-            &def.key_column,
-            &def.tenant_column,
-            &def.revision_column,
-        )?;
+        let target = def.target()?;
         let fingerprint_ok = load_approval(job_id, &target.shape)?
             .is_some_and(|(a, stored)| a.fingerprint() == stored);
         check(

@@ -578,7 +578,7 @@ def test_non_superuser_runner_runs_steps_as_their_adder(db, roles):
     _grant_add_step(db, writer)
     db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(sql.Identifier(runner)))
     db.admin.execute(
-        sql.SQL("GRANT EXECUTE ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean) TO {}").format(
+        sql.SQL("GRANT EXECUTE ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint) TO {}").format(
             sql.Identifier(runner)
         )
     )

@@ -950,7 +950,7 @@ REGISTER_SIGNATURE = (
     "etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, "
     "name, regprocedure)"
 )
-DRAIN_SIGNATURE = "etc_batch.drain_job(text, integer, text[], integer, text)"
+DRAIN_SIGNATURE = "etc_batch.drain_job(text, integer, text, text, bigint, text[], integer, text)"
 
 
 def grant_job_api(db, role):

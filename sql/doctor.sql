@@ -1,0 +1,194 @@
+-- etc_batch.doctor(): checks the facts a deployment depends on, as the server really
+-- applies them, not as a configuration file or a connection string intends them.
+-- Loaded last, with the other SQL-level objects (see finalize.sql).
+
+CREATE FUNCTION etc_batch.doctor()
+RETURNS TABLE (check_name text, status text, detail text, hint text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $doctor$
+DECLARE
+    setting_name text;
+    r record;
+    effective text;
+    source text;
+    found_any boolean;
+BEGIN
+    -- 1. Timeouts: for this session as the server applies them, with where each value
+    --    comes from; and for every role that owns steps or jobs, what a new session of
+    --    that role would get, which is what survives a connection pooler.
+    FOREACH setting_name IN ARRAY ARRAY['statement_timeout', 'lock_timeout',
+                                        'idle_in_transaction_session_timeout'] LOOP
+        SELECT s.setting, s.source INTO effective, source FROM pg_settings s WHERE s.name = setting_name;
+        check_name := setting_name || ' (this session)';
+        IF effective = '0' THEN
+            status := 'warn';
+            detail := format('%s is off (0) for this session of %I; its value comes from %s.',
+                             setting_name, current_user, source);
+            hint := format('ALTER ROLE %I SET %s = ''...''; applies to every new session of the role, through any pooler.',
+                           current_user, setting_name);
+        ELSE
+            status := 'ok';
+            detail := format('%s is %s for this session of %I; its value comes from %s.',
+                             setting_name, current_setting(setting_name), current_user, source);
+            hint := CASE WHEN source IN ('client', 'session')
+                         THEN 'Set by the client or with SET: a transaction-mode pooler may not carry it to the next server connection; ALTER ROLE ... SET does.'
+                    END;
+        END IF;
+        RETURN NEXT;
+
+        found_any := false;
+        FOR r IN
+            SELECT DISTINCT o.role
+              FROM (SELECT b.added_by::oid AS role FROM etc_batch.batch_log b
+                    UNION SELECT j.registered_by::oid FROM etc_batch.job j) o
+        LOOP
+            found_any := true;
+            -- role-and-database setting first, then the role's, then the database's,
+            -- then the server's
+            SELECT cand.v INTO effective FROM (
+                SELECT split_part(c, '=', 2) AS v, 1 AS rank
+                  FROM pg_db_role_setting d, unnest(d.setconfig) c
+                 WHERE d.setrole = r.role AND d.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND split_part(c, '=', 1) = setting_name
+                UNION ALL
+                SELECT split_part(c, '=', 2), 2
+                  FROM pg_db_role_setting d, unnest(d.setconfig) c
+                 WHERE d.setrole = r.role AND d.setdatabase = 0 AND split_part(c, '=', 1) = setting_name
+                UNION ALL
+                SELECT split_part(c, '=', 2), 3
+                  FROM pg_db_role_setting d, unnest(d.setconfig) c
+                 WHERE d.setrole = 0 AND d.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND split_part(c, '=', 1) = setting_name
+                UNION ALL
+                SELECT s.reset_val || coalesce(s.unit, ''), 4 FROM pg_settings s WHERE s.name = setting_name
+            ) cand ORDER BY cand.rank LIMIT 1;
+            SELECT CASE WHEN effective ~ '^0[a-z]*$' THEN 'warn' ELSE 'ok' END INTO status;
+            check_name := format('%s (role %s)', setting_name, r.role::regrole);
+            detail := format('A new session of %s gets %s = %s.', r.role::regrole, setting_name, effective);
+            hint := CASE WHEN status = 'warn'
+                         THEN format('ALTER ROLE %s SET %s = ''...'';', r.role::regrole, setting_name) END;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+
+    -- 2. Session-level advisory locks held by idle sessions: what a pooler leaks.
+    found_any := false;
+    FOR r IN
+        SELECT l.pid, a.usename, a.application_name,
+               clock_timestamp() - a.state_change AS idle_for,
+               count(*) AS locks
+          FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.granted AND a.state = 'idle'
+         GROUP BY 1, 2, 3, 4
+    LOOP
+        found_any := true;
+        check_name := 'session advisory locks';
+        status := 'warn';
+        detail := format('Backend %s (role %s) has held %s advisory lock(s) while idle for %s: a session-level lock, kept after its work ended.',
+                         r.pid, r.usename, r.locks, date_trunc('second', r.idle_for));
+        hint := 'Behind a transaction-mode pooler use transaction-scoped locks (etc_batch.try_xact_lock) or leases; pg_terminate_backend frees a leaked one.';
+        RETURN NEXT;
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'session advisory locks', 'ok', 'No idle session holds an advisory lock.', NULL::text;
+    END IF;
+
+    -- 3. Work that stopped half-way, or cannot go on.
+    FOR r IN
+        SELECT b.batch, count(*) FILTER (WHERE b.status = 'done') AS done,
+               count(*) FILTER (WHERE b.status = 'pending') AS pending,
+               count(*) FILTER (WHERE b.status = 'failed') AS failed,
+               min(b.id) FILTER (WHERE b.status = 'failed') AS first_failed,
+               bool_or(x.pid IS NOT NULL) AS running
+          FROM etc_batch.batch_log b
+          LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
+         GROUP BY b.batch
+    LOOP
+        IF r.failed > 0 THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('Step %s failed; %s step(s) done, %s pending behind it.', r.first_failed, r.done, r.pending),
+                format('Fix the cause, then SELECT etc_batch.retry_step(%s) and CALL etc_batch.exec_batch_from_id(%s).',
+                       r.first_failed, r.first_failed);
+        ELSIF r.done > 0 AND r.pending > 0 AND NOT r.running THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('%s step(s) done and %s pending, and no runner holds a step: the chain stopped half-way.', r.done, r.pending),
+                'CALL etc_batch.exec_batch_from_id with its first pending step to finish it.';
+        END IF;
+    END LOOP;
+    FOR r IN
+        SELECT j.job_id, j.status, j.status_reason, j.next_index, j.item_count,
+               x.pid IS NOT NULL AS running
+          FROM etc_batch.job j
+          LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = j.xmax
+         WHERE j.status IN ('conflict', 'corrupt')
+            OR (j.status = 'pending' AND j.next_index > 0)
+    LOOP
+        IF r.status IN ('conflict', 'corrupt') THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
+                format('The job is %s: %s', r.status, r.status_reason),
+                'It will not go on: register a new approval for what remains, and abort this one.';
+        ELSIF NOT r.running THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('%s of %s items committed, and no drainer holds the job: it stopped half-way.', r.next_index, r.item_count),
+                format('CALL etc_batch.drain_job(%L) to go on.', r.job_id);
+        END IF;
+    END LOOP;
+
+    -- 4. Leases that expired but are still named.
+    found_any := false;
+    FOR r IN SELECT l.name, l.holder, l.generation, clock_timestamp() - l.expires_at AS ago
+               FROM etc_batch.lease l WHERE l.expires_at <= clock_timestamp()
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT format('lease %s', r.name), 'warn',
+            format('Expired %s ago; its last holder was %L at generation %s. Nobody renews it.',
+                   date_trunc('second', r.ago), r.holder, r.generation),
+            'If its workers should be running, they are not renewing; otherwise ignore it.';
+    END LOOP;
+
+    -- 5. What else a DBA checks before trusting a deployment.
+    SELECT s.setting INTO effective FROM pg_settings s WHERE s.name = 'default_transaction_isolation';
+    RETURN QUERY SELECT 'default_transaction_isolation',
+        CASE WHEN effective = 'read committed' THEN 'ok' ELSE 'warn' END,
+        format('Transactions start in %s.', effective),
+        CASE WHEN effective <> 'read committed'
+             THEN 'A runner that waited for another fails with SQLSTATE 40001 instead of skipping the step it finished; nothing runs twice, but callers see errors.' END;
+
+    SELECT s.setting INTO effective FROM pg_settings s WHERE s.name = 'synchronous_commit';
+    RETURN QUERY SELECT 'synchronous_commit',
+        CASE WHEN effective = 'off' THEN 'warn' ELSE 'ok' END,
+        format('synchronous_commit is %s.', effective),
+        CASE WHEN effective = 'off'
+             THEN 'A crash can lose the last committed steps and chunks, records included; they will run again.' END;
+
+    effective := current_setting('etc_batch.crash_at', true);
+    RETURN QUERY SELECT 'etc_batch.crash_at',
+        CASE WHEN coalesce(effective, '') = '' THEN 'ok' ELSE 'fail' END,
+        CASE WHEN coalesce(effective, '') = '' THEN 'The test aid is off.'
+             ELSE format('The test aid is set to %s: the next job chunk terminates its backend.', effective) END,
+        CASE WHEN coalesce(effective, '') <> '' THEN 'RESET etc_batch.crash_at, and remove it from any ALTER ... SET.' END;
+
+    FOR r IN
+        SELECT p.oid::regprocedure AS proc
+          FROM pg_proc p
+         WHERE p.pronamespace = 'etc_batch'::regnamespace
+           AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'reset_batch', 'retry_step', 'abort_job')
+           AND has_function_privilege('public', p.oid, 'EXECUTE')
+    LOOP
+        RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),
+            format('REVOKE EXECUTE ON ROUTINE %s FROM PUBLIC, and grant it to the roles that need it.', r.proc);
+    END LOOP;
+
+    SELECT e.extversion, a.default_version INTO effective, source
+      FROM pg_extension e JOIN pg_available_extensions a ON a.name = e.extname
+     WHERE e.extname = 'etc_batch';
+    RETURN QUERY SELECT 'extension version',
+        CASE WHEN effective = source THEN 'ok' ELSE 'warn' END,
+        format('Installed %s; the server has %s.', effective, source),
+        CASE WHEN effective <> source THEN 'ALTER EXTENSION etc_batch UPDATE;' END;
+END
+$doctor$;
+
+COMMENT ON FUNCTION etc_batch.doctor() IS
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way or in conflict, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

@@ -1,0 +1,180 @@
+//! Leases and fencing: leadership held as a row with a time to live, and the check that
+//! stops a holder that lost its lease from committing more work.
+//!
+//! A lease changes hands only through one upsert that locks its row, so two holders at
+//! once is impossible, whatever the interleaving; times come from the server clock
+//! only. A fence check takes the lease row FOR SHARE in the transaction of the work it
+//! guards: until that transaction ends, nobody can take the lease over, so a chunk or
+//! a step that passed the check commits under a lease that was still held.
+
+pub mod sql;
+
+use crate::error::{BatchError, Result};
+use crate::query;
+
+/// A holder's claim, as a process passes it along with its work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub name: String,
+    pub holder: String,
+    pub generation: i64,
+}
+
+impl Fence {
+    /// The fence from optional procedure arguments: all three or none.
+    pub fn from_args(
+        name: Option<String>,
+        holder: Option<String>,
+        generation: Option<i64>,
+    ) -> Result<Option<Fence>> {
+        match (name, holder, generation) {
+            (None, None, None) => Ok(None),
+            (Some(name), Some(holder), Some(generation)) => {
+                check_name("lease_name", &name)?;
+                check_name("lease_holder", &holder)?;
+                Ok(Some(Fence {
+                    name,
+                    holder,
+                    generation,
+                }))
+            }
+            _ => Err(BatchError::InvalidArgument {
+                message:
+                    "a lease is named by lease_name, lease_holder and lease_generation together"
+                        .into(),
+                detail: Some("Give all three, or none to run without fencing.".into()),
+            }),
+        }
+    }
+
+    /// Raises the fencing error unless `holder` still holds generation `generation`,
+    /// unexpired; on success the lease row stays locked FOR SHARE until the transaction
+    /// ends. Run as the extension's owner.
+    pub fn check(&self) -> Result<()> {
+        let row = query::row(sql::LOCK_LEASE, &[self.name.clone().into()], |r| {
+            Ok((
+                r.get::<String>(1)?.unwrap_or_default(),
+                r.get::<i64>(2)?.unwrap_or_default(),
+                r.get::<bool>(3)?.unwrap_or(false),
+                r.get::<String>(4)?.unwrap_or_default(),
+            ))
+        })?;
+        let detail = match row {
+            None => format!("No lease named \"{}\" exists.", self.name),
+            Some((holder, generation, live, _)) if holder == self.holder && generation == self.generation && live => {
+                return Ok(())
+            }
+            Some((holder, generation, true, expires)) => format!(
+                "It is held by \"{holder}\" at generation {generation} until {expires}."
+            ),
+            Some((holder, generation, false, expires)) => format!(
+                "It expired at {expires}; its last holder was \"{holder}\" at generation {generation}."
+            ),
+        };
+        Err(BatchError::LeaseLost {
+            name: self.name.clone(),
+            holder: self.holder.clone(),
+            generation: self.generation,
+            detail,
+        })
+    }
+}
+
+/// Lease names and holders are non-empty.
+pub fn check_name(argument: &'static str, value: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(BatchError::InvalidArgument {
+            message: format!("{argument} must not be empty"),
+            detail: None,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_come_whole_or_not_at_all() {
+        assert_eq!(Fence::from_args(None, None, None), Ok(None));
+        let f = Fence::from_args(Some("leader".into()), Some("w1".into()), Some(3))
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.generation, 3);
+        assert!(Fence::from_args(Some("leader".into()), None, Some(3)).is_err());
+        assert!(Fence::from_args(Some("".into()), Some("w1".into()), Some(3)).is_err());
+        assert!(Fence::from_args(Some("leader".into()), Some(" ".into()), Some(3)).is_err());
+    }
+}
+
+/// What acquire_lease returns.
+pub struct Acquired {
+    pub acquired: bool,
+    pub holder: String,
+    pub generation: i64,
+    pub expires_at: pgrx::datum::TimestampWithTimeZone,
+}
+
+fn lease_row(r: &query::Row) -> Result<(String, i64, Option<pgrx::datum::TimestampWithTimeZone>)> {
+    Ok((
+        r.get::<String>(1)?.unwrap_or_default(),
+        r.get::<i64>(2)?.unwrap_or_default(),
+        r.get(3)?,
+    ))
+}
+
+/// Takes or renews a lease, or reports who holds it.
+pub fn acquire(name: &str, holder: &str, ttl: pgrx::datum::Interval) -> Result<Acquired> {
+    check_name("name", name)?;
+    check_name("holder", holder)?;
+    if query::one::<bool>(sql::TTL_IS_POSITIVE, &[ttl.into()])? != Some(true) {
+        return Err(BatchError::InvalidArgument {
+            message: "ttl must be a positive interval".into(),
+            detail: Some("A lease lives for ttl after each renewal.".into()),
+        });
+    }
+    crate::roles::as_owner(|| {
+        let args = [name.into(), holder.into(), ttl.into()];
+        let (acquired, row) = match query::row(sql::ACQUIRE, &args, lease_row)? {
+            Some(row) => (true, row),
+            None => (
+                false,
+                query::row(sql::CURRENT, &[name.into()], lease_row)?.ok_or_else(|| {
+                    BatchError::Internal(format!("lease \"{name}\" vanished while it was locked"))
+                })?,
+            ),
+        };
+        let (holder, generation, expires_at) = row;
+        Ok(Acquired {
+            acquired,
+            holder,
+            generation,
+            expires_at: expires_at
+                .ok_or_else(|| BatchError::Internal("lease without expiry".into()))?,
+        })
+    })
+}
+
+/// Ends the caller's own lease now. false: it was the holder, but the lease had
+/// already expired. An error: someone else holds it, or there is no such lease.
+pub fn release(name: &str, holder: &str) -> Result<bool> {
+    check_name("name", name)?;
+    check_name("holder", holder)?;
+    crate::roles::as_owner(|| {
+        if query::one::<i64>(sql::RELEASE, &[name.into(), holder.into()])?.is_some() {
+            return Ok(true);
+        }
+        match query::row(sql::CURRENT, &[name.into()], lease_row)? {
+            None => Err(BatchError::UnknownLease { name: name.into() }),
+            Some((current, _, _)) if current == holder => Ok(false),
+            Some((current, generation, _)) => Err(BatchError::LeaseNotHeld {
+                name: name.into(),
+                holder: holder.into(),
+                detail: format!(
+                    "It is held by \"{current}\" at generation {generation}; nothing was changed."
+                ),
+            }),
+        }
+    })
+}
