@@ -125,7 +125,7 @@ BEGIN
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
-                format('The job is %s: %s', r.status, r.status_reason),
+                format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
                 'It will not go on: register a new approval for what remains, and abort this one.';
         ELSIF NOT r.running THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',

@@ -56,20 +56,23 @@ impl Fence {
                 r.get::<String>(1)?.unwrap_or_default(),
                 r.get::<i64>(2)?.unwrap_or_default(),
                 r.get::<bool>(3)?.unwrap_or(false),
-                r.get::<String>(4)?.unwrap_or_default(),
             ))
         })?;
         let detail = match row {
             None => format!("No lease named \"{}\" exists.", self.name),
-            Some((holder, generation, live, _)) if holder == self.holder && generation == self.generation && live => {
+            Some((holder, generation, live))
+                if holder == self.holder && generation == self.generation && live =>
+            {
                 return Ok(())
             }
-            Some((holder, generation, true, expires)) => format!(
-                "It is held by \"{holder}\" at generation {generation} until {expires}."
-            ),
-            Some((holder, generation, false, expires)) => format!(
-                "It expired at {expires}; its last holder was \"{holder}\" at generation {generation}."
-            ),
+            Some((holder, generation, true)) => {
+                format!("It is held by \"{holder}\" at generation {generation}, unexpired.")
+            }
+            Some((holder, generation, false)) => {
+                format!(
+                    "It has expired; its last holder was \"{holder}\" at generation {generation}."
+                )
+            }
         };
         Err(BatchError::LeaseLost {
             name: self.name.clone(),
