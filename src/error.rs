@@ -14,6 +14,8 @@ pub enum BatchError {
     /// A procedure that commits was called where it cannot commit.
     AtomicContext {
         procedure: &'static str,
+        /// Inside BEGIN ... COMMIT, as a driver with autocommit off puts every statement.
+        in_transaction_block: bool,
     },
     /// A required argument was NULL.
     NullArgument {
@@ -151,8 +153,14 @@ impl BatchError {
     pub fn message(&self) -> String {
         use BatchError::*;
         match self {
-            AtomicContext { procedure } => {
-                format!("{procedure} cannot run inside a transaction block or an atomic context")
+            AtomicContext {
+                procedure,
+                in_transaction_block: true,
+            } => {
+                format!("{procedure} cannot run inside a transaction block")
+            }
+            AtomicContext { procedure, .. } => {
+                format!("{procedure} cannot run in an atomic context")
             }
             NullArgument { argument } => format!("argument \"{argument}\" must not be null"),
             InvalidArgument { message, .. } => message.clone(),
@@ -197,10 +205,22 @@ impl BatchError {
     pub fn detail(&self) -> Option<String> {
         use BatchError::*;
         match self {
-            AtomicContext { .. } => Some(
-                "It commits as it works, a step or a chunk at a time, and a transaction block, a \
-                 function, a SELECT, a block with an EXCEPTION clause, or a calling procedure with \
-                 a SET clause or SECURITY DEFINER does not allow that."
+            AtomicContext {
+                in_transaction_block: true,
+                ..
+            } => Some(
+                "It commits as it works, a step or a chunk at a time, and this CALL ran inside a \
+                 transaction block (BEGIN ... COMMIT). A client driver with autocommit off opens \
+                 one before every statement."
+                    .into(),
+            ),
+            AtomicContext {
+                in_transaction_block: false,
+                ..
+            } => Some(
+                "It commits as it works, a step or a chunk at a time, and a function, a SELECT, \
+                 a block with an EXCEPTION clause, or a calling procedure with a SET clause or \
+                 SECURITY DEFINER does not allow that."
                     .into(),
             ),
             InvalidArgument { detail, .. } => detail.clone(),
@@ -240,7 +260,12 @@ impl BatchError {
     pub fn hint(&self) -> Option<String> {
         use BatchError::*;
         match self {
-            AtomicContext { procedure } => Some(format!(
+            AtomicContext { procedure, in_transaction_block: true } => Some(format!(
+                "Turn autocommit on for this call (psycopg: conn.autocommit = True; JDBC: \
+                 setAutoCommit(true)), or COMMIT the open transaction first, then run \
+                 \"CALL {procedure}(...)\" on its own."
+            )),
+            AtomicContext { procedure, in_transaction_block: false } => Some(format!(
                 "Run \"CALL {procedure}(...)\" as a statement of its own in autocommit mode, \
                  or from a procedure that was itself CALLed that way."
             )),
@@ -338,6 +363,11 @@ mod tests {
         let all = [
             BatchError::AtomicContext {
                 procedure: "etc_batch.exec_batch_from_id",
+                in_transaction_block: true,
+            },
+            BatchError::AtomicContext {
+                procedure: "etc_batch.exec_batch_from_id",
+                in_transaction_block: false,
             },
             BatchError::NullArgument { argument: "batch" },
             BatchError::UnknownStep { id: 7 },
@@ -392,6 +422,7 @@ mod tests {
     fn atomic_context_is_2d000() {
         let e = BatchError::AtomicContext {
             procedure: "etc_batch.exec_batch_from_id",
+            in_transaction_block: false,
         };
         assert_eq!(e.sqlstate(), Code::ERRCODE_INVALID_TRANSACTION_TERMINATION);
         assert!(e

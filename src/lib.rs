@@ -12,6 +12,7 @@
 
 use pgrx::prelude::*;
 
+pub mod activity;
 pub mod api;
 pub mod chain;
 pub mod clock;

@@ -33,7 +33,10 @@ impl TxnLoop {
     /// `fcinfo` must be the call info PostgreSQL passed to the running C function.
     pub unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo, procedure: &'static str) -> Result<Self> {
         if !Self::may_commit(fcinfo) {
-            return Err(BatchError::AtomicContext { procedure });
+            return Err(BatchError::AtomicContext {
+                procedure,
+                in_transaction_block: pg_sys::IsTransactionBlock() && !pg_sys::IsSubTransaction(),
+            });
         }
         let rc = pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32);
         if rc != pg_sys::SPI_OK_CONNECT as i32 {

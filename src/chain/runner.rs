@@ -8,6 +8,7 @@
 
 use super::sql;
 use super::step::{action_for, classify_failure, Action, FailureKind, StepStatus};
+use crate::activity::Activity;
 use crate::clock::now;
 use crate::error::{BatchError, OrRaise, Result};
 use crate::lease::Fence;
@@ -39,6 +40,7 @@ enum Flow {
 
 /// Who is running the chain, fixed once at the start of the CALL.
 struct Runner {
+    activity: Activity,
     /// The lease this runner works under, checked again in every step's transaction.
     fence: Option<Fence>,
     batch: String,
@@ -59,6 +61,7 @@ pub fn exec_batch_from_id(
     })?
     .ok_or(BatchError::UnknownStep { id: first })?;
     let runner = Runner {
+        activity: Activity::begin(),
         fence,
         batch,
         caller: current_user(),
@@ -91,6 +94,8 @@ impl Runner {
     /// Runs one step in the current transaction. Returns before the COMMIT, except for a
     /// failed step, whose failure is committed here and then raised.
     fn run_step(&self, tx: &mut TxnLoop, id: i64) -> Result<Flow> {
+        self.activity
+            .report(&format!("chain \"{}\": step {id}", self.batch));
         if let Some(fence) = &self.fence {
             as_role(self.bookkeeper, || fence.check())?;
         }

@@ -13,6 +13,7 @@ use super::crash::{self, Point};
 use super::definition::Definition;
 use super::progress::Progress;
 use super::sql;
+use crate::activity::Activity;
 use crate::chain::step::{classify_failure, FailureKind};
 use crate::error::{BatchError, Result};
 use crate::lease::Fence;
@@ -35,6 +36,7 @@ pub struct Drained {
 
 /// The statements of one job, built once per call.
 struct Job {
+    activity: Activity,
     def: Definition,
     /// The lease this drainer works under, checked again in every chunk's transaction.
     fence: Option<Fence>,
@@ -86,6 +88,7 @@ pub fn drain(
     };
     let row_sql = target.current_row_sql();
     let job = Job {
+        activity: Activity::begin(),
         def,
         fence,
         change_sql,
@@ -172,6 +175,12 @@ impl Job {
             return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
         }
         let (number, total) = progress.chunk_number();
+        self.activity.report(&format!(
+            "job \"{}\": chunk {number} of {total}, keys {} to {}",
+            self.id(),
+            items.keys.first().map(String::as_str).unwrap_or(""),
+            items.keys.last().map(String::as_str).unwrap_or("")
+        ));
 
         let changed =
             subtransaction_unless(|| as_role(self.def.registered_by, || self.change(&items)));

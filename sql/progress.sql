@@ -1,0 +1,63 @@
+-- Progress a person can watch: one row per job and one row per chain, read from the
+-- checkpoint and the step statuses (what is committed) and from pg_locks (who is at
+-- work on it right now).
+
+CREATE VIEW etc_batch.job_progress AS
+SELECT j.job_id, j.status,
+       j.next_index AS committed,
+       j.item_count AS approved,
+       pg_catalog.round(100.0 OPERATOR(pg_catalog.*) j.next_index OPERATOR(pg_catalog./) j.item_count, 1) AS percent,
+       j.chunks_committed,
+       ((j.item_count::pg_catalog.int8 OPERATOR(pg_catalog.+) j.chunk_size OPERATOR(pg_catalog.-) 1)
+         OPERATOR(pg_catalog./) j.chunk_size)::pg_catalog.int4 AS chunks_total,
+       j.started_at,
+       j.last_commit_at,
+       -- items per second between the first and the last commit of the job
+       CASE WHEN j.last_commit_at OPERATOR(pg_catalog.>) j.started_at
+            THEN pg_catalog.round((j.next_index OPERATOR(pg_catalog./)
+                 pg_catalog.extract(epoch FROM j.last_commit_at OPERATOR(pg_catalog.-) j.started_at))::pg_catalog.numeric, 1)
+       END AS items_per_second,
+       CASE WHEN j.status OPERATOR(pg_catalog.=) 'pending'
+             AND j.last_commit_at OPERATOR(pg_catalog.>) j.started_at
+             AND j.next_index OPERATOR(pg_catalog.>) 0
+            THEN j.last_commit_at OPERATOR(pg_catalog.+)
+                 (j.last_commit_at OPERATOR(pg_catalog.-) j.started_at)
+                 OPERATOR(pg_catalog.*) ((j.item_count OPERATOR(pg_catalog.-) j.next_index)::pg_catalog.float8
+                                         OPERATOR(pg_catalog./) j.next_index)
+       END AS estimated_finish,
+       x.pid AS drainer_pid,
+       j.status_reason
+  FROM etc_batch.job j
+  LEFT JOIN pg_catalog.pg_locks x
+    ON x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
+   AND x.transactionid OPERATOR(pg_catalog.=) j.xmax;
+
+COMMENT ON VIEW etc_batch.job_progress IS
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, and the pid of the drainer at work on it now.';
+
+CREATE VIEW etc_batch.chain_progress AS
+WITH running AS (
+    SELECT b.id, x.pid
+      FROM etc_batch.batch_log b
+      JOIN pg_catalog.pg_locks x
+        ON x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
+       AND x.transactionid OPERATOR(pg_catalog.=) b.xmax)
+SELECT b.batch,
+       pg_catalog.count(*)::pg_catalog.int4 AS steps,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'done'))::pg_catalog.int4 AS done,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))::pg_catalog.int4 AS failed,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'pending'))::pg_catalog.int4 AS pending,
+       pg_catalog.min(r.id) AS current_step,
+       pg_catalog.min(r.pid) AS current_pid,
+       pg_catalog.max(b.finished_at) AS last_finished_at,
+       (pg_catalog.array_agg(pg_catalog.format('step %s: %s', b.id, b.last_error)
+                             ORDER BY b.finished_at DESC NULLS LAST)
+            FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error
+  FROM etc_batch.batch_log b
+  LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
+ GROUP BY b.batch;
+
+COMMENT ON VIEW etc_batch.chain_progress IS
+    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, and the last error of a failed step.';
+
+REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
