@@ -15,15 +15,16 @@ SELECT j.job_id, j.status,
        -- items per second between the first and the last commit of the job
        CASE WHEN j.last_commit_at OPERATOR(pg_catalog.>) j.started_at
             THEN pg_catalog.round((j.next_index OPERATOR(pg_catalog./)
-                 pg_catalog.extract(epoch FROM j.last_commit_at OPERATOR(pg_catalog.-) j.started_at))::pg_catalog.numeric, 1)
+                 pg_catalog.date_part('epoch', j.last_commit_at OPERATOR(pg_catalog.-) j.started_at))::pg_catalog.numeric, 1)
        END AS items_per_second,
        CASE WHEN j.status OPERATOR(pg_catalog.=) 'pending'
              AND j.last_commit_at OPERATOR(pg_catalog.>) j.started_at
              AND j.next_index OPERATOR(pg_catalog.>) 0
+            -- OPERATOR() forms all share one precedence: the parentheses are the order.
             THEN j.last_commit_at OPERATOR(pg_catalog.+)
-                 (j.last_commit_at OPERATOR(pg_catalog.-) j.started_at)
-                 OPERATOR(pg_catalog.*) ((j.item_count OPERATOR(pg_catalog.-) j.next_index)::pg_catalog.float8
-                                         OPERATOR(pg_catalog./) j.next_index)
+                 ((j.last_commit_at OPERATOR(pg_catalog.-) j.started_at)
+                  OPERATOR(pg_catalog.*) ((j.item_count OPERATOR(pg_catalog.-) j.next_index)::pg_catalog.float8
+                                          OPERATOR(pg_catalog./) j.next_index))
        END AS estimated_finish,
        x.pid AS drainer_pid,
        j.status_reason

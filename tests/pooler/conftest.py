@@ -18,6 +18,7 @@ OS user, with its configuration, log and pid file in target/pgbouncer/.
 """
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import pwd
 import secrets
@@ -310,21 +311,51 @@ def _close_bouncer_connections(request):
 
 
 class Workers:
-    """Worker processes started by one test (spawned: each opens its own connections)."""
+    """Worker processes started by one test (spawned: each opens its own connections).
+
+    Each worker reports through a pipe of its own, never through a shared queue or
+    lock: a worker the test kills with SIGKILL could otherwise die holding a lock the
+    others need."""
 
     def __init__(self):
         self.ctx = multiprocessing.get_context("spawn")
         self.procs = []
+        self._readers = {}
 
     def start(self, target, args_for):
-        """Starts one process per element of args_for; returns them."""
+        """Starts one process per element of args_for, calling target(*args, out) where
+        out is the write end of the worker's pipe; returns the processes."""
         started = []
-        for i, args in enumerate(args_for):
-            p = self.ctx.Process(target=target, args=args, name=f"worker-{i}", daemon=True)
+        for args in args_for:
+            reader, writer = self.ctx.Pipe(duplex=False)
+            index = len(self.procs)
+            p = self.ctx.Process(
+                target=target, args=(*args, writer), name=f"worker-{index}", daemon=True
+            )
             p.start()
+            writer.close()  # the child has its own copy: EOF once the child is gone
+            self._readers[reader] = index
+            self.procs.append(p)
             started.append(p)
-        self.procs.extend(started)
         return started
+
+    def recv(self, timeout):
+        """The next message any worker sent, as (worker index, message); None when
+        none came within timeout seconds or every worker has gone."""
+        deadline = time.monotonic() + timeout
+        while self._readers:
+            ready = multiprocessing.connection.wait(
+                list(self._readers), max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                return None
+            for reader in ready:
+                try:
+                    return self._readers[reader], reader.recv()
+                except (EOFError, OSError):
+                    del self._readers[reader]
+                    reader.close()
+        return None
 
     def join_all(self, timeout):
         deadline = time.monotonic() + timeout
@@ -342,6 +373,9 @@ class Workers:
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.join(5)
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ the next; what a row remembers (a lease, a job's checkpoint) does.
 import datetime
 import json
 import os
-import queue
 import signal
 import time
 
@@ -28,7 +27,7 @@ ADVISORY_KEY = 4242
 # worker processes (run in spawned children: they open their own connections) -------------
 
 
-def lockstep_worker(i, port, dbname, kind, ticks, barrier, results):
+def lockstep_worker(i, port, dbname, kind, ticks, barrier, out):
     """Runs `ticks` ticks in lockstep with the other workers (one barrier per tick) and
     reports (tick, worker, leader?, holder, generation, backend pid) for each."""
     conn = None
@@ -40,25 +39,26 @@ def lockstep_worker(i, port, dbname, kind, ticks, barrier, results):
                 got, pid = conn.execute(
                     "SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (ADVISORY_KEY,)
                 ).fetchone()
-                results.put(("tick", tick, i, got, None, None, pid))
+                out.send(("tick", tick, i, got, None, None, pid))
             else:
                 got, holder, generation, pid = conn.execute(
                     "SELECT a.acquired, a.holder, a.generation, pg_backend_pid() "
                     "FROM etc_batch.acquire_lease('leader', %s, '30 seconds') a",
                     (f"worker-{i}",),
                 ).fetchone()
-                results.put(("tick", tick, i, got, holder, generation, pid))
+                out.send(("tick", tick, i, got, holder, generation, pid))
     except BaseException as exc:  # reported to the test, which fails on it
-        results.put(("error", i, repr(exc)))
+        out.send(("error", i, repr(exc)))
         barrier.abort()
     finally:
         if conn is not None:
             conn.close()
 
 
-def lease_worker(i, port, dbname, lease, ttl, tick, run_for, stop, results):
-    """Tries to take or renew `lease` every `tick` seconds until stop is set (or run_for
-    seconds passed), reporting every answer with the server's clock."""
+def lease_worker(i, port, dbname, lease, ttl, tick, run_for, stop, out):
+    """Tries to take or renew `lease` every `tick` seconds until stop.value is set (or
+    run_for seconds passed), reporting every answer with the server's clock. stop is a
+    lock-free shared value: a sibling killed by the test cannot leave it locked."""
     holder = f"worker-{i}"
     conn = None
     try:
@@ -66,7 +66,7 @@ def lease_worker(i, port, dbname, lease, ttl, tick, run_for, stop, results):
         deadline = time.monotonic() + run_for
         next_tick = time.monotonic()
         last_generation = None
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.value and time.monotonic() < deadline:
             row = conn.execute(
                 "SELECT a.acquired, a.holder, a.generation, a.expires_at, "
                 "       clock_timestamp() AS answered_at "
@@ -81,25 +81,25 @@ def lease_worker(i, port, dbname, lease, ttl, tick, run_for, stop, results):
                 if view is not None and view["generation"] == row["generation"]:
                     acquired_at = view["acquired"]
                 last_generation = row["generation"]
-            results.put(("report", i, {**row, "acquired_at": acquired_at, "worker": i}))
+            out.send(("report", i, {**row, "acquired_at": acquired_at, "worker": i}))
             next_tick += tick
             time.sleep(max(0.0, next_tick - time.monotonic()))
     except BaseException as exc:
-        results.put(("error", i, repr(exc)))
+        out.send(("error", i, repr(exc)))
     finally:
         if conn is not None:
             conn.close()
 
 
-def collect_ticks(results, expected):
+def collect_ticks(workers, expected):
     """Reads `expected` tick reports; fails on a worker's error."""
     rows = []
     deadline = time.monotonic() + WAIT + 10
     while len(rows) < expected:
-        try:
-            item = results.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
+        got = workers.recv(max(0.0, deadline - time.monotonic()))
+        if got is None:
             raise AssertionError(f"only {len(rows)} of {expected} tick reports arrived")
+        item = got[1]
         if item[0] == "error":
             raise AssertionError(f"worker {item[1]} failed: {item[2]}")
         rows.append(item[1:])
@@ -108,12 +108,11 @@ def collect_ticks(results, expected):
 
 def run_lockstep(bouncer, workers, dbname, kind, ticks=TICKS):
     barrier = workers.ctx.Barrier(WORKERS)
-    results = workers.ctx.Queue()
     workers.start(
         lockstep_worker,
-        [(i, bouncer.port, dbname, kind, ticks, barrier, results) for i in range(WORKERS)],
+        [(i, bouncer.port, dbname, kind, ticks, barrier) for i in range(WORKERS)],
     )
-    rows = collect_ticks(results, WORKERS * ticks)
+    rows = collect_ticks(workers, WORKERS * ticks)
     workers.join_all(WAIT)
     assert all(p.exitcode == 0 for p in workers.procs), [p.exitcode for p in workers.procs]
     by_tick = {}
@@ -209,18 +208,18 @@ def test_lease_elects_exactly_one_leader_per_tick(pg, bouncer, workers):
 
 
 class LeaseReports:
-    def __init__(self, results):
-        self.results = results
+    """The lease workers' reports, in arrival order."""
+
+    def __init__(self, workers):
+        self.workers = workers
         self.all = []
 
     def next_matching(self, predicate, what, timeout):
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                item = self.results.get(timeout=max(0.05, deadline - time.monotonic()))
-            except queue.Empty:
-                item = None
-            if item is not None:
+            got = self.workers.recv(max(0.0, min(0.25, deadline - time.monotonic())))
+            if got is not None:
+                item = got[1]
                 if item[0] == "error":
                     raise AssertionError(f"worker {item[1]} failed: {item[2]}")
                 report = item[2]
@@ -231,26 +230,21 @@ class LeaseReports:
                 raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
 
     def drain(self):
-        while True:
-            try:
-                item = self.results.get(timeout=0.5)
-            except queue.Empty:
-                return
-            if item[0] == "report":
-                self.all.append(item[2])
+        while (got := self.workers.recv(0.5)) is not None:
+            if got[1][0] == "report":
+                self.all.append(got[1][2])
 
 
 def test_killed_leader_is_replaced_within_ttl_plus_a_tick(pg, bouncer, workers):
     lease, ttl, tick = "failover", datetime.timedelta(seconds=2), 0.25
     slack = datetime.timedelta(seconds=1)
-    stop = workers.ctx.Event()
-    results = workers.ctx.Queue()
+    stop = workers.ctx.RawValue("b", 0)
     procs = workers.start(
         lease_worker,
-        [(i, bouncer.port, pg.name, lease, "2 seconds", tick, 15.0, stop, results)
+        [(i, bouncer.port, pg.name, lease, "2 seconds", tick, 15.0, stop)
          for i in range(WORKERS)],
     )
-    reports = LeaseReports(results)
+    reports = LeaseReports(workers)
 
     first = reports.next_matching(lambda r: r["acquired"], "a first leader", WAIT)
     generation = first["generation"]
@@ -304,7 +298,7 @@ def test_killed_leader_is_replaced_within_ttl_plus_a_tick(pg, bouncer, workers):
             old_expiry, takeover_at)
         leader, generation = new["worker"], new["generation"]
 
-    stop.set()
+    stop.value = 1
     workers.join_all(WAIT)
     reports.drain()
     assert all(p.exitcode == 0 for i, p in enumerate(procs) if i not in {t["killed"] for t in takeovers})
