@@ -1,6 +1,5 @@
 -- A small ETL chain in the shape DBAs already have: a schema of load procedures and
 -- a list of steps that call them in order.
-CREATE EXTENSION etc_batch;
 CREATE SCHEMA df;
 CREATE TABLE df.raw_sales (day date, store int, amount numeric);
 CREATE TABLE df.daily_sales (day date, store int, amount numeric);
