@@ -10,6 +10,7 @@ DECLARE
     setting_name text;
     r record;
     effective text;
+    server_value text;
     source text;
     found_any boolean;
 BEGIN
@@ -36,6 +37,20 @@ BEGIN
         END IF;
         RETURN NEXT;
 
+        -- What the server itself sets, before any database, role or client setting: the
+        -- configuration files (postgresql.conf, ALTER SYSTEM) if this role may read them,
+        -- else the built-in default. Never this session's own value, which may come from
+        -- its connection string or its own role.
+        BEGIN
+            SELECT f.setting INTO server_value FROM pg_file_settings f
+             WHERE f.name = setting_name AND f.applied ORDER BY f.seqno DESC LIMIT 1;
+        EXCEPTION WHEN insufficient_privilege THEN
+            server_value := NULL;
+        END;
+        IF server_value IS NULL THEN
+            SELECT s.boot_val || coalesce(s.unit, '') INTO server_value FROM pg_settings s WHERE s.name = setting_name;
+        END IF;
+
         found_any := false;
         FOR r IN
             SELECT DISTINCT o.role
@@ -60,7 +75,7 @@ BEGIN
                  WHERE d.setrole = 0 AND d.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
                    AND split_part(c, '=', 1) = setting_name
                 UNION ALL
-                SELECT s.reset_val || coalesce(s.unit, ''), 4 FROM pg_settings s WHERE s.name = setting_name
+                SELECT server_value, 4
             ) cand ORDER BY cand.rank LIMIT 1;
             SELECT CASE WHEN effective ~ '^0[a-z]*$' THEN 'warn' ELSE 'ok' END INTO status;
             check_name := format('%s (role %s)', setting_name, r.role::regrole);
