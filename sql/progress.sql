@@ -62,3 +62,38 @@ COMMENT ON VIEW etc_batch.chain_progress IS
     'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, and the last error of a failed step.';
 
 REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
+
+-- Pruning history. step_audit and job_audit only grow; pg_dump keeps them. A DBA who
+-- wants them shorter asks for it, by age, and never for work that is still open.
+CREATE FUNCTION etc_batch.prune_history(older_than interval)
+RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cutoff timestamptz;
+BEGIN
+    IF older_than IS NULL OR older_than <= interval '0' THEN
+        RAISE EXCEPTION 'older_than must be a positive interval'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    cutoff := clock_timestamp() - older_than;
+    -- attempts and skips of steps, finished before the cutoff
+    DELETE FROM etc_batch.step_audit a
+     WHERE coalesce(a.finished_at, a.lock_acquired_at) < cutoff;
+    GET DIAGNOSTICS step_audit_rows = ROW_COUNT;
+    -- whole jobs that ended (done or aborted) before the cutoff: approval, audit and
+    -- checkpoint together; a job in conflict or corrupt waits for a person
+    WITH gone AS (
+        DELETE FROM etc_batch.job j
+         WHERE j.status IN ('done', 'aborted') AND j.finished_at < cutoff
+        RETURNING j.job_id),
+    items AS (DELETE FROM etc_batch.job_item i USING gone g WHERE i.job_id = g.job_id),
+    audit AS (DELETE FROM etc_batch.job_audit a USING gone g WHERE a.job_id = g.job_id)
+    SELECT count(*) INTO jobs_forgotten FROM gone;
+    RETURN NEXT;
+END
+$$;
+
+COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
+    'Deletes step_audit rows older than the interval, and whole jobs (approval, audit, checkpoint) that ended, done or aborted, before it. Open jobs and jobs in conflict or corrupt are kept.';
+REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM PUBLIC;

@@ -205,3 +205,12 @@ CALL etc_batch.drain_job('close-y');
 SELECT tenant, id, revision, state FROM tickets WHERE id = 1 ORDER BY tenant;
 DROP OWNED BY clerk, intruder;
 DROP ROLE clerk, intruder;
+
+-- Pruning history: only what ended before the cutoff, never open work.
+SELECT * FROM etc_batch.prune_history('1 hour');
+SELECT * FROM etc_batch.prune_history('-1 day');
+\echo :LAST_ERROR_SQLSTATE
+UPDATE etc_batch.job SET finished_at = finished_at - interval '2 days' WHERE status IN ('done', 'aborted');
+SELECT * FROM etc_batch.prune_history('1 day');
+SELECT job_id, status FROM etc_batch.job ORDER BY job_id;
+SELECT count(*) AS items_of_forgotten_jobs FROM etc_batch.job_item WHERE job_id NOT IN (SELECT job_id FROM etc_batch.job);

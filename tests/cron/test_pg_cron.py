@@ -1,0 +1,387 @@
+"""etc_batch run by real pg_cron schedules.
+
+pg_cron fires at minute boundaries, so the module prepares every case first, schedules
+all of its cron jobs in one transaction to fire in the same minute, waits (bounded)
+until every one of them has a finished row in cron.job_run_details, unschedules them
+all so that nothing fires again, waits until no run is left in flight, and only then
+do the tests assert, each on its own case:
+
+  festival     CALL etc_batch.drain_job('festival', 5) on 30 items in chunks of 10
+  twice        the same drain_job string scheduled by two cron jobs: overlapping runs
+  chain        CALL etc_batch.exec_batch_from_id(first) on 5 steps, scheduled twice
+  fails        a chain whose step 2 divides by zero
+  clash        a job with a row changed after its approval
+  multi        'SET statement_timeout = ...; CALL etc_batch.drain_job(...)': pg_cron
+               sends it as one simple query, which PostgreSQL runs as one implicit
+               transaction, where drain_job cannot commit
+"""
+
+import json
+import time
+from collections import Counter
+
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+# Bounded wait for the minute's runs: at most one minute boundary plus the runs.
+MAX_WAIT = 75.0
+# Schedule only early enough in a minute that pg_cron has reloaded its job list before
+# the next boundary; later than this, wait for the next minute to start first.
+LATEST_SECOND = 50.0
+FINAL = ("succeeded", "failed")
+
+ITEMS = 30
+CHUNK = 10
+CHAIN_STEPS = 5
+
+
+def _items(ids):
+    return sql.Literal(json.dumps([{"id": i, "revision": 1} for i in ids]))
+
+
+def _setup(conn):
+    """Everything the minute's cron jobs work on, in the test database."""
+    conn.execute(
+        """CREATE TABLE orders (
+               tenant   text    NOT NULL,
+               id       integer NOT NULL,
+               revision integer NOT NULL DEFAULT 1,
+               status   text    NOT NULL DEFAULT 'pending',
+               PRIMARY KEY (tenant, id))"""
+    )
+    # Every changed row takes a little while, so that a chunk of 10 takes ~0.1 s and
+    # the two runs of the same job string really overlap.
+    conn.execute(
+        """CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$"""
+    )
+    conn.execute(
+        "CREATE TRIGGER slow_row BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION slow_row()"
+    )
+    conn.execute(
+        """CREATE TABLE effects (
+               batch text    NOT NULL,
+               step  integer NOT NULL,
+               pid   integer NOT NULL DEFAULT pg_backend_pid())"""
+    )
+    for tenant, count in (("F", ITEMS), ("T", ITEMS), ("C", 20), ("O", 10)):
+        conn.execute(
+            "INSERT INTO orders (tenant, id) SELECT %s, g FROM generate_series(1, %s) g",
+            (tenant, count),
+        )
+    for job, tenant, count in (("festival", "F", ITEMS), ("twice", "T", ITEMS),
+                               ("clash", "C", 20), ("other", "O", 10)):
+        row = conn.execute(
+            sql.SQL(
+                "SELECT created, items, chunks FROM etc_batch.register_job("
+                "{job}, {tenant}, 'orders', {items}, {chunk}, "
+                """'{{"status": "cancelled"}}', '{{"status": "pending"}}')"""
+            ).format(
+                job=sql.Literal(job),
+                tenant=sql.Literal(tenant),
+                items=_items(range(1, count + 1)),
+                chunk=sql.Literal(CHUNK),
+            )
+        ).fetchone()
+        assert row == (True, count, -(-count // CHUNK))
+    # The conflict: item 15 of 'clash' (chunk 2) changes after its approval.
+    conn.execute("UPDATE orders SET revision = revision + 1 WHERE tenant = 'C' AND id = 15")
+
+    chain = []
+    for k in range(1, CHAIN_STEPS + 1):
+        chain.append(
+            conn.execute(
+                "SELECT etc_batch.add_step('chain', %s)",
+                (f"INSERT INTO effects (batch, step) VALUES ('chain', {k}); SELECT pg_sleep(0.2)",),
+            ).fetchone()[0]
+        )
+    fails = [
+        conn.execute(
+            "SELECT etc_batch.add_step('fails', %s)", (command,)
+        ).fetchone()[0]
+        for command in (
+            "INSERT INTO effects (batch, step) VALUES ('fails', 1)",
+            "SELECT 1/0",
+            "INSERT INTO effects (batch, step) VALUES ('fails', 3)",
+        )
+    ]
+    return chain, fails
+
+
+def _cron_jobs(chain, fails):
+    """(cron job name, case, command) for the minute."""
+    twice = "CALL etc_batch.drain_job('twice')"
+    run_chain = f"CALL etc_batch.exec_batch_from_id({chain[0]})"
+    return [
+        ("etc festival", "festival", "CALL etc_batch.drain_job('festival', 5)"),
+        ("etc twice a", "twice", twice),
+        ("etc twice b", "twice", twice),
+        ("etc chain a", "chain", run_chain),
+        ("etc chain b", "chain", run_chain),
+        ("etc fails", "fails", f"CALL etc_batch.exec_batch_from_id({fails[0]})"),
+        ("etc clash", "clash", "CALL etc_batch.drain_job('clash')"),
+        ("etc multi", "multi",
+         "SET statement_timeout = '1min'; CALL etc_batch.drain_job('other')"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def minute(cron_cluster, cron_timings):
+    """Prepares every case, runs the minute, returns what the tests assert on."""
+    db = cron_cluster.connect(row_factory=dict_row)
+    cron = cron_cluster.connect("postgres", row_factory=dict_row)
+    scheduled = []
+    try:
+        with cron_cluster.connect() as setup_conn:
+            chain, fails = _setup(setup_conn)
+        jobs = _cron_jobs(chain, fails)
+
+        second = cron.execute(
+            "SELECT extract(second FROM clock_timestamp())::float8 AS s"
+        ).fetchone()["s"]
+        if second > LATEST_SECOND:
+            time.sleep(60.0 - second + 0.5)
+
+        # All at once, in one transaction: pg_cron reloads its job list once.
+        cron.autocommit = False
+        with cron.transaction():
+            for name, _case, command in jobs:
+                jobid = cron.execute(
+                    "SELECT cron.schedule_in_database(%s, '* * * * *', %s, %s) AS jobid",
+                    (name, command, cron_cluster.test_db),
+                ).fetchone()["jobid"]
+                scheduled.append(jobid)
+        cron.autocommit = True
+        nodes = {
+            r["nodename"]
+            for r in cron.execute(
+                "SELECT nodename FROM cron.job WHERE jobid = ANY(%s)", (scheduled,)
+            ).fetchall()
+        }
+        assert nodes == {str(cron_cluster.socket_dir)}
+
+        started = time.monotonic()
+        deadline = started + MAX_WAIT
+        while True:
+            finished = {
+                r["jobid"]
+                for r in cron.execute(
+                    "SELECT DISTINCT jobid FROM cron.job_run_details "
+                    "WHERE jobid = ANY(%s) AND status IN ('succeeded', 'failed')",
+                    (scheduled,),
+                ).fetchall()
+            }
+            if finished >= set(scheduled):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"after {MAX_WAIT:.0f}s only cron jobs {sorted(finished)} of "
+                    f"{scheduled} have finished a run; job_run_details: "
+                    f"{cron.execute('SELECT * FROM cron.job_run_details').fetchall()}"
+                )
+            time.sleep(0.25)
+        waited = time.monotonic() - started
+
+        # Nothing may fire again, and nothing may still be running when tests look.
+        cron.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobid = ANY(%s)",
+                     (scheduled,))
+        unscheduled, scheduled = scheduled, []
+
+        def quiet():
+            in_flight = cron.execute(
+                "SELECT count(*) AS n FROM cron.job_run_details "
+                "WHERE status NOT IN ('succeeded', 'failed')"
+            ).fetchone()["n"]
+            busy = cron.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid() AND state <> 'idle'",
+                (cron_cluster.test_db,),
+            ).fetchone()["n"]
+            return in_flight == 0 and busy == 0
+
+        quiet_deadline = time.monotonic() + 20
+        while not quiet():
+            assert time.monotonic() < quiet_deadline, "cron runs still in flight after 20s"
+            time.sleep(0.1)
+        cron_timings["wait for the minute's runs"] = waited
+        print(f"\npg_cron: all {len(jobs)} cron jobs finished a run {waited:.1f}s after scheduling")
+
+        runs = cron.execute(
+            """SELECT jobid, runid, job_pid, status, return_message, start_time, end_time
+                 FROM cron.job_run_details WHERE jobid = ANY(%s) ORDER BY runid""",
+            (unscheduled,),
+        ).fetchall()
+        job_of = dict(zip(unscheduled, jobs))
+        by_case = {}
+        for r in runs:
+            r["jobname"], case, _command = job_of[r["jobid"]]
+            by_case.setdefault(case, []).append(r)
+        yield {"db": db, "runs": by_case, "all_runs": runs, "chain": chain, "fails": fails,
+               "jobs": jobs}
+    finally:
+        if scheduled:
+            cron.autocommit = True
+            cron.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobid = ANY(%s)",
+                         (scheduled,))
+        db.close()
+        cron.close()
+
+
+# helpers -----------------------------------------------------------------------------------
+
+
+def job_row(db, job):
+    return db.execute(
+        "SELECT status, next_index, chunks_committed, problem FROM etc_batch.job WHERE job_id = %s",
+        (job,),
+    ).fetchone()
+
+
+def audit_by_key(db, job):
+    rows = db.execute(
+        "SELECT item_key, count(*) AS n FROM etc_batch.job_audit WHERE job_id = %s GROUP BY item_key",
+        (job,),
+    ).fetchall()
+    return {int(r["item_key"]): r["n"] for r in rows}
+
+
+def orders(db, tenant):
+    rows = db.execute(
+        "SELECT id, revision, status FROM orders WHERE tenant = %s ORDER BY id", (tenant,)
+    ).fetchall()
+    return {r["id"]: (r["revision"], r["status"]) for r in rows}
+
+
+def one_run(minute, case):
+    runs = minute["runs"].get(case, [])
+    assert len(runs) == 1, f"{case}: expected exactly one run, got {runs}"
+    return runs[0]
+
+
+def assert_overlap(runs):
+    a, b = runs
+    assert a["start_time"] < b["end_time"] and b["start_time"] < a["end_time"], (
+        f"the two runs did not overlap: {[(r['start_time'], r['end_time']) for r in runs]}"
+    )
+
+
+# tests -----------------------------------------------------------------------------------
+
+
+def test_every_cron_job_ran_once_in_the_minute(minute):
+    runs = minute["all_runs"]
+    assert Counter(r["jobname"] for r in runs) == Counter(n for n, _c, _cmd in minute["jobs"])
+    assert all(r["status"] in FINAL for r in runs)
+    # fired at the same minute boundary
+    assert len({r["start_time"].replace(second=0, microsecond=0) for r in runs}) == 1
+
+
+def test_drain_job_from_cron_runs_the_job_to_done(minute):
+    db = minute["db"]
+    run = one_run(minute, "festival")
+    assert run["status"] == "succeeded", run["return_message"]
+    j = job_row(db, "festival")
+    assert (j["status"], j["next_index"], j["chunks_committed"]) == ("done", ITEMS, 3)
+    assert audit_by_key(db, "festival") == {k: 1 for k in range(1, ITEMS + 1)}
+    assert orders(db, "F") == {k: (2, "cancelled") for k in range(1, ITEMS + 1)}
+
+
+def test_same_drain_job_scheduled_twice_processes_each_key_once(minute):
+    db = minute["db"]
+    runs = minute["runs"]["twice"]
+    assert len(runs) == 2
+    assert [r["status"] for r in runs] == ["succeeded", "succeeded"], runs
+    assert_overlap(runs)
+    j = job_row(db, "twice")
+    assert (j["status"], j["next_index"], j["chunks_committed"]) == ("done", ITEMS, 3)
+    assert audit_by_key(db, "twice") == {k: 1 for k in range(1, ITEMS + 1)}
+    # each row changed exactly once: revision 1 -> 2
+    assert orders(db, "T") == {k: (2, "cancelled") for k in range(1, ITEMS + 1)}
+    chunks = db.execute(
+        "SELECT chunk, count(*) AS n, count(DISTINCT txid) AS txids FROM etc_batch.job_audit "
+        "WHERE job_id = 'twice' GROUP BY chunk ORDER BY chunk"
+    ).fetchall()
+    assert [(c["chunk"], c["n"], c["txids"]) for c in chunks] == [(1, 10, 1), (2, 10, 1), (3, 10, 1)]
+
+
+def test_chain_scheduled_twice_runs_each_step_once(minute):
+    db = minute["db"]
+    chain = minute["chain"]
+    runs = minute["runs"]["chain"]
+    assert len(runs) == 2
+    assert [r["status"] for r in runs] == ["succeeded", "succeeded"], runs
+    assert_overlap(runs)
+    effects = db.execute(
+        "SELECT step, count(*) AS n FROM effects WHERE batch = 'chain' GROUP BY step ORDER BY step"
+    ).fetchall()
+    assert [(e["step"], e["n"]) for e in effects] == [(k, 1) for k in range(1, CHAIN_STEPS + 1)]
+    steps = db.execute(
+        "SELECT id, status, attempts FROM etc_batch.batch_log WHERE batch = 'chain' ORDER BY id"
+    ).fetchall()
+    assert [(s["id"], s["status"], s["attempts"]) for s in steps] == [
+        (i, "done", 1) for i in chain
+    ]
+    audit = db.execute(
+        "SELECT step_id, pid, outcome FROM etc_batch.step_audit WHERE batch = 'chain'"
+    ).fetchall()
+    # each run visited every step once: one of them ran it, the other skipped it
+    assert Counter((a["step_id"], a["outcome"]) for a in audit) == Counter(
+        {**{(i, "done"): 1 for i in chain}, **{(i, "skipped"): 1 for i in chain}}
+    )
+    # the audit's pids are the two cron runs' backends
+    assert {a["pid"] for a in audit} == {r["job_pid"] for r in runs}
+    # the step commands ran in the backend that recorded them as done
+    done_pid = {a["step_id"]: a["pid"] for a in audit if a["outcome"] == "done"}
+    effects = db.execute("SELECT step, pid FROM effects WHERE batch = 'chain'").fetchall()
+    assert {chain[e["step"] - 1]: e["pid"] for e in effects} == done_pid
+
+
+def test_failing_step_fails_the_cron_run(minute):
+    db = minute["db"]
+    fails = minute["fails"]
+    run = one_run(minute, "fails")
+    assert run["status"] == "failed"
+    assert "division by zero" in run["return_message"]
+    steps = db.execute(
+        "SELECT id, status, attempts, last_sqlstate FROM etc_batch.batch_log "
+        "WHERE batch = 'fails' ORDER BY id"
+    ).fetchall()
+    assert [(s["id"], s["status"], s["attempts"], s["last_sqlstate"]) for s in steps] == [
+        (fails[0], "done", 1, None),
+        (fails[1], "failed", 1, "22012"),
+        (fails[2], "pending", 0, None),
+    ]
+    effects = db.execute(
+        "SELECT step, count(*) AS n FROM effects WHERE batch = 'fails' GROUP BY step"
+    ).fetchall()
+    assert [(e["step"], e["n"]) for e in effects] == [(1, 1)]
+
+
+def test_conflict_fails_the_cron_run(minute):
+    db = minute["db"]
+    run = one_run(minute, "clash")
+    assert run["status"] == "failed"
+    assert 'job "clash" is in conflict' in run["return_message"]
+    j = job_row(db, "clash")
+    assert (j["status"], j["next_index"], j["chunks_committed"]) == ("conflict", 10, 1)
+    assert j["problem"]["key"] == "15"
+    assert audit_by_key(db, "clash") == {k: 1 for k in range(1, 11)}
+    rows = orders(db, "C")
+    assert {k: rows[k] for k in range(1, 11)} == {k: (2, "cancelled") for k in range(1, 11)}
+    # chunk 2 rolled back: 15 keeps the revision it was changed to, the rest are untouched
+    assert {k: rows[k] for k in range(11, 21)} == {
+        k: (2 if k == 15 else 1, "pending") for k in range(11, 21)
+    }
+
+
+def test_multi_statement_job_string_is_refused(minute):
+    db = minute["db"]
+    run = one_run(minute, "multi")
+    assert run["status"] == "failed"
+    assert "cannot run" in run["return_message"], run["return_message"]
+    assert "etc_batch.drain_job" in run["return_message"]
+    j = job_row(db, "other")
+    assert (j["status"], j["next_index"], j["chunks_committed"]) == ("pending", 0, 0)
+    assert audit_by_key(db, "other") == {}
+    assert orders(db, "O") == {k: (1, "pending") for k in range(1, 11)}
