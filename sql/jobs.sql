@@ -23,6 +23,7 @@ CREATE TABLE etc_batch.job (
                                  CHECK (status IN ('pending', 'done', 'conflict', 'corrupt', 'aborted')),
     next_index       integer     NOT NULL DEFAULT 0,
     chunks_committed integer     NOT NULL DEFAULT 0,
+    seal             bigint      NOT NULL,
     audit_changes    bigint      NOT NULL DEFAULT 0,
     item_changes     bigint      NOT NULL DEFAULT 0,
     problem          jsonb,
@@ -38,6 +39,7 @@ CREATE TABLE etc_batch.job (
 COMMENT ON TABLE etc_batch.job IS
     'One row per registered approval: what to change, on which table, for which tenant, in chunks of what size, and the checkpoint next_index.';
 COMMENT ON COLUMN etc_batch.job.next_index IS 'The checkpoint: every approved item at a lower position is committed, change and audit together; none at or beyond it is.';
+COMMENT ON COLUMN etc_batch.job.seal IS 'A hash of the job id, next_index and chunks_committed, written with every checkpoint: a checkpoint changed by hand no longer matches it.';
 COMMENT ON COLUMN etc_batch.job.audit_changes IS 'Updates, deletes and truncates of this job''s audit rows, counted by a trigger; anything but 0 makes the job corrupt.';
 COMMENT ON COLUMN etc_batch.job.item_changes IS 'Updates, deletes and truncates of this job''s approved items, counted by a trigger; anything but 0 makes the job corrupt.';
 COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';

@@ -210,7 +210,8 @@ impl BatchError {
                 ..
             } => Some(
                 "It commits as it works, a step or a chunk at a time, and this CALL ran inside a \
-                 transaction block (BEGIN ... COMMIT). A client driver with autocommit off opens \
+                 transaction block: after BEGIN, in a string of several statements (as pg_cron \
+                 and psql -c run one), or from a client driver with autocommit off, which opens \
                  one before every statement."
                     .into(),
             ),
@@ -261,9 +262,10 @@ impl BatchError {
         use BatchError::*;
         match self {
             AtomicContext { procedure, in_transaction_block: true } => Some(format!(
-                "Turn autocommit on for this call (psycopg: conn.autocommit = True; JDBC: \
-                 setAutoCommit(true)), or COMMIT the open transaction first, then run \
-                 \"CALL {procedure}(...)\" on its own."
+                "Send \"CALL {procedure}(...)\" as a statement of its own, in autocommit mode: \
+                 turn autocommit on in the driver (psycopg: conn.autocommit = True; JDBC: \
+                 setAutoCommit(true)), give pg_cron a job string with only the CALL, or COMMIT \
+                 the open transaction first."
             )),
             AtomicContext { procedure, in_transaction_block: false } => Some(format!(
                 "Run \"CALL {procedure}(...)\" as a statement of its own in autocommit mode, \

@@ -33,7 +33,11 @@ extension_sql_file!(
     name = "doctor",
     requires = ["jobs", "leases"]
 );
-extension_sql_file!("../sql/progress.sql", name = "progress", requires = ["jobs"]);
+extension_sql_file!(
+    "../sql/progress.sql",
+    name = "progress",
+    requires = ["jobs"]
+);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

@@ -15,7 +15,8 @@
 use crate::error::{BatchError, Result};
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys;
-use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::raw::c_char;
 
@@ -26,6 +27,24 @@ pub struct Row {
 }
 
 impl Row {
+    /// Column `n` (1-based) as an opaque value, copied into the memory context that was
+    /// current before the statement ran, so that it outlives SPI_finish.
+    pub fn opaque(&self, n: usize) -> Result<Option<Opaque>> {
+        // SAFETY: as in get; SPI_datumTransfer copies into the context SPI_connect saved.
+        unsafe {
+            let column = n as i32;
+            let oid = pg_sys::SPI_gettypeid(self.desc, column);
+            let mut is_null = false;
+            let datum = pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null);
+            if is_null {
+                return Ok(None);
+            }
+            let attr = &*(*self.desc).attrs.as_ptr().add(n - 1);
+            let datum = pg_sys::SPI_datumTransfer(datum, attr.attbyval, attr.attlen as i32);
+            Ok(Some(Opaque { datum, oid }))
+        }
+    }
+
     /// Column `n` (1-based), copied out as a Rust value of a compatible type.
     pub fn get<T: FromDatum + IntoDatum>(&self, n: usize) -> Result<Option<T>> {
         // SAFETY: tuple and desc come from SPI_tuptable of the statement just run, and
@@ -47,6 +66,65 @@ impl Row {
     }
 }
 
+thread_local! {
+    /// Plans of the statements etc_batch sends, prepared once per backend and kept.
+    /// PostgreSQL revalidates a kept plan before each use, so a dropped and recreated
+    /// table or a changed search_path never runs a stale one.
+    static PLANS: RefCell<HashMap<(String, Vec<pg_sys::Oid>), SendPlan>> = RefCell::new(HashMap::new());
+}
+
+/// A kept SPI plan; only ever used by the backend's one thread.
+#[derive(Clone, Copy)]
+struct SendPlan(pg_sys::SPIPlanPtr);
+
+/// Kept plans beyond this are dropped (all of them), so a backend that drains thousands of
+/// different jobs does not keep thousands of plans.
+const MAX_PLANS: usize = 256;
+
+/// The kept plan for `sql` with these argument types, prepared on first use.
+/// Must be called while SPI is connected.
+unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPlanPtr> {
+    let key = (sql.to_string(), types.to_vec());
+    if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).copied()) {
+        return Ok(plan.0);
+    }
+    let text = CString::new(sql)
+        .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
+    let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+    if plan.is_null() {
+        let code = pg_sys::SPI_result;
+        return Err(BatchError::Internal(format!(
+            "SPI_prepare failed with {code}"
+        )));
+    }
+    pg_sys::SPI_keepplan(plan);
+    PLANS.with(|p| {
+        let mut plans = p.borrow_mut();
+        if plans.len() >= MAX_PLANS {
+            for (_, old) in plans.drain() {
+                pg_sys::SPI_freeplan(old.0);
+            }
+        }
+        plans.insert(key, SendPlan(plan));
+    });
+    Ok(plan)
+}
+
+/// A value read from one statement and handed to another as it is, without turning it
+/// into a Rust value and back: a chunk's arrays of keys, revisions and guards.
+pub struct Opaque {
+    datum: pg_sys::Datum,
+    oid: pg_sys::Oid,
+}
+
+impl Opaque {
+    pub fn arg(&self) -> DatumWithOid<'static> {
+        // SAFETY: the datum was copied out of SPI into the memory context that was current
+        // when the statement ran (see Row::opaque), and holds a value of type `oid`.
+        unsafe { DatumWithOid::new(self.datum, self.oid) }
+    }
+}
+
 /// Runs `sql` and reads every row it returns with `read` (at most `limit`, 0 = all).
 pub fn rows<R>(
     sql: &str,
@@ -54,8 +132,6 @@ pub fn rows<R>(
     limit: i64,
     mut read: impl FnMut(&Row) -> Result<R>,
 ) -> Result<Vec<R>> {
-    let text = CString::new(sql)
-        .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
     let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
     let mut values: Vec<pg_sys::Datum> = args
         .iter()
@@ -74,19 +150,18 @@ pub fn rows<R>(
     // subtransaction's) abort pops the connection.
     unsafe {
         pg_sys::SPI_connect();
-        let rc = pg_sys::SPI_execute_with_args(
-            text.as_ptr(),
-            args.len() as i32,
-            types.as_mut_ptr(),
-            values.as_mut_ptr(),
-            nulls.as_ptr(),
-            false,
-            limit,
-        );
+        let plan = match plan_for(sql, &mut types) {
+            Ok(plan) => plan,
+            Err(e) => {
+                pg_sys::SPI_finish();
+                return Err(e);
+            }
+        };
+        let rc = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, limit);
         let mut out = Vec::new();
         let result = if rc < 0 {
             Err(BatchError::Internal(format!(
-                "SPI_execute_with_args returned {rc}"
+                "SPI_execute_plan returned {rc}"
             )))
         } else if pg_sys::SPI_tuptable.is_null() {
             Ok(())
@@ -122,5 +197,5 @@ pub fn one<T: FromDatum + IntoDatum>(sql: &str, args: &[DatumWithOid]) -> Result
 
 /// Runs a statement for its effect.
 pub fn run(sql: &str, args: &[DatumWithOid]) -> Result<()> {
-    Ok(Spi::run_with_args(sql, args)?)
+    rows(sql, args, 0, |_| Ok(())).map(|_| ())
 }

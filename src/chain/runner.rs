@@ -254,9 +254,7 @@ fn run_command(command: &str) {
     Spi::run(command).map_err(BatchError::from).or_raise();
     // Deferred constraints are checked now, inside the step's subtransaction, so that a
     // violation is the step's failure rather than an error of the COMMIT after it.
-    Spi::run("SET CONSTRAINTS ALL IMMEDIATE")
-        .map_err(BatchError::from)
-        .or_raise();
+    query::run("SET CONSTRAINTS ALL IMMEDIATE", &[]).or_raise();
     // "false" undoes every change made at this nesting level, as a subtransaction abort
     // would; "true" would keep plain SETs for the rest of the session.
     unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };

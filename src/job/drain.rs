@@ -51,12 +51,60 @@ enum Chunk {
     Finished,
 }
 
-/// The chunk's approved items, as the business statement takes them.
+/// The chunk's approved items, as the business statement takes them: arrays in
+/// position order, passed on without being read into Rust.
 struct Items {
-    positions: Vec<i32>,
+    count: i32,
+    keys: Option<query::Opaque>,
+    revisions: Option<query::Opaque>,
+    guards: Option<query::Opaque>,
+    first_key: String,
+    last_key: String,
+}
+
+/// What the business change of a chunk did, in position order.
+struct Changed {
     keys: Vec<String>,
     revisions: Vec<i64>,
-    guards: Vec<String>,
+}
+
+/// The job's row, locked, as the chunk's transaction found it.
+struct Locked {
+    status: String,
+    progress: Progress,
+    audit_changes: i64,
+    item_changes: i64,
+    sealed: bool,
+    audit_beyond: Option<i32>,
+}
+
+impl Locked {
+    /// The cheap, exact check (see progress.rs): why the checkpoint cannot be trusted.
+    fn untrusted(&self) -> Option<String> {
+        let p = &self.progress;
+        if let Err(reason) = p.check_position() {
+            return Some(reason);
+        }
+        if !self.sealed {
+            return Some(format!(
+                "The checkpoint (next_index {}) does not match its seal: it was changed outside etc_batch.",
+                p.next_index
+            ));
+        }
+        if self.audit_changes != 0 || self.item_changes != 0 {
+            return Some(format!(
+                "Since they were written, {} change(s) to the job's audit rows and {} change(s) to \
+                 its approved items were made outside etc_batch.",
+                self.audit_changes, self.item_changes
+            ));
+        }
+        self.audit_beyond.map(|position| {
+            format!(
+                "An audit row exists at position {position}, at or beyond the checkpoint {}.",
+                p.next_index
+            )
+        })
+    }
 }
 
 pub fn drain(
@@ -131,31 +179,34 @@ impl Job {
         }
         let locked = self.owner(|| {
             query::row(sql::LOCK_JOB, &[self.id().into()], |r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    Progress {
+                Ok(Locked {
+                    status: r.get::<String>(1)?.unwrap_or_default(),
+                    progress: Progress {
                         next_index: r.get::<i32>(2)?.unwrap_or(0),
                         item_count: r.get::<i32>(5)?.unwrap_or(0),
                         chunk_size: r.get::<i32>(6)?.unwrap_or(1),
                     },
-                    r.get::<i64>(3)?.unwrap_or(0),
-                    r.get::<i64>(4)?.unwrap_or(0),
-                ))
+                    audit_changes: r.get::<i64>(3)?.unwrap_or(0),
+                    item_changes: r.get::<i64>(4)?.unwrap_or(0),
+                    sealed: r.get::<bool>(7)?.unwrap_or(false),
+                    audit_beyond: r.get::<i32>(8)?,
+                })
             })
         })?;
-        let Some((status, progress, audit_changes, item_changes)) = locked else {
+        let Some(locked) = locked else {
             return Err(BatchError::UnknownJob {
                 job: self.id().to_string(),
             });
         };
-        match status.as_str() {
+        match locked.status.as_str() {
             "pending" => {}
             "done" => return Ok(Chunk::Finished),
-            _ => return Err(self.stopped(&status)?),
+            status => return Err(self.stopped(status)?),
         }
-        if let Some(reason) = self.check_progress(progress, audit_changes, item_changes)? {
+        if let Some(reason) = locked.untrusted() {
             return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
         }
+        let progress = locked.progress;
         let Some(range) = progress.next_chunk() else {
             let reason = format!(
                 "The checkpoint is at the end of the {} approved items, but the job is not done.",
@@ -164,13 +215,13 @@ impl Job {
             return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
         };
         let items = self.items(range.start, range.end)?;
-        if items.positions.len() != range.len() {
+        if items.count as usize != range.len() {
             let reason = format!(
                 "Positions {} to {} should hold {} approved items, but {} were found.",
                 range.start,
                 range.end - 1,
                 range.len(),
-                items.positions.len()
+                items.count
             );
             return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
         }
@@ -178,15 +229,18 @@ impl Job {
         self.activity.report(&format!(
             "job \"{}\": chunk {number} of {total}, keys {} to {}",
             self.id(),
-            items.keys.first().map(String::as_str).unwrap_or(""),
-            items.keys.last().map(String::as_str).unwrap_or("")
+            items.first_key,
+            items.last_key
         ));
 
-        let changed =
-            subtransaction_unless(|| as_role(self.def.registered_by, || self.change(&items)));
-        let revisions_after = match changed {
-            Ok(Ok(revisions)) => revisions,
-            Ok(Err(index)) => return Err(self.conflict(tx, &items, index, progress.item_count)?),
+        let changed = subtransaction_unless(|| {
+            as_role(self.def.registered_by, || {
+                self.change(&items, range.start, range.len())
+            })
+        });
+        let changed = match changed {
+            Ok(Ok(changed)) => changed,
+            Ok(Err(position)) => return Err(self.conflict(tx, position, progress.item_count)?),
             Err(failure) => {
                 let interrupted = classify_failure(failure.code) == FailureKind::Interrupted;
                 let detail = format!(
@@ -208,18 +262,18 @@ impl Job {
         };
         crash::reached(Point::AfterChange);
 
+        let positions: Vec<i32> = range.clone().collect();
         self.owner(|| {
             query::run(
                 sql::INSERT_AUDIT,
                 &[
                     self.id().into(),
-                    items.positions.clone().into(),
-                    items.keys.clone().into(),
-                    items.revisions.clone().into(),
-                    revisions_after.into(),
-                    items.guards.clone().into(),
+                    positions.into(),
+                    changed.revisions.into(),
                     number.into(),
                     crate::clock::now().into(),
+                    range.start.into(),
+                    range.end.into(),
                 ],
             )
         })?;
@@ -231,12 +285,12 @@ impl Job {
 
         notice!(
             "chunk {number} of {total} committed: {} item{}, keys {} to {}",
-            items.keys.len(),
-            if items.keys.len() == 1 { "" } else { "s" },
-            items.keys.first().map(String::as_str).unwrap_or(""),
-            items.keys.last().map(String::as_str).unwrap_or("")
+            range.len(),
+            if range.len() == 1 { "" } else { "s" },
+            items.first_key,
+            items.last_key
         );
-        Ok(Chunk::Committed(items.keys))
+        Ok(Chunk::Committed(changed.keys))
     }
 
     fn items(&self, start: i32, end: i32) -> Result<Items> {
@@ -246,107 +300,118 @@ impl Job {
                 &[self.id().into(), start.into(), end.into()],
                 |r| {
                     Ok(Items {
-                        positions: r.get::<Vec<i32>>(1)?.unwrap_or_default(),
-                        keys: r.get::<Vec<String>>(2)?.unwrap_or_default(),
-                        revisions: r.get::<Vec<i64>>(3)?.unwrap_or_default(),
-                        guards: r.get::<Vec<String>>(4)?.unwrap_or_default(),
+                        count: r.get::<i32>(1)?.unwrap_or(0),
+                        keys: r.opaque(2)?,
+                        revisions: r.opaque(3)?,
+                        guards: r.opaque(4)?,
+                        first_key: r.get::<String>(5)?.unwrap_or_default(),
+                        last_key: r.get::<String>(6)?.unwrap_or_default(),
                     })
                 },
             )
         })?;
-        Ok(row.unwrap_or(Items {
-            positions: vec![],
-            keys: vec![],
-            revisions: vec![],
-            guards: vec![],
-        }))
+        row.ok_or_else(|| BatchError::Internal("an aggregate returned no row".into()))
     }
 
-    /// The business change of one chunk. Ok: each item's revision after the change, in
-    /// position order. Err(i): item i did not match, so the chunk must be rolled back.
-    fn change(&self, items: &Items) -> std::result::Result<Vec<i64>, usize> {
-        let args = || -> Vec<pgrx::datum::DatumWithOid<'static>> {
-            let mut args: Vec<pgrx::datum::DatumWithOid<'static>> = vec![
-                items.positions.clone().into(),
-                items.keys.clone().into(),
-                items.revisions.clone().into(),
-                items.guards.clone().into(),
-                self.def.tenant.clone().into(),
-            ];
-            if self.def.handler.is_none() {
-                let set = self.def.set_values.clone().unwrap_or_default();
-                args.push(JsonB(Value::Object(set.into_iter().collect())).into());
-                args.push(
-                    JsonB(Value::Object(self.def.expect.clone().into_iter().collect())).into(),
-                );
-            }
-            args
+    /// The business change of one chunk, run as the registering role. Ok: each item's
+    /// key and revision after the change, in position order. Err(position): that item
+    /// did not match, so the chunk must be rolled back.
+    fn change(&self, items: &Items, first: i32, len: usize) -> std::result::Result<Changed, i32> {
+        let opaque = |o: &Option<query::Opaque>| match o {
+            Some(o) => o.arg(),
+            None => pgrx::datum::DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
         };
+        let mut args = vec![
+            opaque(&items.keys),
+            opaque(&items.revisions),
+            opaque(&items.guards),
+            first.into(),
+            self.def.tenant.clone().into(),
+        ];
+        if self.def.handler.is_none() {
+            let set = self.def.set_values.clone().unwrap_or_default();
+            args.push(JsonB(Value::Object(set.into_iter().collect())).into());
+            args.push(JsonB(Value::Object(self.def.expect.clone().into_iter().collect())).into());
+        }
         let handler = self.def.handler.is_some();
-        let rows: Vec<(i32, Option<i64>, bool)> =
-            query::rows(&self.change_sql, &args(), 0, |row| {
+        let rows: Vec<(i32, Option<i64>, bool, String)> =
+            query::rows(&self.change_sql, &args, 0, |row| {
                 let position = row.get::<i32>(1)?.unwrap_or(-1);
+                let key = row.get::<String>(3)?.unwrap_or_default();
                 if !handler {
-                    return Ok((position, row.get::<i64>(2)?, true));
+                    return Ok((position, row.get::<i64>(2)?, true, key));
                 }
                 let result = row.get::<JsonB>(2)?;
                 let revision = result
                     .as_ref()
                     .and_then(|j| j.0.get(&self.def.revision_column))
                     .and_then(Value::as_i64);
-                Ok((position, revision, result.is_some()))
+                Ok((position, revision, result.is_some(), key))
             })
             .unwrap_or_else(|e| e.raise());
 
-        let by_position: BTreeMap<i32, (Option<i64>, bool)> = rows
+        let mut by_position: BTreeMap<i32, (Option<i64>, bool, String)> = rows
             .into_iter()
-            .map(|(p, rev, ok)| (p, (rev, ok)))
+            .map(|(p, rev, ok, key)| (p, (rev, ok, key)))
             .collect();
-        let mut revisions = Vec::with_capacity(items.positions.len());
-        for (index, position) in items.positions.iter().enumerate() {
-            match by_position.get(position) {
-                Some((revision, true)) => {
-                    if self.def.handler.is_some() && revision.is_none() {
+        let mut changed = Changed {
+            keys: Vec::with_capacity(len),
+            revisions: Vec::with_capacity(len),
+        };
+        for position in first..first + len as i32 {
+            match by_position.remove(&position) {
+                Some((revision, true, key)) => {
+                    let Some(revision) = revision else {
                         BatchError::InvalidArgument {
                             message: format!(
-                                "handler result for item {} has no integer \"{}\"",
-                                items.keys[index], self.def.revision_column
+                                "handler result for item {key} has no integer \"{}\"",
+                                self.def.revision_column
                             ),
-                            detail: Some("A handler returns the new state of the row, revision included, or NULL for a conflict.".into()),
+                            detail: Some(
+                                "A handler returns the new state of the row, revision included, or NULL for a conflict."
+                                    .into(),
+                            ),
                         }
                         .raise();
-                    }
-                    revisions.push(revision.unwrap_or_default());
+                    };
+                    changed.keys.push(key);
+                    changed.revisions.push(revision);
                 }
-                _ => return Err(index),
+                _ => return Err(position),
             }
         }
-        Ok(revisions)
+        Ok(changed)
     }
 
-    /// Records and returns the conflict of item `index` of the chunk.
-    fn conflict(
-        &self,
-        tx: &mut TxnLoop,
-        items: &Items,
-        index: usize,
-        item_count: i32,
-    ) -> Result<BatchError> {
-        let key = &items.keys[index];
+    /// Records and returns the conflict of the item at `position`.
+    fn conflict(&self, tx: &mut TxnLoop, position: i32, item_count: i32) -> Result<BatchError> {
+        let (key, revision, guards) = self
+            .owner(|| {
+                query::row(sql::ITEM, &[self.id().into(), position.into()], |r| {
+                    Ok((
+                        r.get::<String>(1)?.unwrap_or_default(),
+                        r.get::<i64>(2)?.unwrap_or_default(),
+                        r.get::<String>(3)?.unwrap_or_default(),
+                    ))
+                })
+            })?
+            .ok_or_else(|| {
+                BatchError::Internal(format!("no approved item at position {position}"))
+            })?;
         let row = as_role(self.def.registered_by, || {
             query::one::<JsonB>(
                 &self.row_sql,
                 &[self.def.tenant.clone().into(), key.clone().into()],
             )
         })?;
-        let guards = super::register::parse_object(&items.guards[index]);
+        let guards = super::register::parse_object(&guards);
         let expected = Expected {
-            key,
-            position: items.positions[index],
+            key: &key,
+            position,
             item_count,
             tenant: &self.def.tenant,
             revision_column: &self.def.revision_column,
-            revision: items.revisions[index],
+            revision,
             guards: &guards,
             expect: &self.def.expect,
         };
@@ -408,84 +473,4 @@ impl Job {
             _ => BatchError::JobAborted { job, reason },
         })
     }
-
-    /// The cheap, exact check of section "Progress is verified before it is trusted"
-    /// (see progress.rs). Some(reason) when the progress cannot be trusted.
-    fn check_progress(
-        &self,
-        p: Progress,
-        audit_changes: i64,
-        item_changes: i64,
-    ) -> Result<Option<String>> {
-        if let Err(reason) = p.check_position() {
-            return Ok(Some(reason));
-        }
-        if audit_changes != 0 || item_changes != 0 {
-            return Ok(Some(format!(
-                "Since they were written, {audit_changes} change(s) to the job's audit rows and \
-                 {item_changes} change(s) to its approved items were made outside etc_batch."
-            )));
-        }
-        self.owner(|| {
-            audit_problems(
-                self.id(),
-                &p,
-                p.last_chunk().map(|r| r.start).unwrap_or(0),
-                1,
-            )
-        })
-        .map(|problems| problems.into_iter().next())
-    }
-}
-
-/// Disagreements between the audit and the approved list for positions
-/// [from, next_index), at most `limit` of them, plus any audit row at or beyond
-/// next_index. Used per chunk (from = the last chunk) and by verify_job (from = 0).
-pub fn audit_problems(job_id: &str, p: &Progress, from: i32, limit: i64) -> Result<Vec<String>> {
-    let mut problems = Vec::new();
-    let beyond = query::row(
-        sql::AUDIT_BEYOND,
-        &[job_id.into(), p.next_index.into()],
-        |r| {
-            Ok((
-                r.get::<i32>(1)?.unwrap_or(0),
-                r.get::<String>(2)?.unwrap_or_default(),
-            ))
-        },
-    )?;
-    if let Some((position, key)) = beyond {
-        problems.push(format!(
-            "An audit row for key {key} exists at position {position}, at or beyond the checkpoint {}.",
-            p.next_index
-        ));
-    }
-    if p.next_index > from {
-        let args = [
-            job_id.into(),
-            from.into(),
-            p.next_index.into(),
-            limit.into(),
-        ];
-        problems.extend(query::rows(sql::AUDIT_MISMATCHES, &args, 0, |r| {
-            let position = r.get::<i32>(1)?.unwrap_or(0);
-            let key = r.get::<String>(2)?.unwrap_or_default();
-            Ok(match r.get::<String>(3)? {
-                None => format!("The audit row of position {position} (key {key}) is missing."),
-                Some(audited) if audited != key => format!(
-                    "The audit row of position {position} names key {audited}, but the approved item there is key {key}."
-                ),
-                Some(_) if r.get::<i64>(4)? != r.get::<i64>(5)? => format!(
-                    "The audit row of position {position} (key {key}) says revision {}, but the approval says {}.",
-                    r.get::<i64>(5)?.unwrap_or_default(),
-                    r.get::<i64>(4)?.unwrap_or_default()
-                ),
-                Some(_) => format!(
-                    "The audit row of position {position} (key {key}) records guards {}, but the approval says {}.",
-                    r.get::<String>(7)?.unwrap_or_default(),
-                    r.get::<String>(6)?.unwrap_or_default()
-                ),
-            })
-        })?);
-    }
-    Ok(problems)
 }

@@ -2,20 +2,22 @@
 //!
 //! `next_index` says: every approved item at a position below it is committed, the
 //! business change and its audit row together, and nothing at or beyond it is. Before a
-//! drainer advances a job it checks that promise. Each check costs the same at the
-//! start and at the end of a million-item job:
+//! drainer advances a job it checks that promise, in a way that costs the same at the
+//! first and at the millionth chunk, because of how the records can change:
 //! - next_index sits on a chunk boundary or at the end, never past it (arithmetic);
-//! - no audit row exists at or beyond next_index (one index probe);
-//! - the audit rows of the chunk just below next_index match the approved items exactly:
-//!   position, key, revision before, guards (one chunk's rows, by index);
-//! - no audit row and no approved item was updated, deleted or truncated since they were
+//! - the checkpoint carries a seal, a hash of the job id, next_index and the chunk count
+//!   written with every checkpoint: a checkpoint moved by hand, forward, backward or
+//!   onto another boundary, no longer matches it (one column);
+//! - no audit row exists at or beyond next_index (one index probe); one below it
+//!   cannot be inserted, since the primary key (job, position) already holds one there,
+//!   and the sealed checkpoint cannot have been moved past positions never audited;
+//! - no audit row and no approved item was updated, deleted or truncated since it was
 //!   written: triggers on job_audit and job_item count every such change on the job's
 //!   row, and the count must be zero (one column).
-//! Together these are exact for every change made through SQL: an audit row can only
-//! be inserted (at or beyond next_index, which the probe sees, or below it, where the
-//! primary key already holds one) or changed (which the triggers count). A superuser who
-//! disables the triggers can hide a change from the per-chunk check;
-//! `etc_batch.verify_job` compares every row and finds it anyway.
+//! Together these are exact for every change made through SQL that does not forge the
+//! seal. A superuser who disables the triggers, or recomputes the seal, can hide a
+//! change from the per-chunk check; `etc_batch.verify_job` compares every row and finds
+//! it anyway.
 
 use std::ops::Range;
 

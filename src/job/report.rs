@@ -1,7 +1,6 @@
 //! Reading a job back: job_report, job_summary, verify_job; and abort_job.
 
 use super::definition::Definition;
-use super::drain::audit_problems;
 use super::progress::Progress;
 use super::register::load_approval;
 use super::sql;
@@ -213,4 +212,56 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
             ),
         }
     })
+}
+
+/// Disagreements between the audit and the approved list for positions
+/// [from, next_index), at most `limit` of them, plus any audit row at or beyond
+/// next_index.
+pub fn audit_problems(job_id: &str, p: &Progress, from: i32, limit: i64) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let beyond = query::row(
+        sql::AUDIT_BEYOND,
+        &[job_id.into(), p.next_index.into()],
+        |r| {
+            Ok((
+                r.get::<i32>(1)?.unwrap_or(0),
+                r.get::<String>(2)?.unwrap_or_default(),
+            ))
+        },
+    )?;
+    if let Some((position, key)) = beyond {
+        problems.push(format!(
+            "An audit row for key {key} exists at position {position}, at or beyond the checkpoint {}.",
+            p.next_index
+        ));
+    }
+    if p.next_index > from {
+        let args = [
+            job_id.into(),
+            from.into(),
+            p.next_index.into(),
+            limit.into(),
+        ];
+        problems.extend(query::rows(sql::AUDIT_MISMATCHES, &args, 0, |r| {
+            let position = r.get::<i32>(1)?.unwrap_or(0);
+            let key = r.get::<String>(2)?.unwrap_or_default();
+            Ok(match r.get::<String>(3)? {
+                None => format!("The audit row of position {position} (key {key}) is missing."),
+                Some(audited) if audited != key => format!(
+                    "The audit row of position {position} names key {audited}, but the approved item there is key {key}."
+                ),
+                Some(_) if r.get::<i64>(4)? != r.get::<i64>(5)? => format!(
+                    "The audit row of position {position} (key {key}) says revision {}, but the approval says {}.",
+                    r.get::<i64>(5)?.unwrap_or_default(),
+                    r.get::<i64>(4)?.unwrap_or_default()
+                ),
+                Some(_) => format!(
+                    "The audit row of position {position} (key {key}) records guards {}, but the approval says {}.",
+                    r.get::<String>(7)?.unwrap_or_default(),
+                    r.get::<String>(6)?.unwrap_or_default()
+                ),
+            })
+        })?);
+    }
+    Ok(problems)
 }

@@ -27,13 +27,39 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
+/// The seal of a checkpoint: written with it, checked before it is trusted.
+/// `$job`, `$next` and `$chunks` are the SQL expressions of the three values.
+macro_rules! seal {
+    ($job:literal, $next:literal, $chunks:literal) => {
+        concat!(
+            "pg_catalog.hashtextextended(",
+            $job,
+            " OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) (",
+            $next,
+            ")::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) (",
+            $chunks,
+            ")::pg_catalog.text, 7919)"
+        )
+    };
+}
+
 /// Locks the job's row, so that two drainers never pick the same next chunk, and reads
-/// the checkpoint as the last committed transaction left it.
-pub const LOCK_JOB: &str = "\
-SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count, j.chunk_size
+/// the checkpoint as the last committed transaction left it: whether its seal holds, and
+/// the first audit row at or beyond it (there must be none; one index probe).
+pub const LOCK_JOB: &str = concat!(
+    "SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count, j.chunk_size,
+       j.seal OPERATOR(pg_catalog.=) ",
+    seal!("j.job_id", "j.next_index", "j.chunks_committed"),
+    ",
+       (SELECT a.position FROM etc_batch.job_audit a
+         WHERE a.job_id OPERATOR(pg_catalog.=) j.job_id
+           AND a.position OPERATOR(pg_catalog.>=) j.next_index
+         ORDER BY a.position LIMIT 1),
+       j.chunks_committed
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1
-   FOR UPDATE";
+   FOR UPDATE OF j"
+);
 
 /// The first audit row at or beyond the checkpoint; there must be none.
 pub const AUDIT_BEYOND: &str = "\
@@ -64,40 +90,54 @@ SELECT i.position, i.item_key, a.item_key, i.revision, a.revision_before,
  ORDER BY i.position
  LIMIT $4";
 
-/// The approved items of positions [$2, $3), as arrays for the business statement.
+/// The approved items of positions [$2, $3), as arrays for the business statement, which
+/// takes them as they are; and the first and last key, for people to read.
 pub const CHUNK_ITEMS: &str = "\
-SELECT pg_catalog.array_agg(i.position ORDER BY i.position),
+SELECT pg_catalog.count(*)::pg_catalog.int4,
        pg_catalog.array_agg(i.item_key ORDER BY i.position),
        pg_catalog.array_agg(i.revision ORDER BY i.position),
-       pg_catalog.array_agg(i.guards::pg_catalog.text ORDER BY i.position)
+       pg_catalog.array_agg(i.guards ORDER BY i.position),
+       (pg_catalog.array_agg(i.item_key ORDER BY i.position))[1],
+       (pg_catalog.array_agg(i.item_key ORDER BY i.position DESC))[1]
   FROM etc_batch.job_item i
  WHERE i.job_id OPERATOR(pg_catalog.=) $1
    AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3";
 
-/// One audit row per changed item, from the chunk's items as the drainer holds them:
-/// no second read of job_item. $1 job, $2 positions, $3 keys, $4 revisions before,
-/// $5 revisions after, $6 guards, $7 chunk, $8 the time, read once the job's lock was
-/// granted (now() would be the start of the transaction, before the wait).
+/// One approved item. $1 job, $2 position.
+pub const ITEM: &str = "\
+SELECT i.item_key, i.revision, i.guards::pg_catalog.text
+  FROM etc_batch.job_item i
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) $2";
+
+/// One audit row per changed item, from the frozen item and the revision the change
+/// returned. $1 job, $2 positions, $3 revisions after, $4 chunk, $5 the time, read once
+/// the job's lock was granted (now() would be the start of the transaction, before the
+/// wait), $6 and $7 the chunk's first and end position.
 pub const INSERT_AUDIT: &str = "\
 INSERT INTO etc_batch.job_audit
   (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
-SELECT $1, u.position, u.item_key, u.revision_before, u.revision_after,
-       u.guards::pg_catalog.jsonb, $7, pg_catalog.txid_current(), $8
-  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[]),
-                  pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[]),
-                  pg_catalog.unnest($6::pg_catalog.text[]))
-       AS u(position, item_key, revision_before, revision_after, guards)";
+SELECT i.job_id, i.position, i.item_key, i.revision, u.revision_after, i.guards, $4,
+       pg_catalog.txid_current(), $5
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[]))
+       AS u(position, revision_after)
+  JOIN etc_batch.job_item i
+    ON i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) u.position
+ WHERE i.position OPERATOR(pg_catalog.>=) $6 AND i.position OPERATOR(pg_catalog.<) $7";
 
-/// Moves the checkpoint past the chunk. $1 job, $2 new next_index.
-pub const ADVANCE: &str = "\
-UPDATE etc_batch.job
+/// Moves the checkpoint past the chunk, with its new seal. $1 job, $2 new next_index.
+pub const ADVANCE: &str = concat!(
+    "UPDATE etc_batch.job
    SET next_index = $2,
        chunks_committed = chunks_committed OPERATOR(pg_catalog.+) 1,
+       seal = ",
+    seal!("job_id", "$2", "chunks_committed OPERATOR(pg_catalog.+) 1"),
+    ",
        started_at = COALESCE(started_at, pg_catalog.now()),
        last_commit_at = pg_catalog.now(),
        status = CASE WHEN $2 OPERATOR(pg_catalog.=) item_count THEN 'done' ELSE status END,
        finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) item_count THEN pg_catalog.now() END
- WHERE job_id OPERATOR(pg_catalog.=) $1";
+ WHERE job_id OPERATOR(pg_catalog.=) $1"
+);
 
 /// Puts a pending job into conflict, corrupt or aborted, with what was found.
 /// $1 job, $2 status, $3 problem (jsonb text), $4 reason.
@@ -110,12 +150,15 @@ UPDATE etc_batch.job
 /// $1 job, $2 tenant, $3 target, $4 key column, $5 tenant column, $6 revision column,
 /// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
 /// $12 item count, $13 fingerprint, $14 registering role.
-pub const INSERT_JOB: &str = "\
-INSERT INTO etc_batch.job
+pub const INSERT_JOB: &str = concat!(
+    "INSERT INTO etc_batch.job
   (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
-   set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by)
+   set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by, seal)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
-        $11, $12, $13, $14)";
+        $11, $12, $13, $14, ",
+    seal!("$1", "0", "0"),
+    ")"
+);
 
 /// $1 job, $2 keys, $3 revisions, $4 guards, all in position order.
 pub const INSERT_ITEMS: &str = "\

@@ -167,11 +167,14 @@ impl Target {
         )
     }
 
-    /// The chunk's items as a relation `i(position, item_key, revision, guards)`, from
-    /// parameters $1 to $4.
-    const ITEMS: &'static str = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.int4[]), \
-         pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]), \
-         pg_catalog.unnest($4::pg_catalog.jsonb[])) AS i(position, item_key, revision, guards)";
+    /// The chunk's items as a relation `i(item_key, revision, guards, ord)`, from the
+    /// arrays $1 to $3 in position order; the position of an item is `$4 + ord - 1`.
+    const ITEMS: &'static str = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+         pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.jsonb[])) \
+         WITH ORDINALITY AS i(item_key, revision, guards, ord)";
+
+    const POSITION: &'static str =
+        "($4 OPERATOR(pg_catalog.+) i.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1)";
 
     fn item_conditions(&self, guard_columns: &[String], expect_columns: &[String]) -> String {
         let s = &self.shape;
@@ -189,7 +192,7 @@ impl Target {
             // The same keys once more as an array: an index condition on the target, so
             // the plan reads the chunk's rows by index whatever the statistics say.
             format!(
-                "t.{} OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[]::{}[])",
+                "t.{} OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[]::{}[])",
                 self.col(&s.key_column),
                 self.types[&s.key_column]
             ),
@@ -213,7 +216,8 @@ impl Target {
 
     /// The guarded change of one chunk, one statement: tenant, key, revision, every
     /// guard and expectation in the WHERE clause, the revision incremented, and RETURNING
-    /// what really changed. $1-$4 the chunk's items, $5 tenant, $6 set_values, $7 expect.
+    /// what really changed: (position, revision after, key). $1-$3 the chunk's items,
+    /// $4 its first position, $5 tenant, $6 set_values, $7 expect.
     pub fn update_sql(
         &self,
         set_columns: &[String],
@@ -236,11 +240,12 @@ impl Target {
             .collect();
         assignments.push(format!("{rev} = t.{rev} OPERATOR(pg_catalog.+) 1"));
         format!(
-            "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\nRETURNING i.position, t.{rev}::pg_catalog.int8",
+            "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\nRETURNING {}, t.{rev}::pg_catalog.int8, i.item_key",
             self.sql_name,
             assignments.join(", "),
             Self::ITEMS,
             self.item_conditions(guard_columns, expect_columns),
+            Self::POSITION,
         )
     }
 
@@ -249,8 +254,9 @@ impl Target {
     pub fn handler_sql(&self, handler: &str) -> String {
         let s = &self.shape;
         format!(
-            "SELECT i.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, i.revision, {}, {}) \
-             OPERATOR(pg_catalog.||) i.guards)\n  FROM {}\n ORDER BY i.position",
+            "SELECT {}, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, i.revision, {}, {}) \
+             OPERATOR(pg_catalog.||) i.guards), i.item_key\n  FROM {}\n ORDER BY i.ord",
+            Self::POSITION,
             quote_literal(&s.key_column),
             self.cast("i.item_key", &s.key_column),
             quote_literal(&s.revision_column),

@@ -39,9 +39,6 @@ bouncer = pooler.bouncer
 app_role = pooler.app_role
 _close_bouncer_connections = pooler._close_bouncer_connections
 
-WAIT = pooler.WAIT
-wait_until = pooler.wait_until
-
 
 class Route:
     """One way to reach the module's database: straight or through PgBouncer."""

@@ -217,6 +217,8 @@ def minute(cron_cluster, cron_timings):
         for r in runs:
             r["jobname"], case, _command = job_of[r["jobid"]]
             by_case.setdefault(case, []).append(r)
+            message = (r["return_message"] or "").strip().replace("\n", " | ")
+            print(f"  {r['jobname']:<12} pid {r['job_pid']:<7} {r['status']:<9} {message}")
         yield {"db": db, "runs": by_case, "all_runs": runs, "chain": chain, "fails": fails,
                "jobs": jobs}
     finally:

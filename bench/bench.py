@@ -1,0 +1,427 @@
+"""etc_batch against what users would otherwise write, on the same data, in one run.
+
+    bench/run            (starts its own cluster; see there)
+    python bench/bench.py --orders 100000 --reps 3 --out bench/results
+
+Drains: 100,000 pending orders of one tenant among 100,000 of another, approved as one
+list, cancelled chunk by chunk with an audit row per order and a checkpoint per chunk:
+  A  CALL etc_batch.drain_job                      (registration timed separately)
+  B  PL/pgSQL, the seed's way: one UPDATE ... RETURNING and one audit INSERT per item
+  C  PL/pgSQL, one set-based UPDATE and one audit INSERT per chunk
+  D  a client loop in Python (psycopg 3), one statement per round trip
+  E  the floor: one UPDATE and one audit INSERT for every row, no chunks, no checkpoint
+Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
+PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a 1,000,000-item
+job one chunk per call (bench/million_job.py). Concurrency: 1, 2, 4, 8 drainers on
+separate jobs, and 8 on one job.
+
+It reports; it does not judge: numbers go to stdout and to --out (JSON, Markdown, PNG).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CHUNKS = (10, 100, 1000)
+METHODS = ("A", "B", "C", "D", "E")
+NAMES = {
+    "A": "etc_batch.drain_job",
+    "B": "PL/pgSQL per item",
+    "C": "PL/pgSQL per chunk",
+    "D": "Python client loop",
+    "E": "one statement (floor)",
+}
+
+
+def connect(db, **kw):
+    kw.setdefault("autocommit", True)
+    return psycopg.connect(dbname=db, **kw)
+
+
+def quiet(conn):
+    conn.add_notice_handler(lambda d: None)
+    return conn
+
+
+class Bench:
+    def __init__(self, db, orders):
+        self.db = db
+        self.orders = orders
+
+    # -- data --------------------------------------------------------------------------
+
+    def setup(self):
+        with connect("postgres") as c:
+            c.execute(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+            c.execute(f"CREATE DATABASE {self.db}")
+        with connect(self.db) as c:
+            c.execute("CREATE EXTENSION etc_batch")
+            c.execute((HERE / "alternatives.sql").read_text())
+
+    def fresh_orders(self, c):
+        """The same starting state for every run: tenant A's orders pending at revision 1,
+        tenant B's beside them with the same ids, statistics fresh, no dead rows."""
+        c.execute("DROP TABLE IF EXISTS orders")
+        c.execute(
+            "CREATE TABLE orders (tenant text, id int, revision int NOT NULL DEFAULT 1, "
+            "qty int NOT NULL, status text NOT NULL DEFAULT 'pending', PRIMARY KEY (tenant, id))"
+        )
+        c.execute(
+            "INSERT INTO orders (tenant, id, qty) SELECT t, g, 1 + g %% 5 "
+            "FROM unnest(ARRAY['A', 'B']) t, generate_series(1, %s) g",
+            (self.orders,),
+        )
+        c.execute("TRUNCATE alt.jobs, alt.job_items, alt.job_audit")
+        c.execute("VACUUM ANALYZE orders")
+        c.execute("CHECKPOINT")
+
+    def check(self, c):
+        cancelled, wrong = c.execute(
+            "SELECT count(*) FILTER (WHERE tenant = 'A' AND status = 'cancelled' AND revision = 2), "
+            "count(*) FILTER (WHERE tenant = 'B' AND (status <> 'pending' OR revision <> 1)) FROM orders"
+        ).fetchone()
+        assert cancelled == self.orders and wrong == 0, (cancelled, wrong)
+
+    def alt_job(self, c, job, chunk):
+        c.execute("INSERT INTO alt.jobs VALUES (%s, 'A', %s, %s, 0)", (job, chunk, self.orders))
+        c.execute(
+            "INSERT INTO alt.job_items SELECT %s, row_number() OVER (ORDER BY id) - 1, id, revision, qty "
+            "FROM orders WHERE tenant = 'A'",
+            (job,),
+        )
+        c.execute("ANALYZE alt.job_items")
+
+    # -- the drains --------------------------------------------------------------------
+
+    def run(self, method, chunk, sync_commit):
+        with quiet(connect(self.db)) as c:
+            self.fresh_orders(c)
+            c.execute(f"SET synchronous_commit = {sync_commit}")
+            job = f"{method}-{chunk}-{time.monotonic_ns()}"
+            extra = {}
+            if method == "A":
+                t = time.perf_counter()
+                c.execute(
+                    "SELECT etc_batch.register_job(%s, 'A', 'orders', "
+                    "(SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision, 'qty', qty)) "
+                    "FROM orders WHERE tenant = 'A'), %s, '{\"status\": \"cancelled\"}', "
+                    "'{\"status\": \"pending\"}')",
+                    (job, chunk),
+                )
+                extra["register_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                c.execute("CALL etc_batch.drain_job(%s)", (job,))
+            else:
+                self.alt_job(c, job, chunk)
+                t = time.perf_counter()
+                if method == "B":
+                    c.execute("CALL alt.drain_per_item(%s)", (job,))
+                elif method == "C":
+                    c.execute("CALL alt.drain_per_chunk(%s)", (job,))
+                elif method == "E":
+                    c.execute("CALL alt.drain_all_at_once(%s)", (job,))
+                elif method == "D":
+                    self.client_loop(job, sync_commit)
+            seconds = time.perf_counter() - t
+            self.check(c)
+        return {"rows_per_s": self.orders / seconds, "seconds": seconds, **extra}
+
+    def client_loop(self, job, sync_commit):
+        """How a service would write it: one statement per round trip."""
+        with connect(self.db, autocommit=False) as c:
+            c.execute(f"SET synchronous_commit = {sync_commit}")
+            c.commit()
+            while True:
+                with c.transaction():
+                    tenant, chunk, count, nxt = c.execute(
+                        "SELECT tenant, chunk_size, item_count, next_index FROM alt.jobs "
+                        "WHERE job_id = %s FOR UPDATE",
+                        (job,),
+                    ).fetchone()
+                    if nxt >= count:
+                        return
+                    items = c.execute(
+                        "SELECT position, id, revision, qty FROM alt.job_items "
+                        "WHERE job_id = %s AND position >= %s AND position < %s ORDER BY position",
+                        (job, nxt, nxt + chunk),
+                    ).fetchall()
+                    for position, oid, rev, qty in items:
+                        row = c.execute(
+                            "UPDATE orders SET status = 'cancelled', revision = revision + 1 "
+                            "WHERE tenant = %s AND id = %s AND revision = %s AND qty = %s "
+                            "AND status = 'pending' RETURNING revision",
+                            (tenant, oid, rev, qty),
+                        ).fetchone()
+                        if row is None:
+                            raise RuntimeError(f"conflict at {oid}")
+                        c.execute(
+                            "INSERT INTO alt.job_audit VALUES (%s, %s, %s, %s, %s, %s, %s, txid_current(), now())",
+                            (job, position, oid, rev, row[0], qty, nxt // chunk + 1),
+                        )
+                    c.execute(
+                        "UPDATE alt.jobs SET next_index = %s WHERE job_id = %s",
+                        (min(nxt + chunk, count), job),
+                    )
+
+    # -- chains ------------------------------------------------------------------------
+
+    def chains(self, steps):
+        out = {}
+        with quiet(connect(self.db)) as c:
+            c.execute("TRUNCATE etc_batch.batch_log, alt.batch_log")
+            c.execute(
+                "SELECT etc_batch.add_step('bench', 'SELECT 1', g) FROM generate_series(1, %s) g", (steps,)
+            )
+            c.execute(
+                "INSERT INTO alt.batch_log SELECT g, 'pending', 'SELECT 1' FROM generate_series(1, %s) g",
+                (steps,),
+            )
+            c.execute("VACUUM ANALYZE etc_batch.batch_log")
+            c.execute("VACUUM ANALYZE alt.batch_log")
+            c.execute("CHECKPOINT")
+            t = time.perf_counter()
+            c.execute("CALL etc_batch.exec_batch_from_id(1)")
+            out["A"] = steps / (time.perf_counter() - t)
+            t = time.perf_counter()
+            c.execute("CALL alt.exec_batch_from_id(1)")
+            out["seed"] = steps / (time.perf_counter() - t)
+            done = c.execute(
+                "SELECT (SELECT count(*) FROM etc_batch.batch_log WHERE status = 'done'), "
+                "(SELECT count(*) FROM alt.batch_log WHERE status = 'done')"
+            ).fetchone()
+            assert done == (steps, steps), done
+        return out
+
+    # -- concurrency -------------------------------------------------------------------
+
+    def concurrency(self, chunk, drainers, one_job):
+        with quiet(connect(self.db)) as c:
+            self.fresh_orders(c)
+            jobs = []
+            parts = 1 if one_job else drainers
+            size = self.orders // parts
+            for k in range(parts):
+                job = f"conc-{drainers}-{one_job}-{k}-{time.monotonic_ns()}"
+                c.execute(
+                    "SELECT etc_batch.register_job(%s, 'A', 'orders', "
+                    "(SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision, 'qty', qty)) "
+                    "FROM orders WHERE tenant = 'A' AND id > %s AND id <= %s), %s, "
+                    "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
+                    (job, k * size, (k + 1) * size, chunk),
+                )
+                jobs.append(job)
+        barrier = threading.Barrier(drainers)
+        errors = []
+
+        def drain(job):
+            try:
+                with quiet(connect(self.db)) as c:
+                    barrier.wait(60)
+                    c.execute("CALL etc_batch.drain_job(%s)", (job,))
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=drain, args=(jobs[i % len(jobs)],)) for i in range(drainers)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        seconds = time.perf_counter() - t
+        assert not errors, errors
+        with connect(self.db) as c:
+            self.check(c)
+        return self.orders / seconds
+
+
+def summary(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def environment(db):
+    with connect(db) as c:
+        settings = dict(
+            c.execute(
+                "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name IN "
+                "('shared_buffers', 'synchronous_commit', 'fsync', 'wal_level', 'max_wal_size', "
+                "'checkpoint_timeout', 'work_mem', 'full_page_writes', 'autovacuum')"
+            ).fetchall()
+        )
+        version = c.execute("SHOW server_version").fetchone()[0]
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next((l.split(":", 1)[1].strip() for l in open("/proc/meminfo") if l.startswith("MemTotal")), "?")
+    root = HERE.parent
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "src", "sql"], capture_output=True, text=True).stdout.strip()
+    return {
+        "machine": f"{os.cpu_count()} cores, {cpu}, {mem} memory, {platform.system()} {platform.release()}",
+        "postgres": version,
+        "settings": settings,
+        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def markdown(r):
+    env = r["environment"]
+    lines = [
+        f"Measured {env['date']} on {env['machine']}; PostgreSQL {env['postgres']}; commit {env['commit']}.",
+        "Settings: " + ", ".join(f"{k}={v}" for k, v in sorted(env["settings"].items())) + ".",
+        f"{r['orders']:,} orders of one tenant among {r['orders']:,} of another; rows per second, median of "
+        f"{r['reps']} runs (min to max).",
+        "",
+    ]
+    for sync in r["drains"]:
+        lines += [f"**synchronous_commit = {sync}**", ""]
+        lines.append("| method | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
+        lines.append("|---|" + "---|" * len(CHUNKS))
+        table = r["drains"][sync]
+        for m in METHODS:
+            cells = []
+            for k in CHUNKS:
+                s = table[str(k)][m]
+                cells.append(f"{s['median']:,.0f} ({s['min']:,.0f} to {s['max']:,.0f})")
+            lines.append(f"| {m}: {NAMES[m]} | " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append("| ratio | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
+        lines.append("|---|" + "---|" * len(CHUNKS))
+        for other in ("B", "C", "D", "E"):
+            cells = [f"{table[str(k)]['A']['median'] / table[str(k)][other]['median']:.2f}" for k in CHUNKS]
+            lines.append(f"| A / {other} | " + " | ".join(cells) + " |")
+        lines.append("")
+    reg = r.get("register_s")
+    if reg:
+        lines.append(f"Registering the {r['orders']:,}-item approval for A (not in A's time): median {reg['median']:.2f} s.")
+        lines.append("")
+    ch = r["chains"]
+    lines += [
+        f"**Chains**, {r['steps']:,} trivial steps: etc_batch.exec_batch_from_id {ch['A']['median']:,.0f} steps/s, "
+        f"the seed's PL/pgSQL procedure {ch['seed']['median']:,.0f} steps/s; ratio {ch['A']['median'] / ch['seed']['median']:.2f}.",
+        "",
+    ]
+    sc = r.get("scale")
+    if sc:
+        lines += [
+            f"**Scale**, a {sc['items']:,}-item job one chunk ({sc['chunk_size']:,}) per call: registration "
+            f"{sc['register_seconds']} s; per chunk {sc['chunk_ms_start']} ms at the start, {sc['chunk_ms_middle']} ms "
+            f"in the middle, {sc['chunk_ms_end']} ms at the end (end / start {sc['end_over_start']}); backend private "
+            f"memory {sc['rss_anon_kb_after_first_chunk'] / 1024:.1f} MB after the first chunk, "
+            f"{sc['rss_anon_kb_after_last_chunk'] / 1024:.1f} MB after the last.",
+            "",
+        ]
+    co = r.get("concurrency")
+    if co:
+        lines.append(f"**Concurrency**, chunk {co['chunk']}, rows per second in all:")
+        lines.append("")
+        lines.append("| drainers | separate jobs | one job |")
+        lines.append("|---|---|---|")
+        for d in co["drainers"]:
+            one = co["one_job"].get(str(d))
+            lines.append(f"| {d} | {co['separate'][str(d)]:,.0f} | {'' if one is None else f'{one:,.0f}'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(r, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    table = r["drains"]["on"]
+    for m in METHODS:
+        y = [table[str(k)][m]["median"] for k in CHUNKS]
+        lo = [table[str(k)][m]["median"] - table[str(k)][m]["min"] for k in CHUNKS]
+        hi = [table[str(k)][m]["max"] - table[str(k)][m]["median"] for k in CHUNKS]
+        ax.errorbar(CHUNKS, y, yerr=[lo, hi], marker="o", capsize=3, label=f"{m}: {NAMES[m]}")
+    ax.set_xscale("log")
+    ax.set_xticks(CHUNKS, [f"{k:,}" for k in CHUNKS])
+    ax.set_xlabel("chunk size")
+    ax.set_ylabel("rows per second")
+    ax.set_title(f"Draining {r['orders']:,} approved orders (synchronous_commit = on)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--orders", type=int, default=100_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--million", type=int, default=1_000_000, help="items of the scale job; 0 to skip")
+    ap.add_argument("--db", default="bench")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--only", default=None, help="comma-separated methods to run (default all)")
+    a = ap.parse_args()
+
+    methods = a.only.split(",") if a.only else list(METHODS)
+    b = Bench(a.db, a.orders)
+    b.setup()
+    result = {"orders": a.orders, "reps": a.reps, "steps": a.steps, "drains": {}, "environment": environment(a.db)}
+    registers = []
+    for sync, reps in (("on", a.reps), ("off", 1)):
+        runs = {str(k): {m: [] for m in methods} for k in CHUNKS}
+        for rep in range(reps):
+            for k in CHUNKS:
+                for m in methods:
+                    r = b.run(m, k, sync)
+                    runs[str(k)][m].append(r["rows_per_s"])
+                    if "register_s" in r:
+                        registers.append(r["register_s"])
+                    print(f"sync={sync} rep={rep + 1} chunk={k} {m}: {r['rows_per_s']:,.0f} rows/s", flush=True)
+        result["drains"][sync] = {k: {m: summary(v) for m, v in ms.items()} for k, ms in runs.items()}
+    if registers:
+        result["register_s"] = summary(registers)
+
+    chains = {"A": [], "seed": []}
+    for rep in range(a.reps):
+        c = b.chains(a.steps)
+        for k in chains:
+            chains[k].append(c[k])
+        print(f"chains rep={rep + 1}: A {c['A']:,.0f} steps/s, seed {c['seed']:,.0f} steps/s", flush=True)
+    result["chains"] = {k: summary(v) for k, v in chains.items()}
+
+    conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "separate": {}, "one_job": {}}
+    for d in conc["drainers"]:
+        conc["separate"][str(d)] = b.concurrency(100, d, one_job=False)
+        print(f"concurrency: {d} drainers on separate jobs: {conc['separate'][str(d)]:,.0f} rows/s", flush=True)
+    conc["one_job"]["8"] = b.concurrency(100, 8, one_job=True)
+    print(f"concurrency: 8 drainers on one job: {conc['one_job']['8']:,.0f} rows/s", flush=True)
+    result["concurrency"] = conc
+
+    if a.million:
+        import million_job
+
+        result["scale"] = million_job.measure(items=a.million, chunk=1000, db=a.db + "_million")
+        print("scale:", json.dumps(result["scale"]), flush=True)
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(result, indent=2))
+    md = markdown(result)
+    (out / "latest.md").write_text(md + "\n")
+    if set(methods) == set(METHODS):
+        plot(result, out / "throughput.png")
+    print()
+    print(md)
+    with connect("postgres") as c:
+        c.execute(f"DROP DATABASE IF EXISTS {a.db} WITH (FORCE)")
+
+
+if __name__ == "__main__":
+    main()

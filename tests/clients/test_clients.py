@@ -1,0 +1,806 @@
+"""The client matrix: psql and psycopg 3, straight to PostgreSQL and through a real
+PgBouncer in transaction mode, each calling the whole of etc_batch's SQL surface.
+
+Also what a client sees in the cases that depend on the client: autocommit off
+(SQLSTATE 2D000 with a hint naming the driver setting), client_min_messages and the
+per-chunk / per-step NOTICEs, cancellation (pg_cancel_backend, the client's own
+statement_timeout, a cancel request sent through PgBouncer), and a PL/pgSQL
+orchestrator procedure that CALLs the runners with COMMIT between them.
+
+Every test uses names of its own (token suffixes), so the parametrized runs of a test
+and the tests of the module never see each other's steps, jobs or leases.
+"""
+
+import json
+import re
+import secrets
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import pytest
+from psycopg import errors, sql
+
+WAIT = 20.0
+POLL = 0.05
+
+
+def wait_until(predicate, what, timeout=WAIT):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(POLL)
+
+
+def tag(label):
+    return f"{label}_{secrets.token_hex(3)}"
+
+
+# the module's tables ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tables(pg):
+    """side: one row per executed step command; knob: a divisor per chain (a step that
+    divides by it fails while it is 0); orchestrated: what an orchestrator got back."""
+    pg.admin.execute(
+        """CREATE TABLE side (
+               batch text    NOT NULL,
+               step  integer NOT NULL,
+               pid   integer NOT NULL DEFAULT pg_backend_pid())"""
+    )
+    pg.admin.execute("CREATE TABLE knob (name text PRIMARY KEY, divisor integer NOT NULL)")
+    pg.admin.execute(
+        """CREATE TABLE orchestrated (
+               job    text, keys text[], chunks integer, status text,
+               at     timestamptz NOT NULL DEFAULT clock_timestamp())"""
+    )
+    return pg
+
+
+class Orders:
+    """orders_<tag>(tenant, id, revision, status) with ids 1..n of tenant X at
+    revision 1, pending."""
+
+    def __init__(self, pg, label, n):
+        self.pg = pg
+        self.name = tag(f"orders_{label}")
+        self.ident = sql.Identifier(self.name)
+        self.n = n
+        pg.admin.execute(
+            sql.SQL(
+                "CREATE TABLE {} (tenant text NOT NULL, id integer NOT NULL, "
+                "revision integer NOT NULL DEFAULT 1, status text NOT NULL DEFAULT 'pending', "
+                "PRIMARY KEY (tenant, id))"
+            ).format(self.ident)
+        )
+        pg.admin.execute(
+            sql.SQL("INSERT INTO {} (tenant, id) SELECT 'X', g FROM generate_series(1, %s) g").format(
+                self.ident
+            ),
+            (n,),
+        )
+
+    def items(self, ids=None):
+        return [{"id": i, "revision": 1} for i in (ids or range(1, self.n + 1))]
+
+    def rows(self):
+        return {
+            r[0]: (r[1], r[2])
+            for r in self.pg.admin.execute(
+                sql.SQL("SELECT id, revision, status FROM {} WHERE tenant = 'X'").format(self.ident)
+            )
+        }
+
+    def handler(self, lock_key, from_id):
+        """A handler that cancels an order, and first waits for advisory lock lock_key
+        (transaction-scoped) for every id >= from_id."""
+        fn = tag("cancel_order")
+        self.pg.admin.execute(
+            sql.SQL(
+                """CREATE FUNCTION {fn}(item jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+                   DECLARE r jsonb;
+                   BEGIN
+                     IF (item->>'id')::int >= {from_id} THEN
+                       PERFORM pg_advisory_xact_lock({key});
+                     END IF;
+                     UPDATE {t} SET status = 'cancelled', revision = revision + 1
+                      WHERE tenant = item->>'tenant' AND id = (item->>'id')::int
+                        AND revision = (item->>'revision')::int
+                     RETURNING to_jsonb({t}.*) INTO r;
+                     RETURN r;
+                   END $$"""
+            ).format(
+                fn=sql.Identifier(fn),
+                t=self.ident,
+                key=sql.Literal(lock_key),
+                from_id=sql.Literal(from_id),
+            )
+        )
+        return f"{fn}(jsonb)"
+
+
+def register(conn, job, orders, chunk_size, ids=None, handler=None):
+    if handler is None:
+        return conn.execute(
+            "SELECT job_id, created, items, chunks FROM etc_batch.register_job("
+            "%s, 'X', %s::regclass, %s::jsonb, %s, %s::jsonb, %s::jsonb)",
+            (job, orders.name, json.dumps(orders.items(ids)), chunk_size,
+             json.dumps({"status": "cancelled"}), json.dumps({"status": "pending"})),
+        ).fetchone()
+    return conn.execute(
+        "SELECT job_id, created, items, chunks FROM etc_batch.register_job("
+        "%s, 'X', %s::regclass, %s::jsonb, %s, NULL, handler => %s::regprocedure)",
+        (job, orders.name, json.dumps(orders.items(ids)), chunk_size, handler),
+    ).fetchone()
+
+
+def add_side_chain(conn, batch, count):
+    return [
+        conn.execute(
+            "SELECT etc_batch.add_step(%s, format('INSERT INTO side (batch, step) VALUES (%%L, %%s)', %s::text, %s))",
+            (batch, batch, k),
+        ).fetchone()[0]
+        for k in range(1, count + 1)
+    ]
+
+
+def side_counts(pg, batch):
+    return dict(
+        pg.admin.execute(
+            "SELECT step, count(*) FROM side WHERE batch = %s GROUP BY step", (batch,)
+        ).fetchall()
+    )
+
+
+def step_states(pg, batch):
+    return [
+        tuple(r)
+        for r in pg.admin.execute(
+            "SELECT id, status, attempts FROM etc_batch.batch_log WHERE batch = %s ORDER BY id",
+            (batch,),
+        )
+    ]
+
+
+def job_state(pg, job):
+    return tuple(
+        pg.admin.execute(
+            "SELECT status, next_index, chunks_committed FROM etc_batch.job WHERE job_id = %s",
+            (job,),
+        ).fetchone()
+    )
+
+
+def audit_by_key(pg, job):
+    return Counter(
+        {
+            int(k): n
+            for k, n in pg.admin.execute(
+                "SELECT item_key, count(*) FROM etc_batch.job_audit WHERE job_id = %s GROUP BY item_key",
+                (job,),
+            )
+        }
+    )
+
+
+def keys_text(ids):
+    return [str(i) for i in ids]
+
+
+class Notices:
+    """Collects the primary message of every notice sent to a connection."""
+
+    def __init__(self, conn):
+        self.messages = []
+        conn.add_notice_handler(self)
+
+    def __call__(self, diag):
+        self.messages.append(diag.message_primary or "")
+
+    def matching(self, pattern):
+        return [m for m in self.messages if re.search(pattern, m)]
+
+    def clear(self):
+        self.messages.clear()
+
+
+# 1. psql ------------------------------------------------------------------------------------
+
+PSQL_SCRIPT = r"""
+\set ON_ERROR_STOP 1
+\pset format unaligned
+\pset tuples_only on
+\echo marker=start
+SELECT etc_batch.add_step(:'chain', format('INSERT INTO side (batch, step) VALUES (%L, 1)', :'chain')) AS s1 \gset
+SELECT etc_batch.add_step(:'chain', format('INSERT INTO side (batch, step) VALUES (%L, 2)', :'chain')) AS s2 \gset
+SELECT etc_batch.add_step(:'failing', format('SELECT 1 / divisor FROM knob WHERE name = %L', :'failing')) AS f1 \gset
+SELECT etc_batch.add_step(:'failing', format('INSERT INTO side (batch, step) VALUES (%L, 2)', :'failing')) AS f2 \gset
+CALL etc_batch.exec_batch_from_id(:s1);
+\set ON_ERROR_STOP 0
+CALL etc_batch.exec_batch_from_id(:f1);
+\set ON_ERROR_STOP 1
+\echo failed_sqlstate=:LAST_ERROR_SQLSTATE
+SELECT 'failing_status=' || status FROM etc_batch.batch_log WHERE id = :f1;
+UPDATE knob SET divisor = 1 WHERE name = :'failing';
+SELECT etc_batch.retry_step(:f1);
+SELECT 'after_retry=' || status FROM etc_batch.batch_log WHERE id = :f1;
+CALL etc_batch.exec_batch_from_id(:f1);
+SELECT 'failing_done=' || count(*) FILTER (WHERE status = 'done') FROM etc_batch.batch_log WHERE batch = :'failing';
+SELECT 'reset=' || etc_batch.reset_batch(:'chain');
+CALL etc_batch.exec_batch_from_id(:s1);
+SELECT 'chain_effects=' || count(*) FROM side WHERE batch = :'chain';
+SELECT 'registered=' || created || ',' || items || ',' || chunks
+  FROM etc_batch.register_job(:'job', 'X', :'orders',
+       (SELECT jsonb_agg(jsonb_build_object('id', g, 'revision', 1)) FROM generate_series(1, 5) g),
+       2, '{"status": "cancelled"}', '{"status": "pending"}');
+CALL etc_batch.drain_job(:'job');
+CALL etc_batch.drain_job(:'job');
+SELECT 'report=' || string_agg(item_key || ':' || state, ',' ORDER BY position) FROM etc_batch.job_report(:'job');
+SELECT 'summary=' || concat_ws(',', status, approved, committed, unprocessed, matching, drifted, missing)
+  FROM etc_batch.job_summary(:'job');
+SELECT 'verify=' || bool_and(ok) || ',' || count(*) FROM etc_batch.verify_job(:'job');
+SELECT 'registered2=' || created FROM etc_batch.register_job(:'job2', 'X', :'orders',
+       '[{"id": 6, "revision": 1}]', 1, '{"status": "cancelled"}');
+SELECT etc_batch.abort_job(:'job2', 'the customer changed their mind');
+SELECT 'aborted=' || status FROM etc_batch.job WHERE job_id = :'job2';
+SELECT acquired, generation FROM etc_batch.acquire_lease(:'lease', 'psql', '1 minute') \gset lease_
+\echo lease=:lease_acquired,:lease_generation
+SELECT etc_batch.check_lease(:'lease', 'psql', :lease_generation);
+\echo check_lease=ok
+SELECT 'released=' || etc_batch.release_lease(:'lease', 'psql');
+SELECT 'lock_key=' || etc_batch.lock_key('ns', :'chain');
+BEGIN;
+SELECT 'try_xact_lock=' || etc_batch.try_xact_lock('ns', :'chain');
+SELECT etc_batch.xact_lock('ns', :'job');
+SELECT 'locks_in_tx=' || count(*) FROM etc_batch.locks
+ WHERE pid = pg_backend_pid() AND kind = 'advisory'
+   AND stands_for IN ('advisory key ' || etc_batch.lock_key('ns', :'chain'),
+                      'advisory key ' || etc_batch.lock_key('ns', :'job'));
+COMMIT;
+SELECT 'locks_after=' || count(*) FROM etc_batch.locks
+ WHERE stands_for IN ('advisory key ' || etc_batch.lock_key('ns', :'chain'),
+                      'advisory key ' || etc_batch.lock_key('ns', :'job'));
+SELECT 'doctor=' || count(*) || ',' || count(*) FILTER (WHERE status IN ('ok', 'warn', 'fail'))
+  FROM etc_batch.doctor();
+SELECT 'job_progress=' || concat_ws(',', status, committed, approved, chunks_committed, chunks_total)
+  FROM etc_batch.job_progress WHERE job_id = :'job';
+SELECT 'chain_progress=' || concat_ws(',', steps, done, failed, pending)
+  FROM etc_batch.chain_progress WHERE batch = :'chain';
+SELECT 'leases=' || concat_ws(',', holder, generation, expired) FROM etc_batch.leases WHERE name = :'lease';
+\echo marker=end
+"""
+
+
+def run_psql(route, script, variables, tmp_path):
+    path = tmp_path / "script.sql"
+    path.write_text(script)
+    args = ["psql", "-X", "-v", "ON_ERROR_STOP=1", *route.psql_args(), "-U", "postgres"]
+    for name, value in variables.items():
+        args += ["-v", f"{name}={value}"]
+    args += ["-f", str(path)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "10"})
+
+
+def test_psql_calls_every_procedure_and_function(client, tables, tmp_path):
+    pg = client.pg
+    orders = Orders(pg, "psql", 6)
+    names = {
+        "chain": tag("psql_chain"),
+        "failing": tag("psql_failing"),
+        "job": tag("psql_job"),
+        "job2": tag("psql_job2"),
+        "lease": tag("psql_lease"),
+        "orders": orders.name,
+    }
+    pg.admin.execute("INSERT INTO knob VALUES (%s, 0)", (names["failing"],))
+
+    done = run_psql(client, PSQL_SCRIPT, names, tmp_path)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, f"psql exited with {done.returncode}\n{out}\n{err}"
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    chain, failing, job = names["chain"], names["failing"], names["job"]
+
+    assert values["marker"] == "end"
+    assert values["failed_sqlstate"] == "22012"
+    assert values["failing_status"] == "failed"
+    assert values["after_retry"] == "pending"
+    assert values["failing_done"] == "2"
+    assert values["reset"] == "2"
+    assert values["chain_effects"] == "4"  # two runs of two steps, with reset_batch between
+    assert values["registered"] == "true,5,3"
+    # the two CALLs' result rows: the first drained everything, the second found it done
+    assert "{1,2,3,4,5}|3|done" in out.splitlines()
+    assert "{}|0|done" in out.splitlines()
+    assert values["report"] == "1:matching,2:matching,3:matching,4:matching,5:matching"
+    assert values["summary"] == "done,5,5,0,5,0,0"
+    assert values["verify"] == "true,6"
+    assert values["registered2"] == "true"
+    assert values["aborted"] == "aborted"
+    assert values["lease"] == "t,1"
+    assert values["check_lease"] == "ok"
+    assert values["released"] == "true"
+    assert re.fullmatch(r"-?\d+", values["lock_key"])
+    assert values["try_xact_lock"] == "true"
+    assert values["locks_in_tx"] == "2"
+    assert values["locks_after"] == "0"
+    doctor_total, doctor_valid = values["doctor"].split(",")
+    assert int(doctor_total) > 0 and doctor_total == doctor_valid
+    assert values["job_progress"] == "done,5,5,3,3"
+    assert values["chain_progress"] == "2,2,0,0"
+    assert values["leases"] == "psql,1,t"
+
+    # the NOTICEs and the step's own error, on stderr
+    for k in (1, 2, 3):
+        assert f"chunk {k} of 3 committed" in err, err
+    assert "chunk 1 of 3 committed: 2 items, keys 1 to 2" in err
+    assert err.count(f'of batch "{chain}" committed') == 4, err
+    assert f'of batch "{failing}" committed' in err
+    assert "ERROR:  division by zero" in err
+    assert err.count("ERROR:") == 1, err
+
+    # and the database agrees
+    assert side_counts(pg, chain) == {1: 2, 2: 2}
+    assert side_counts(pg, failing) == {2: 1}
+    assert orders.rows() == {**{i: (2, "cancelled") for i in range(1, 6)}, 6: (1, "pending")}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 6)})
+
+
+# 2. psycopg ---------------------------------------------------------------------------------
+
+
+def test_psycopg_calls_every_procedure_and_function(client, tables):
+    pg = client.pg
+    conn = client.connect()
+    assert conn.autocommit
+    if client.pooled:
+        assert conn.prepare_threshold is None
+    notices = Notices(conn)
+    orders = Orders(pg, "psycopg", 6)
+    chain, failing = tag("pg3_chain"), tag("pg3_failing")
+    job, job2, lease = tag("pg3_job"), tag("pg3_job2"), tag("pg3_lease")
+    pg.admin.execute("INSERT INTO knob VALUES (%s, 0)", (failing,))
+
+    # chains
+    s1, s2 = add_side_chain(conn, chain, 2)
+    f1 = conn.execute(
+        "SELECT etc_batch.add_step(%s, format('SELECT 1 / divisor FROM knob WHERE name = %%L', %s::text))",
+        (failing, failing),
+    ).fetchone()[0]
+    conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (s1,))
+    assert notices.messages == [
+        f'step {s1} of batch "{chain}" committed',
+        f'step {s2} of batch "{chain}" committed',
+    ]
+    with pytest.raises(errors.DivisionByZero) as failed:
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (f1,))
+    assert failed.value.sqlstate == "22012"
+    assert f"Step {f1} of batch" in failed.value.diag.message_detail
+    with pytest.raises(errors.ObjectNotInPrerequisiteState) as stopped:
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (f1,))
+    assert stopped.value.diag.message_primary == f'step {f1} of batch "{failing}" has failed'
+    pg.admin.execute("UPDATE knob SET divisor = 1 WHERE name = %s", (failing,))
+    conn.execute("SELECT etc_batch.retry_step(%s)", (f1,))
+    assert step_states(pg, failing) == [(f1, "pending", 1)]
+    notices.clear()
+    conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (f1,))
+    assert notices.messages == [f'step {f1} of batch "{failing}" committed']
+    assert step_states(pg, failing) == [(f1, "done", 2)]
+    assert conn.execute("SELECT etc_batch.reset_batch(%s)", (chain,)).fetchone() == (2,)
+    notices.clear()
+    conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (s1,))
+    assert len(notices.matching(r"committed$")) == 2
+    assert side_counts(pg, chain) == {1: 2, 2: 2}
+
+    # jobs
+    assert register(conn, job, orders, 2, ids=range(1, 6)) == (job, True, 5, 3)
+    notices.clear()
+    assert conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,)).fetchone() == (
+        ["1", "2", "3", "4"], 2, "pending")
+    assert notices.messages == [
+        "chunk 1 of 3 committed: 2 items, keys 1 to 2",
+        "chunk 2 of 3 committed: 2 items, keys 3 to 4",
+    ]
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == (["5"], 1, "done")
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == ([], 0, "done")
+    report = conn.execute("SELECT * FROM etc_batch.job_report(%s)", (job,)).fetchall()
+    assert [(r[1], r[2], r[3], r[4]) for r in report] == [
+        (str(i), "matching", 2, 2) for i in range(1, 6)
+    ]
+    assert conn.execute("SELECT * FROM etc_batch.job_summary(%s)", (job,)).fetchone() == (
+        "done", 5, 5, 0, 5, 0, 0)
+    checks = conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks and all(ok for _name, ok in checks), checks
+    assert register(conn, job2, orders, 1, ids=[6]) == (job2, True, 1, 1)
+    conn.execute("SELECT etc_batch.abort_job(%s, 'changed their mind')", (job2,))
+    with pytest.raises(errors.ObjectNotInPrerequisiteState):
+        conn.execute("CALL etc_batch.drain_job(%s)", (job2,))
+    assert job_state(pg, job2) == ("aborted", 0, 0)
+
+    # leases: the same statement many times (through PgBouncer: never prepared)
+    rows = [
+        conn.execute("SELECT * FROM etc_batch.acquire_lease(%s, 'pg3', '1 minute')", (lease,)).fetchone()
+        for _ in range(10)
+    ]
+    assert all(r[0] and r[1] == "pg3" and r[2] == 1 for r in rows), rows
+    for _ in range(6):
+        conn.execute("SELECT etc_batch.check_lease(%s, 'pg3', 1)", (lease,))
+    with pytest.raises(errors.InvalidTransactionInitiation):
+        conn.execute("SELECT etc_batch.check_lease(%s, 'pg3', 2)", (lease,))
+    assert conn.execute("SELECT etc_batch.release_lease(%s, 'pg3')", (lease,)).fetchone() == (True,)
+    assert conn.execute(
+        "SELECT holder, generation, expired FROM etc_batch.leases WHERE name = %s", (lease,)
+    ).fetchone() == ("pg3", 1, True)
+
+    # locks: transaction-scoped, inside one transaction block
+    key = conn.execute("SELECT etc_batch.lock_key('ns', %s)", (chain,)).fetchone()[0]
+    assert isinstance(key, int)
+    with conn.transaction():
+        assert conn.execute("SELECT etc_batch.try_xact_lock('ns', %s)", (chain,)).fetchone() == (True,)
+        conn.execute("SELECT etc_batch.xact_lock('ns', %s)", (job,))
+        held = conn.execute(
+            "SELECT stands_for FROM etc_batch.locks WHERE pid = pg_backend_pid() AND kind = 'advisory'"
+        ).fetchall()
+        assert (f"advisory key {key}",) in held and len(held) == 2, held
+    assert conn.execute(
+        "SELECT count(*) FROM etc_batch.locks WHERE stands_for = %s", (f"advisory key {key}",)
+    ).fetchone() == (0,)
+
+    # the doctor and the views
+    doctor = conn.execute("SELECT check_name, status FROM etc_batch.doctor()").fetchall()
+    assert doctor and {s for _n, s in doctor} <= {"ok", "warn", "fail"}
+    assert dict(doctor)["extension version"] == "ok"
+    assert conn.execute(
+        "SELECT status, committed, approved, drainer_pid FROM etc_batch.job_progress WHERE job_id = %s",
+        (job,),
+    ).fetchone() == ("done", 5, 5, None)
+    assert conn.execute(
+        "SELECT steps, done, failed, pending, current_pid FROM etc_batch.chain_progress WHERE batch = %s",
+        (chain,),
+    ).fetchone() == (2, 2, 0, 0, None)
+    assert conn.execute("SELECT count(*) FROM etc_batch.locks").fetchone()[0] >= 0
+
+    assert orders.rows() == {**{i: (2, "cancelled") for i in range(1, 6)}, 6: (1, "pending")}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 6)})
+
+
+def test_many_executions_through_pgbouncer_need_no_prepared_statements(pg, bouncer, tables):
+    """psycopg prepares a statement server-side on its 5th execution; PgBouncer 1.18 in
+    transaction mode cannot follow that from one server connection to the next. With
+    prepare_threshold=None every execution stays unprepared, whichever server
+    connection it lands on."""
+    lease = tag("loop_lease")
+    conns = [bouncer.connect(pg.name) for _ in range(4)]  # more clients than server connections
+    for conn in conns:
+        assert conn.prepare_threshold is None
+    generations = []
+    for i in range(10):
+        for conn in conns:
+            row = conn.execute(
+                "SELECT * FROM etc_batch.acquire_lease(%s, %s, '1 minute')", (lease, "loop")
+            ).fetchone()
+            generations.append(row[2])
+            assert row[0] and row[1] == "loop"
+    assert set(generations) == {1}
+    orders = Orders(pg, "loop", 12)
+    job = tag("loop_job")
+    register(conns[0], job, orders, 1, ids=range(1, 13))
+    results = [conns[i % 4].execute("CALL etc_batch.drain_job(%s, 1)", (job,)).fetchone()
+               for i in range(12)]
+    assert [r[0] for r in results] == [[str(i)] for i in range(1, 13)]
+    assert results[-1][2] == "done"
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 13)})
+    assert "prepared statement" not in bouncer.log()
+
+
+# 3. autocommit off ----------------------------------------------------------------------------
+
+
+def assert_refused_in_transaction_block(exc_info, procedure):
+    exc = exc_info.value
+    assert exc.sqlstate == "2D000"
+    diag = exc.diag
+    assert diag.message_primary == f"{procedure} cannot run inside a transaction block"
+    assert "autocommit" in diag.message_detail, diag.message_detail
+    assert "autocommit" in diag.message_hint, diag.message_hint
+    assert "conn.autocommit = True" in diag.message_hint, diag.message_hint
+
+
+def test_autocommit_off_refuses_drain_job(client, tables):
+    pg = client.pg
+    orders = Orders(pg, "acoff", 6)
+    job = tag("acoff_job")
+    register(pg.admin, job, orders, 2)
+    conn = client.connect(autocommit=False)
+    assert not conn.autocommit
+    with pytest.raises(errors.InvalidTransactionTermination) as refused:
+        conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+    assert_refused_in_transaction_block(refused, "etc_batch.drain_job")
+    conn.rollback()
+    assert job_state(pg, job) == ("pending", 0, 0)
+    assert audit_by_key(pg, job) == Counter()
+    assert orders.rows() == {i: (1, "pending") for i in range(1, 7)}
+    # the same connection, autocommit on for the call: it works
+    conn.autocommit = True
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == (
+        keys_text(range(1, 7)), 3, "done")
+
+
+def test_autocommit_off_refuses_exec_batch_from_id(client, tables):
+    pg = client.pg
+    batch = tag("acoff_chain")
+    first, second = add_side_chain(pg.admin, batch, 2)
+    conn = client.connect(autocommit=False)
+    with pytest.raises(errors.InvalidTransactionTermination) as refused:
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
+    assert_refused_in_transaction_block(refused, "etc_batch.exec_batch_from_id")
+    conn.rollback()
+    assert step_states(pg, batch) == [(first, "pending", 0), (second, "pending", 0)]
+    assert side_counts(pg, batch) == {}
+    assert pg.admin.execute(
+        "SELECT count(*) FROM etc_batch.step_audit WHERE batch = %s", (batch,)
+    ).fetchone() == (0,)
+
+
+# 4. client_min_messages -------------------------------------------------------------------------
+
+
+def run_and_collect(conn, pg, label):
+    """Drains a fresh 3-chunk job and runs a fresh 2-step chain on conn; returns the
+    notices conn received."""
+    orders = Orders(pg, label, 6)
+    job, batch = tag(f"{label}_job"), tag(f"{label}_chain")
+    register(pg.admin, job, orders, 2)
+    first, _second = add_side_chain(pg.admin, batch, 2)
+    notices = Notices(conn)
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[2] == "done"
+    conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
+    assert job_state(pg, job) == ("done", 6, 3)
+    assert side_counts(pg, batch) == {1: 1, 2: 1}
+    return notices.messages
+
+
+def test_client_min_messages_warning_suppresses_the_notices(direct, tables):
+    pg = direct.pg
+    loud = direct.connect()
+    messages = run_and_collect(loud, pg, "loud")
+    assert len([m for m in messages if m.startswith("chunk ")]) == 3, messages
+    assert len([m for m in messages if m.endswith("committed") and m.startswith("step ")]) == 2
+
+    quiet = direct.connect()
+    quiet.execute("SET client_min_messages = warning")
+    assert run_and_collect(quiet, pg, "quiet") == []
+
+
+def test_role_setting_suppresses_the_notices_through_pgbouncer(pg, bouncer, app_role, tables):
+    """Through a transaction-mode pooler a plain SET does not stay with the client;
+    ALTER ROLE ... IN DATABASE ... SET does, since every server connection of the role
+    applies it when it starts."""
+    ident = sql.Identifier(app_role)
+    pg.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(ident))
+    pg.admin.execute(
+        sql.SQL(
+            "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
+            "text[], integer, text), etc_batch.exec_batch_from_id(bigint, boolean, text, text, "
+            "bigint) TO {}"
+        ).format(ident)
+    )
+    pg.admin.execute(
+        sql.SQL("ALTER ROLE {} IN DATABASE {} SET client_min_messages = warning").format(
+            ident, sql.Identifier(pg.name)
+        )
+    )
+    bouncer.admin("RECONNECT")
+    quiet = bouncer.connect(pg.name, user=app_role)
+    assert quiet.execute("SHOW client_min_messages").fetchone() == ("warning",)
+    assert run_and_collect(quiet, pg, "pooled_quiet") == []
+
+    loud = bouncer.connect(pg.name)
+    assert loud.execute("SHOW client_min_messages").fetchone() == ("notice",)
+    messages = run_and_collect(loud, pg, "pooled_loud")
+    assert len([m for m in messages if m.startswith("chunk ")]) == 3, messages
+    assert len([m for m in messages if m.startswith("step ")]) == 2, messages
+
+
+# 5. cancellation --------------------------------------------------------------------------------
+
+
+class Drain:
+    """CALL etc_batch.drain_job(job) on conn in a thread; keeps the result or error."""
+
+    def __init__(self, conn, job):
+        self.conn = conn
+        self.job = job
+        self.result = None
+        self.error = None
+        self.notices = Notices(conn)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.result = self.conn.execute(
+                "CALL etc_batch.drain_job(%s)", (self.job,)
+            ).fetchone()
+        except BaseException as exc:  # for the test to assert on
+            self.error = exc
+
+    def join(self):
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "drain_job did not return"
+
+
+class BlockedJob:
+    """A 30-item job in chunks of 10 whose handler waits for an advisory lock the test
+    holds, from item 11 on: chunk 1 commits, chunk 2 blocks."""
+
+    def __init__(self, pg, label):
+        self.pg = pg
+        self.key = secrets.randbelow(2**31 - 1) + 1
+        self.orders = Orders(pg, label, 30)
+        self.job = tag(f"{label}_job")
+        handler = self.orders.handler(self.key, from_id=11)
+        register(pg.admin, self.job, self.orders, 10, handler=handler)
+        self.holder = pg.direct()
+        self.holder.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+
+    def waiting_pid(self, pid=None):
+        """The pid of a backend waiting for the gate's lock (pid, or any)."""
+        row = self.pg.admin.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND objid = %s::bigint::oid AND (%s::int IS NULL OR pid = %s::int)",
+            (self.key, pid, pid),
+        ).fetchone()
+        return row and row[0]
+
+    def wait_blocked(self, pid=None, drain=None):
+        def blocked():
+            if drain is not None and not drain.thread.is_alive():
+                raise AssertionError(f"drain_job ended early: {drain.result} {drain.error!r}")
+            return self.waiting_pid(pid)
+
+        found = wait_until(blocked, "drain_job to block in chunk 2")
+        # chunk 1 is committed while chunk 2 waits
+        assert job_state(self.pg, self.job) == ("pending", 10, 1)
+        return found
+
+    def release(self):
+        self.holder.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+
+    def assert_after_cancel(self):
+        assert job_state(self.pg, self.job) == ("pending", 10, 1)
+        assert self.pg.admin.execute(
+            "SELECT status, committed, drainer_pid FROM etc_batch.job_progress WHERE job_id = %s",
+            (self.job,),
+        ).fetchone() == ("pending", 10, None)
+        assert audit_by_key(self.pg, self.job) == Counter({i: 1 for i in range(1, 11)})
+        assert self.pg.admin.execute(
+            "SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s AND chunk <> 1", (self.job,)
+        ).fetchone() == (0,)
+        assert self.orders.rows() == {
+            i: (2, "cancelled") if i <= 10 else (1, "pending") for i in range(1, 31)
+        }
+
+    def finish(self, conn):
+        self.release()
+        assert conn.execute("CALL etc_batch.drain_job(%s)", (self.job,)).fetchone() == (
+            keys_text(range(11, 31)), 2, "done")
+        assert job_state(self.pg, self.job) == ("done", 30, 3)
+        assert audit_by_key(self.pg, self.job) == Counter({i: 1 for i in range(1, 31)})
+        assert self.orders.rows() == {i: (2, "cancelled") for i in range(1, 31)}
+        chunks = self.pg.admin.execute(
+            "SELECT chunk, count(*) FROM etc_batch.job_audit WHERE job_id = %s GROUP BY chunk ORDER BY chunk",
+            (self.job,),
+        ).fetchall()
+        assert chunks == [(1, 10), (2, 10), (3, 10)]
+
+
+def test_pg_cancel_backend_cancels_drain_job_between_chunks(direct, tables):
+    pg = direct.pg
+    blocked = BlockedJob(pg, "cancel")
+    conn = direct.connect()
+    pid = conn.info.backend_pid
+    drain = Drain(conn, blocked.job)
+    blocked.wait_blocked(pid, drain)
+    assert pg.admin.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone() == (True,)
+    drain.join()
+    assert isinstance(drain.error, errors.QueryCanceled), repr(drain.error)
+    assert drain.error.sqlstate == "57014"
+    assert drain.notices.messages == ["chunk 1 of 3 committed: 10 items, keys 1 to 10"]
+    blocked.assert_after_cancel()
+    blocked.finish(direct.connect())
+
+
+def test_statement_timeout_cancels_drain_job_between_chunks(direct, tables):
+    pg = direct.pg
+    blocked = BlockedJob(pg, "timeout")
+    conn = direct.connect()
+    conn.execute("SET statement_timeout = '1s'")
+    notices = Notices(conn)
+    started = time.monotonic()
+    with pytest.raises(errors.QueryCanceled) as cancelled:
+        conn.execute("CALL etc_batch.drain_job(%s)", (blocked.job,))
+    assert cancelled.value.sqlstate == "57014"
+    assert "statement timeout" in cancelled.value.diag.message_primary
+    assert 0.9 <= time.monotonic() - started < WAIT
+    assert notices.messages == ["chunk 1 of 3 committed: 10 items, keys 1 to 10"]
+    blocked.assert_after_cancel()
+    # the same connection, after the timeout: the rest of the job
+    conn.execute("RESET statement_timeout")
+    blocked.finish(conn)
+
+
+def test_cancel_request_through_pgbouncer_cancels_drain_job(pg, bouncer, tables):
+    blocked = BlockedJob(pg, "pcancel")
+    conn = bouncer.connect(pg.name)
+    drain = Drain(conn, blocked.job)
+    blocked.wait_blocked(drain=drain)
+    conn.cancel_safe()  # a cancel request to PgBouncer, which forwards it to the server
+    drain.join()
+    assert isinstance(drain.error, errors.QueryCanceled), repr(drain.error)
+    blocked.assert_after_cancel()
+    blocked.finish(bouncer.connect(pg.name))
+
+
+# 6. an orchestrator procedure ---------------------------------------------------------------
+
+
+def test_plpgsql_orchestrator_commits_between_calls(client, tables):
+    pg = client.pg
+    proc = tag("orchestrate")
+    pg.admin.execute(
+        sql.SQL(
+            """CREATE PROCEDURE {proc}(first_a bigint, first_b bigint, job text)
+               LANGUAGE plpgsql AS $$
+               DECLARE
+                 keys   text[];
+                 chunks integer;
+                 st     text;
+               BEGIN
+                 CALL etc_batch.exec_batch_from_id(first_a);
+                 COMMIT;
+                 CALL etc_batch.exec_batch_from_id(first_b);
+                 COMMIT;
+                 CALL etc_batch.drain_job(job, NULL, NULL, NULL, NULL, keys, chunks, st);
+                 COMMIT;
+                 INSERT INTO orchestrated (job, keys, chunks, status) VALUES (job, keys, chunks, st);
+               END $$"""
+        ).format(proc=sql.Identifier(proc))
+    )
+    a, b = tag("orch_a"), tag("orch_b")
+    a_ids = add_side_chain(pg.admin, a, 3)
+    b_ids = add_side_chain(pg.admin, b, 2)
+    orders = Orders(pg, "orch", 7)
+    job = tag("orch_job")
+    register(pg.admin, job, orders, 3)
+
+    conn = client.connect()
+    notices = Notices(conn)
+    call = sql.SQL("CALL {}(%s, %s, %s)").format(sql.Identifier(proc))
+    conn.execute(call, (a_ids[0], b_ids[0], job))
+    assert len(notices.matching(r"^step \d+ of batch .* committed$")) == 5, notices.messages
+    assert len(notices.matching(r"^chunk \d of 3 committed")) == 3, notices.messages
+    # called again: every step skipped, the job found done; nothing runs twice
+    conn.execute(call, (a_ids[0], b_ids[0], job))
+
+    assert side_counts(pg, a) == {1: 1, 2: 1, 3: 1}
+    assert side_counts(pg, b) == {1: 1, 2: 1}
+    assert step_states(pg, a) == [(i, "done", 1) for i in a_ids]
+    assert step_states(pg, b) == [(i, "done", 1) for i in b_ids]
+    assert job_state(pg, job) == ("done", 7, 3)
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 8)})
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 8)}
+    assert pg.admin.execute(
+        "SELECT keys, chunks, status FROM orchestrated WHERE job = %s ORDER BY at", (job,)
+    ).fetchall() == [(keys_text(range(1, 8)), 3, "done"), ([], 0, "done")]
+    outcomes = pg.admin.execute(
+        "SELECT outcome, count(*) FROM etc_batch.step_audit WHERE batch IN (%s, %s) GROUP BY outcome",
+        (a, b),
+    ).fetchall()
+    assert dict(outcomes) == {"done": 5, "skipped": 5}
