@@ -6,21 +6,20 @@
 -- extension's owner and only etc_batch's functions write them.
 
 CREATE TABLE etc_batch.job (
-    job_id           text        PRIMARY KEY CHECK (job_id <> ''),
+    job_id           text        PRIMARY KEY,
     tenant           text        NOT NULL,
     target           regclass    NOT NULL,
     key_column       name        NOT NULL,
     tenant_column    name        NOT NULL,
     revision_column  name        NOT NULL,
-    chunk_size       integer     NOT NULL CHECK (chunk_size > 0),
+    chunk_size       integer     NOT NULL,
     set_values       jsonb,
     handler          regprocedure,
     expect           jsonb       NOT NULL DEFAULT '{}',
     guard_columns    text[]      NOT NULL DEFAULT '{}',
-    item_count       integer     NOT NULL CHECK (item_count > 0),
+    item_count       integer     NOT NULL,
     fingerprint      text        NOT NULL,
-    status           text        NOT NULL DEFAULT 'pending'
-                                 CHECK (status IN ('pending', 'done', 'conflict', 'corrupt', 'aborted')),
+    status           etc_batch.job_status NOT NULL DEFAULT 'pending',
     next_index       integer     NOT NULL DEFAULT 0,
     chunks_committed integer     NOT NULL DEFAULT 0,
     seal             bigint      NOT NULL,
@@ -32,8 +31,7 @@ CREATE TABLE etc_batch.job (
     registered_at    timestamptz NOT NULL DEFAULT now(),
     started_at       timestamptz,
     last_commit_at   timestamptz,
-    finished_at      timestamptz,
-    CHECK ((set_values IS NULL) <> (handler IS NULL))
+    finished_at      timestamptz
 );
 
 COMMENT ON TABLE etc_batch.job IS

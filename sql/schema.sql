@@ -5,12 +5,21 @@
 -- makes "who added this step" trustworthy. Reading them is granted explicitly (see
 -- the README, "Privileges").
 
+-- The states a step, an attempt and a job can be in. Domains rather than CHECK
+-- constraints on the tables: these rows are written at every step and chunk, and a
+-- domain's check is kept parsed, where a table's CHECK is read back for every statement.
+CREATE DOMAIN etc_batch.step_status AS text CHECK (VALUE IN ('pending', 'done', 'failed'));
+CREATE DOMAIN etc_batch.attempt_outcome AS text CHECK (VALUE IN ('done', 'failed', 'skipped'));
+CREATE DOMAIN etc_batch.job_status AS text
+    CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted'));
+
+-- Ids, batch names, chunk sizes and the like are checked by the functions that write
+-- them (the only writers): see src/api.
 CREATE TABLE etc_batch.batch_log (
-    id            bigint      PRIMARY KEY CHECK (id > 0),
-    batch         text        NOT NULL CHECK (batch <> ''),
+    id            bigint      PRIMARY KEY,
+    batch         text        NOT NULL,
     command       text        NOT NULL,
-    status        text        NOT NULL DEFAULT 'pending'
-                              CHECK (status IN ('pending', 'done', 'failed')),
+    status        etc_batch.step_status NOT NULL DEFAULT 'pending',
     attempts      integer     NOT NULL DEFAULT 0,
     started_at    timestamptz,
     finished_at   timestamptz,
@@ -41,7 +50,7 @@ CREATE TABLE etc_batch.step_audit (
     lock_requested_at timestamptz NOT NULL,
     lock_acquired_at  timestamptz NOT NULL,
     status_seen       text        NOT NULL,
-    outcome           text        NOT NULL CHECK (outcome IN ('done', 'failed', 'skipped')),
+    outcome           etc_batch.attempt_outcome NOT NULL,
     started_at        timestamptz,
     finished_at       timestamptz,
     error             text,

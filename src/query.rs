@@ -51,7 +51,8 @@ impl Row {
         // rows are read before SPI_finish frees them.
         unsafe {
             let column = n as i32;
-            let type_oid = pg_sys::SPI_gettypeid(self.desc, column);
+            // a domain (etc_batch.step_status, say) reads as its base type
+            let type_oid = pg_sys::getBaseType(pg_sys::SPI_gettypeid(self.desc, column));
             if !T::is_compatible_with(type_oid) {
                 return Err(BatchError::Internal(format!(
                     "column {n} has type oid {}, which {} cannot hold",
@@ -90,7 +91,14 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
     }
     let text = CString::new(sql)
         .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
-    let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+    // A generic plan, made once: these statements run once per step or chunk, and a
+    // custom plan would be planned again every time for the same shape of data.
+    let plan = pg_sys::SPI_prepare_cursor(
+        text.as_ptr(),
+        types.len() as i32,
+        types.as_mut_ptr(),
+        pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+    );
     if plan.is_null() {
         let code = pg_sys::SPI_result;
         return Err(BatchError::Internal(format!(

@@ -30,10 +30,10 @@ struct LockedStep {
 }
 
 enum Flow {
-    /// This runner ran the step; it commits with the step's transaction.
-    Ran,
-    /// An earlier runner had done the step.
-    Skipped,
+    /// This runner ran the step; it commits with the step's transaction. The next step.
+    Ran(Option<i64>),
+    /// An earlier runner had done the step. The next step.
+    Skipped(Option<i64>),
     /// Another runner holds the step and the caller asked not to wait.
     Yielded,
 }
@@ -72,14 +72,11 @@ pub fn exec_batch_from_id(
     let mut next = Some(first);
     while let Some(id) = next {
         next = tx.item(|tx| -> Result<Option<i64>> {
-            let ran = match runner.run_step(tx, id)? {
+            let (ran, next) = match runner.run_step(tx, id)? {
                 Flow::Yielded => return Ok(None),
-                Flow::Ran => true,
-                Flow::Skipped => false,
+                Flow::Ran(next) => (true, next),
+                Flow::Skipped(next) => (false, next),
             };
-            let next = as_role(runner.bookkeeper, || {
-                query::one::<i64>(sql::NEXT_STEP, &[runner.batch.clone().into(), id.into()])
-            })?;
             tx.commit();
             if ran {
                 notice!("step {id} of batch \"{}\" committed", runner.batch);
@@ -108,8 +105,8 @@ impl Runner {
 
         match action_for(step.status) {
             Action::Skip => {
-                as_role(self.bookkeeper, || {
-                    query::run(
+                let next = as_role(self.bookkeeper, || {
+                    query::one::<i64>(
                         sql::RECORD_SKIP,
                         &[
                             id.into(),
@@ -123,7 +120,7 @@ impl Runner {
                     "step {id} of batch \"{}\" is already done, skipping",
                     self.batch
                 );
-                Ok(Flow::Skipped)
+                Ok(Flow::Skipped(next))
             }
             Action::Stop => Err(BatchError::StepFailed {
                 id,
@@ -155,8 +152,10 @@ impl Runner {
                 };
                 match outcome {
                     Ok(()) => {
-                        as_role(self.bookkeeper, || query::run(sql::MARK_DONE, &times()))?;
-                        Ok(Flow::Ran)
+                        let next = as_role(self.bookkeeper, || {
+                            query::one::<i64>(sql::MARK_DONE, &times())
+                        })?;
+                        Ok(Flow::Ran(next))
                     }
                     Err(failure) if classify_failure(failure.code) == FailureKind::Interrupted => {
                         // Nothing is recorded: the whole transaction rolls back and the

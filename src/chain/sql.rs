@@ -45,7 +45,8 @@ SELECT (SELECT l.pid FROM pg_catalog.pg_locks l
  WHERE b.id OPERATOR(pg_catalog.=) $1";
 
 /// Marks the step done and writes its audit row in one statement, so the step's own
-/// writes, its done mark and its audit row are in the same transaction.
+/// writes, its done mark and its audit row are in the same transaction; returns the next
+/// step of the batch, if any.
 /// $1 id, $2 started, $3 finished, $4 caller, $5 lock requested, $6 lock acquired.
 pub const MARK_DONE: &str = "\
 WITH s AS (
@@ -53,12 +54,17 @@ WITH s AS (
      SET status = 'done', attempts = attempts OPERATOR(pg_catalog.+) 1,
          started_at = $2, finished_at = $3
    WHERE id OPERATOR(pg_catalog.=) $1
-  RETURNING id, batch, attempts, added_by)
-INSERT INTO etc_batch.step_audit
-  (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
-   status_seen, outcome, started_at, finished_at, txid)
-SELECT s.id, s.batch, s.attempts, pg_catalog.pg_backend_pid(), $4, s.added_by, $5, $6,
-       'pending', 'done', $2, $3, pg_catalog.txid_current()
+  RETURNING id, batch, attempts, added_by),
+a AS (
+  INSERT INTO etc_batch.step_audit
+    (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
+     status_seen, outcome, started_at, finished_at, txid)
+  SELECT s.id, s.batch, s.attempts, pg_catalog.pg_backend_pid(), $4, s.added_by, $5, $6,
+         'pending', 'done', $2, $3, pg_catalog.txid_current()
+    FROM s)
+SELECT (SELECT b.id FROM etc_batch.batch_log b
+         WHERE b.batch OPERATOR(pg_catalog.=) s.batch AND b.id OPERATOR(pg_catalog.>) s.id
+         ORDER BY b.id LIMIT 1)
   FROM s";
 
 /// Marks the step failed with the error and writes its audit row.
@@ -78,22 +84,22 @@ SELECT s.id, s.batch, s.attempts, pg_catalog.pg_backend_pid(), $4, s.added_by, $
   FROM s
 RETURNING attempt";
 
-/// Records that a runner found the step already done. $1 id, $2 caller,
-/// $3 lock requested, $4 lock acquired.
+/// Records that a runner found the step already done; returns the next step of the
+/// batch, if any. $1 id, $2 caller, $3 lock requested, $4 lock acquired.
 pub const RECORD_SKIP: &str = "\
-INSERT INTO etc_batch.step_audit
-  (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
-   status_seen, outcome, txid)
-SELECT b.id, b.batch, b.attempts, pg_catalog.pg_backend_pid(), $2, b.added_by, $3, $4,
-       'done', 'skipped', pg_catalog.txid_current()
-  FROM etc_batch.batch_log b
- WHERE b.id OPERATOR(pg_catalog.=) $1";
-
-/// The step after $2 in batch $1, by id.
-pub const NEXT_STEP: &str = "\
-SELECT b.id FROM etc_batch.batch_log b
- WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.id OPERATOR(pg_catalog.>) $2
- ORDER BY b.id LIMIT 1";
+WITH a AS (
+  INSERT INTO etc_batch.step_audit
+    (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
+     status_seen, outcome, txid)
+  SELECT b.id, b.batch, b.attempts, pg_catalog.pg_backend_pid(), $2, b.added_by, $3, $4,
+         'done', 'skipped', pg_catalog.txid_current()
+    FROM etc_batch.batch_log b
+   WHERE b.id OPERATOR(pg_catalog.=) $1
+  RETURNING batch)
+SELECT (SELECT b.id FROM etc_batch.batch_log b
+         WHERE b.batch OPERATOR(pg_catalog.=) a.batch AND b.id OPERATOR(pg_catalog.>) $1
+         ORDER BY b.id LIMIT 1)
+  FROM a";
 
 /// Serializes add_step calls that let etc_batch choose the id, so that two of them
 /// never pick the same one. Transaction-scoped, like every lock etc_batch takes.

@@ -62,6 +62,15 @@ struct Items {
     last_key: String,
 }
 
+impl Items {
+    fn arg(&self, array: &Option<query::Opaque>) -> pgrx::datum::DatumWithOid<'static> {
+        match array {
+            Some(array) => array.arg(),
+            None => pgrx::datum::DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+        }
+    }
+}
+
 /// What the business change of a chunk did, in position order.
 struct Changed {
     keys: Vec<String>,
@@ -262,18 +271,18 @@ impl Job {
         };
         crash::reached(Point::AfterChange);
 
-        let positions: Vec<i32> = range.clone().collect();
         self.owner(|| {
             query::run(
                 sql::INSERT_AUDIT,
                 &[
                     self.id().into(),
-                    positions.into(),
+                    items.arg(&items.keys),
+                    items.arg(&items.revisions),
+                    items.arg(&items.guards),
                     changed.revisions.into(),
+                    range.start.into(),
                     number.into(),
                     crate::clock::now().into(),
-                    range.start.into(),
-                    range.end.into(),
                 ],
             )
         })?;
@@ -317,14 +326,10 @@ impl Job {
     /// key and revision after the change, in position order. Err(position): that item
     /// did not match, so the chunk must be rolled back.
     fn change(&self, items: &Items, first: i32, len: usize) -> std::result::Result<Changed, i32> {
-        let opaque = |o: &Option<query::Opaque>| match o {
-            Some(o) => o.arg(),
-            None => pgrx::datum::DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
-        };
         let mut args = vec![
-            opaque(&items.keys),
-            opaque(&items.revisions),
-            opaque(&items.guards),
+            items.arg(&items.keys),
+            items.arg(&items.revisions),
+            items.arg(&items.guards),
             first.into(),
             self.def.tenant.clone().into(),
         ];

@@ -109,20 +109,20 @@ SELECT i.item_key, i.revision, i.guards::pg_catalog.text
   FROM etc_batch.job_item i
  WHERE i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) $2";
 
-/// One audit row per changed item, from the frozen item and the revision the change
-/// returned. $1 job, $2 positions, $3 revisions after, $4 chunk, $5 the time, read once
-/// the job's lock was granted (now() would be the start of the transaction, before the
-/// wait), $6 and $7 the chunk's first and end position.
+/// One audit row per changed item, from the chunk's arrays as the drainer holds them
+/// (no second read of job_item) and the revisions the change returned, all in position
+/// order. $1 job, $2 keys, $3 revisions before, $4 guards, $5 revisions after, $6 the
+/// chunk's first position, $7 chunk, $8 the time, read once the job's lock was granted
+/// (now() would be the start of the transaction, before the wait).
 pub const INSERT_AUDIT: &str = "\
 INSERT INTO etc_batch.job_audit
   (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
-SELECT i.job_id, i.position, i.item_key, i.revision, u.revision_after, i.guards, $4,
-       pg_catalog.txid_current(), $5
-  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[]))
-       AS u(position, revision_after)
-  JOIN etc_batch.job_item i
-    ON i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) u.position
- WHERE i.position OPERATOR(pg_catalog.>=) $6 AND i.position OPERATOR(pg_catalog.<) $7";
+SELECT $1, ($6 OPERATOR(pg_catalog.+) u.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1),
+       u.item_key, u.revision_before, u.revision_after, u.guards, $7,
+       pg_catalog.txid_current(), $8
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]),
+                  pg_catalog.unnest($4::pg_catalog.jsonb[]), pg_catalog.unnest($5::pg_catalog.int8[]))
+       WITH ORDINALITY AS u(item_key, revision_before, guards, revision_after, ord)";
 
 /// Moves the checkpoint past the chunk, with its new seal. $1 job, $2 new next_index.
 pub const ADVANCE: &str = concat!(

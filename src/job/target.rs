@@ -167,6 +167,20 @@ impl Target {
         )
     }
 
+    /// As `matches`, for a value the whole job shares ($7, expect): the lookups are
+    /// uncorrelated subqueries, which PostgreSQL evaluates once per statement rather than
+    /// once per row.
+    fn matches_constant(&self, source: &str, name: &str) -> String {
+        let lit = quote_literal(name);
+        let col = self.col(name);
+        format!(
+            "(CASE WHEN (SELECT {source} OPERATOR(pg_catalog.->) {lit} OPERATOR(pg_catalog.=) 'null'::pg_catalog.jsonb) \
+             THEN t.{col} IS NULL \
+             ELSE t.{col} OPERATOR(pg_catalog.=) (SELECT {}) END)",
+            self.cast(&format!("{source} OPERATOR(pg_catalog.->>) {lit}"), name)
+        )
+    }
+
     /// The chunk's items as a relation `i(item_key, revision, guards, ord)`, from the
     /// arrays $1 to $3 in position order; the position of an item is `$4 + ord - 1`.
     const ITEMS: &'static str = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
@@ -209,7 +223,7 @@ impl Target {
             ));
         }
         for e in expect_columns {
-            conditions.push(self.matches("$7", e));
+            conditions.push(self.matches_constant("$7", e));
         }
         conditions.join("\n   AND ")
     }
@@ -229,7 +243,7 @@ impl Target {
             .iter()
             .map(|c| {
                 format!(
-                    "{} = {}",
+                    "{} = (SELECT {})",
                     self.col(c),
                     self.cast(
                         &format!("$6 OPERATOR(pg_catalog.->>) {}", quote_literal(c)),
