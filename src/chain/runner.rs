@@ -40,6 +40,8 @@ enum Flow {
 
 /// Who is running the chain, fixed once at the start of the CALL.
 struct Runner {
+    /// Whether the database has any deferrable constraint or trigger, read once per CALL.
+    deferrable: bool,
     activity: Activity,
     /// The lease this runner works under, checked again in every step's transaction.
     fence: Option<Fence>,
@@ -60,7 +62,9 @@ pub fn exec_batch_from_id(
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
     })?
     .ok_or(BatchError::UnknownStep { id: first })?;
+    let deferrable = query::one::<bool>(sql::ANY_DEFERRABLE, &[])?.unwrap_or(true);
     let runner = Runner {
+        deferrable,
         activity: Activity::begin(),
         fence,
         batch,
@@ -137,8 +141,11 @@ impl Runner {
                     });
                 }
                 let started = now();
-                let outcome =
-                    subtransaction(|| as_role(step.added_by, || run_command(&step.command)));
+                let outcome = subtransaction(|| {
+                    as_role(step.added_by, || {
+                        run_command(&step.command, self.deferrable)
+                    })
+                });
                 let finished = now();
                 let times = || -> Vec<pgrx::datum::DatumWithOid<'static>> {
                     vec![
@@ -248,12 +255,15 @@ impl Runner {
 
 /// Runs a step's command. Settings it changes (SET, SET LOCAL, set_config) end with the
 /// step, so one step cannot change the next one's settings or the caller's session.
-fn run_command(command: &str) {
+fn run_command(command: &str, deferrable: bool) {
     let nest_level = unsafe { pg_sys::NewGUCNestLevel() };
     Spi::run(command).map_err(BatchError::from).or_raise();
     // Deferred constraints are checked now, inside the step's subtransaction, so that a
-    // violation is the step's failure rather than an error of the COMMIT after it.
-    query::run("SET CONSTRAINTS ALL IMMEDIATE", &[]).or_raise();
+    // violation is the step's failure rather than an error of the COMMIT after it. In a
+    // database without deferrable constraints or triggers there is nothing to check.
+    if deferrable {
+        query::run("SET CONSTRAINTS ALL IMMEDIATE", &[]).or_raise();
+    }
     // "false" undoes every change made at this nesting level, as a subtransaction abort
     // would; "true" would keep plain SETs for the rest of the session.
     unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };

@@ -131,3 +131,8 @@ RETURNING id";
 
 pub const STEP_STATUS: &str = "\
 SELECT b.status FROM etc_batch.batch_log b WHERE b.id OPERATOR(pg_catalog.=) $1";
+
+/// Whether anything in the database can defer a check to COMMIT.
+pub const ANY_DEFERRABLE: &str = "\
+SELECT EXISTS (SELECT FROM pg_catalog.pg_constraint c WHERE c.condeferrable)
+    OR EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgdeferrable)";
