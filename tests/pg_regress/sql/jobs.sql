@@ -106,6 +106,14 @@ UPDATE etc_batch.job SET next_index = 16 WHERE job_id = 't-past';
 CALL etc_batch.drain_job('t-past');
 \echo :LAST_ERROR_SQLSTATE
 
+-- a checkpoint moved onto another chunk boundary, over rows never audited: the seal
+SELECT * FROM etc_batch.register_job('t-seal', 'Y', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
+    4, '{"qty": 0}');
+UPDATE etc_batch.job SET next_index = 4 WHERE job_id = 't-seal';
+CALL etc_batch.drain_job('t-seal');
+\echo :LAST_ERROR_SQLSTATE
+
 SELECT * FROM etc_batch.register_job('t-foreign', 'Y', 'orders',
     (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
     4, '{"qty": 0}');
