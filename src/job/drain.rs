@@ -13,6 +13,7 @@ use super::crash::{self, Point};
 use super::definition::Definition;
 use super::progress::Progress;
 use super::sql;
+use super::target::Target;
 use crate::activity::Activity;
 use crate::chain::step::{classify_failure, FailureKind};
 use crate::error::{BatchError, Result};
@@ -36,6 +37,8 @@ pub struct Drained {
 
 /// The statements of one job, built once per call.
 struct Job {
+    /// The statement that reads a chunk's items (it depends on the guard columns).
+    items_sql: String,
     activity: Activity,
     def: Definition,
     /// The lease this drainer works under, checked again in every chunk's transaction.
@@ -60,6 +63,8 @@ struct Items {
     guards: Option<query::Opaque>,
     first_key: String,
     last_key: String,
+    /// For each guard column: whether each item has it (bool[]), its values (text[]).
+    guard_arrays: Vec<Option<query::Opaque>>,
 }
 
 impl Items {
@@ -144,7 +149,9 @@ pub fn drain(
         }
     };
     let row_sql = target.current_row_sql();
+    let items_sql = Target::chunk_items_sql(&def.guard_columns);
     let job = Job {
+        items_sql,
         activity: Activity::begin(),
         def,
         fence,
@@ -305,7 +312,7 @@ impl Job {
     fn items(&self, start: i32, end: i32) -> Result<Items> {
         let row = self.owner(|| {
             query::row(
-                sql::CHUNK_ITEMS,
+                &self.items_sql,
                 &[self.id().into(), start.into(), end.into()],
                 |r| {
                     Ok(Items {
@@ -315,6 +322,9 @@ impl Job {
                         guards: r.opaque(4)?,
                         first_key: r.get::<String>(5)?.unwrap_or_default(),
                         last_key: r.get::<String>(6)?.unwrap_or_default(),
+                        guard_arrays: (0..2 * self.def.guard_columns.len())
+                            .map(|k| r.opaque(7 + k))
+                            .collect::<Result<Vec<_>>>()?,
                     })
                 },
             )
@@ -337,6 +347,13 @@ impl Job {
             let set = self.def.set_values.clone().unwrap_or_default();
             args.push(JsonB(Value::Object(set.into_iter().collect())).into());
             args.push(JsonB(Value::Object(self.def.expect.clone().into_iter().collect())).into());
+            for (k, array) in items.guard_arrays.iter().enumerate() {
+                args.push(match array {
+                    Some(array) => array.arg(),
+                    None if k % 2 == 0 => pgrx::datum::DatumWithOid::null_oid(pg_sys::BOOLARRAYOID),
+                    None => pgrx::datum::DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+                });
+            }
         }
         let handler = self.def.handler.is_some();
         let rows: Vec<(i32, Option<i64>, bool, String)> =

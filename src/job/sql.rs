@@ -90,19 +90,6 @@ SELECT i.position, i.item_key, a.item_key, i.revision, a.revision_before,
  ORDER BY i.position
  LIMIT $4";
 
-/// The approved items of positions [$2, $3), as arrays for the business statement, which
-/// takes them as they are; and the first and last key, for people to read.
-pub const CHUNK_ITEMS: &str = "\
-SELECT pg_catalog.count(*)::pg_catalog.int4,
-       pg_catalog.array_agg(i.item_key ORDER BY i.position),
-       pg_catalog.array_agg(i.revision ORDER BY i.position),
-       pg_catalog.array_agg(i.guards ORDER BY i.position),
-       (pg_catalog.array_agg(i.item_key ORDER BY i.position))[1],
-       (pg_catalog.array_agg(i.item_key ORDER BY i.position DESC))[1]
-  FROM etc_batch.job_item i
- WHERE i.job_id OPERATOR(pg_catalog.=) $1
-   AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3";
-
 /// One approved item. $1 job, $2 position.
 pub const ITEM: &str = "\
 SELECT i.item_key, i.revision, i.guards::pg_catalog.text

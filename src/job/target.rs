@@ -156,20 +156,10 @@ impl Target {
 
     /// `t.col` equals the value stored under `name` in the jsonb `source`, where a JSON
     /// null means the column must be NULL.
-    fn matches(&self, source: &str, name: &str) -> String {
-        let lit = quote_literal(name);
-        let col = self.col(name);
-        format!(
-            "(CASE WHEN {source} OPERATOR(pg_catalog.->) {lit} OPERATOR(pg_catalog.=) 'null'::pg_catalog.jsonb \
-             THEN t.{col} IS NULL \
-             ELSE t.{col} OPERATOR(pg_catalog.=) {} END)",
-            self.cast(&format!("{source} OPERATOR(pg_catalog.->>) {lit}"), name)
-        )
-    }
-
-    /// As `matches`, for a value the whole job shares ($7, expect): the lookups are
-    /// uncorrelated subqueries, which PostgreSQL evaluates once per statement rather than
-    /// once per row.
+    /// `t.col` equals the value stored under `name` in the jsonb `source`, a value the
+    /// whole job shares ($7, expect), where a JSON null means the column must be NULL. The
+    /// lookups are uncorrelated subqueries, which PostgreSQL evaluates once per statement
+    /// rather than once per row.
     fn matches_constant(&self, source: &str, name: &str) -> String {
         let lit = quote_literal(name);
         let col = self.col(name);
@@ -186,6 +176,67 @@ impl Target {
     const ITEMS: &'static str = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
          pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.jsonb[])) \
          WITH ORDINALITY AS i(item_key, revision, guards, ord)";
+
+    /// The items relation of a set_values job: key and revision ($1, $2), and for guard k
+    /// the arrays $(8 + 2k) (has it) and $(9 + 2k) (its value as text), so that checking a
+    /// guard is a cast and a comparison per row, not a JSON lookup.
+    fn typed_items(guards: usize) -> String {
+        let mut functions = vec![
+            "pg_catalog.unnest($1::pg_catalog.text[])".to_string(),
+            "pg_catalog.unnest($2::pg_catalog.int8[])".to_string(),
+        ];
+        let mut names = vec!["item_key".to_string(), "revision".to_string()];
+        for k in 0..guards {
+            functions.push(format!(
+                "pg_catalog.unnest(${}::pg_catalog.bool[])",
+                8 + 2 * k
+            ));
+            functions.push(format!(
+                "pg_catalog.unnest(${}::pg_catalog.text[])",
+                9 + 2 * k
+            ));
+            names.push(format!("h_{k}"));
+            names.push(format!("v_{k}"));
+        }
+        names.push("ord".into());
+        format!(
+            "ROWS FROM ({}) WITH ORDINALITY AS i({})",
+            functions.join(", "),
+            names.join(", ")
+        )
+    }
+
+    /// The approved items of positions [$2, $3) of job $1, as arrays in position order:
+    /// count, keys, revisions, guards (jsonb, for the audit and for handlers), the first
+    /// and last key, and for each guard column whether the item has it and its value.
+    pub fn chunk_items_sql(guard_columns: &[String]) -> String {
+        let mut columns = vec![
+            "pg_catalog.count(*)::pg_catalog.int4".to_string(),
+            "pg_catalog.array_agg(i.item_key)".to_string(),
+            "pg_catalog.array_agg(i.revision)".to_string(),
+            "pg_catalog.array_agg(i.guards)".to_string(),
+        ];
+        for g in guard_columns {
+            let lit = quote_literal(g);
+            columns.push(format!(
+                "pg_catalog.array_agg(i.guards OPERATOR(pg_catalog.?) {lit})"
+            ));
+            columns.push(format!(
+                "pg_catalog.array_agg(i.guards OPERATOR(pg_catalog.->>) {lit})"
+            ));
+        }
+        // The aggregates read the rows in the order of the subquery, which the primary
+        // key's index scan gives without sorting: one pass, every array aligned.
+        format!(
+            "SELECT a.c1, a.c2, a.c3, a.c4, a.c2[1], a.c2[pg_catalog.cardinality(a.c2)]{}\n  FROM (SELECT {}\n          \
+             FROM (SELECT * FROM etc_batch.job_item j\n                 WHERE j.job_id OPERATOR(pg_catalog.=) $1\n                   \
+             AND j.position OPERATOR(pg_catalog.>=) $2 AND j.position OPERATOR(pg_catalog.<) $3\n                 \
+             ORDER BY j.position) i) a(c1, c2, c3, c4{})",
+            (0..2 * guard_columns.len()).map(|k| format!(", a.g{k}")).collect::<String>(),
+            columns.join(",\n               "),
+            (0..2 * guard_columns.len()).map(|k| format!(", g{k}")).collect::<String>(),
+        )
+    }
 
     const POSITION: &'static str =
         "($4 OPERATOR(pg_catalog.+) i.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1)";
@@ -215,11 +266,14 @@ impl Target {
                 self.col(&s.revision_column)
             ),
         ];
-        for g in guard_columns {
+        // Guard k comes as two columns of the items relation: whether the item has it
+        // (h_k), and its value as text (v_k, NULL for a JSON null). See chunk_items_sql.
+        for (k, g) in guard_columns.iter().enumerate() {
+            let col = self.col(g);
             conditions.push(format!(
-                "(NOT (i.guards OPERATOR(pg_catalog.?) {}) OR {})",
-                quote_literal(g),
-                self.matches("i.guards", g)
+                "(NOT i.h_{k} OR CASE WHEN i.v_{k} IS NULL THEN t.{col} IS NULL \
+                 ELSE t.{col} OPERATOR(pg_catalog.=) {} END)",
+                self.cast(&format!("i.v_{k}"), g)
             ));
         }
         for e in expect_columns {
@@ -230,8 +284,9 @@ impl Target {
 
     /// The guarded change of one chunk, one statement: tenant, key, revision, every
     /// guard and expectation in the WHERE clause, the revision incremented, and RETURNING
-    /// what really changed: (position, revision after, key). $1-$3 the chunk's items,
-    /// $4 its first position, $5 tenant, $6 set_values, $7 expect.
+    /// what really changed: (position, revision after, key). $1-$2 the chunk's keys and
+    /// revisions, $4 its first position, $5 tenant, $6 set_values, $7 expect, $8 on the
+    /// guards (see typed_items).
     pub fn update_sql(
         &self,
         set_columns: &[String],
@@ -257,7 +312,7 @@ impl Target {
             "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\nRETURNING {}, t.{rev}::pg_catalog.int8, i.item_key",
             self.sql_name,
             assignments.join(", "),
-            Self::ITEMS,
+            Self::typed_items(guard_columns.len()),
             self.item_conditions(guard_columns, expect_columns),
             Self::POSITION,
         )
