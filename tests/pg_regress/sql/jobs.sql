@@ -222,3 +222,17 @@ UPDATE etc_batch.job SET finished_at = finished_at - interval '2 days' WHERE sta
 SELECT * FROM etc_batch.prune_history('1 day');
 SELECT job_id, status FROM etc_batch.job ORDER BY job_id;
 SELECT count(*) AS items_of_forgotten_jobs FROM etc_batch.job_item WHERE job_id NOT IN (SELECT job_id FROM etc_batch.job);
+
+-- Guards that items carry or not, and JSON null meaning "must be NULL".
+CREATE TABLE notes (tenant text, id int, revision int NOT NULL DEFAULT 1, note text, colour text, PRIMARY KEY (tenant, id));
+INSERT INTO notes VALUES ('X', 1, 1, NULL, 'red'), ('X', 2, 1, 'hello', 'blue'), ('X', 3, 1, NULL, NULL);
+SELECT created FROM etc_batch.register_job('notes-ok', 'X', 'notes',
+    '[{"id": 1, "revision": 1, "note": null}, {"id": 2, "revision": 1, "colour": "blue"}, {"id": 3, "revision": 1, "note": null, "colour": null}]',
+    3, '{"note": "seen"}');
+CALL etc_batch.drain_job('notes-ok');
+SELECT id, revision, note, colour FROM notes ORDER BY id;
+SELECT created FROM etc_batch.register_job('notes-clash', 'X', 'notes',
+    '[{"id": 1, "revision": 2, "note": null}]', 1, '{"colour": "green"}');
+CALL etc_batch.drain_job('notes-clash');
+\echo :LAST_ERROR_SQLSTATE
+SELECT id, revision, note, colour FROM notes WHERE id = 1;
