@@ -15,26 +15,21 @@ import json
 import re
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from psycopg import errors, sql
 
-WAIT = 20.0
-POLL = 0.05
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import WAIT, wait_until  # noqa: E402
 
 
-def wait_until(predicate, what, timeout=WAIT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(POLL)
+
 
 
 def tag(label):

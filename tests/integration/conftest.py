@@ -12,34 +12,28 @@ after every step, which it can only do when CALLed outside a transaction block.
 
 import os
 import secrets
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
-import pytest
-from psycopg import sql
-from psycopg.rows import dict_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pytest  # noqa: E402
+from psycopg import sql  # noqa: E402
+from psycopg.rows import dict_row  # noqa: E402
+
+from support import POLL_INTERVAL, WAIT, wait_until  # noqa: E402,F401
 
 # Upper bound for anything a test waits for (a backend to reach a point, a lock to be
 # requested, a backend to exit). Generous, for slow machines; a test only ever waits
 # this long when something is wrong.
-WAIT = 20.0
 # Upper bound for a whole CALL of the chain runner.
 JOIN = 90.0
-POLL_INTERVAL = 0.05
 
 
-def wait_until(predicate, what, timeout=WAIT, interval=POLL_INTERVAL):
-    """Polls predicate() until it returns something truthy and returns that, or fails
-    the test after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def _literal(value):

@@ -26,10 +26,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import POLL_INTERVAL, WAIT, wait_until  # noqa: E402,F401
 import pytest
 from psycopg import sql
 
@@ -40,25 +45,12 @@ PG_OS_USER = "postgres"
 POOL_SIZE = 3
 
 # Upper bound for anything a test waits for; only ever reached when something is wrong.
-WAIT = 20.0
-POLL_INTERVAL = 0.05
 
 # The application role of this run: PgBouncer's auth_file is written before the role
 # exists, so its name is fixed when this file is imported.
 APP_ROLE = f"etc_batch_app_{secrets.token_hex(4)}"
 
 
-def wait_until(predicate, what, timeout=WAIT, interval=POLL_INTERVAL):
-    """Polls predicate() until it returns something truthy and returns that, or fails
-    the test after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def pg_port():
