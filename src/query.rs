@@ -71,7 +71,7 @@ thread_local! {
     /// Plans of the statements etc_batch sends, prepared once per backend and kept.
     /// PostgreSQL revalidates a kept plan before each use, so a dropped and recreated
     /// table or a changed search_path never runs a stale one.
-    static PLANS: RefCell<HashMap<(String, Vec<pg_sys::Oid>), SendPlan>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<String, Vec<(Vec<pg_sys::Oid>, SendPlan)>>> = RefCell::new(HashMap::new());
 }
 
 /// A kept SPI plan; only ever used by the backend's one thread.
@@ -85,8 +85,17 @@ const MAX_PLANS: usize = 256;
 /// The kept plan for `sql` with these argument types, prepared on first use.
 /// Must be called while SPI is connected.
 unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPlanPtr> {
-    let key = (sql.to_string(), types.to_vec());
-    if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).copied()) {
+    // Looked up by the statement's text without copying it: this runs for every
+    // statement of every step and chunk.
+    let kept = PLANS.with(|p| {
+        p.borrow().get(sql).and_then(|plans| {
+            plans
+                .iter()
+                .find(|(t, _)| t.as_slice() == &types[..])
+                .map(|(_, plan)| *plan)
+        })
+    });
+    if let Some(plan) = kept {
         return Ok(plan.0);
     }
     let text = CString::new(sql)
@@ -109,11 +118,16 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
     PLANS.with(|p| {
         let mut plans = p.borrow_mut();
         if plans.len() >= MAX_PLANS {
-            for (_, old) in plans.drain() {
-                pg_sys::SPI_freeplan(old.0);
+            for (_, kept) in plans.drain() {
+                for (_, old) in kept {
+                    pg_sys::SPI_freeplan(old.0);
+                }
             }
         }
-        plans.insert(key, SendPlan(plan));
+        plans
+            .entry(sql.to_string())
+            .or_default()
+            .push((types.to_vec(), SendPlan(plan)));
     });
     Ok(plan)
 }

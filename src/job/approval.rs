@@ -9,7 +9,7 @@
 //! their normal forms are equal, whatever order the caller listed the items in.
 
 use crate::error::{BatchError, Result};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -129,18 +129,6 @@ pub struct Item {
     pub revision: i64,
     /// Every other field of the item: a column that must still hold this value.
     pub guards: BTreeMap<String, Value>,
-}
-
-impl Item {
-    /// The guards as the canonical JSON object stored with the item.
-    pub fn guards_json(&self) -> Value {
-        Value::Object(
-            self.guards
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<Map<_, _>>(),
-        )
-    }
 }
 
 fn invalid(message: impl Into<String>, detail: impl Into<String>) -> BatchError {

@@ -41,15 +41,6 @@ impl Progress {
         Some(self.next_index..end)
     }
 
-    /// The positions of the chunk just below next_index, the last one committed.
-    pub fn last_chunk(&self) -> Option<Range<i32>> {
-        if self.next_index <= 0 {
-            return None;
-        }
-        let start = (self.next_index - 1) / self.chunk_size * self.chunk_size;
-        Some(start..self.next_index)
-    }
-
     /// 1-based number of the chunk starting at next_index, and how many chunks there are.
     pub fn chunk_number(&self) -> (i32, i32) {
         let chunks = (self.item_count as i64 + self.chunk_size as i64 - 1) / self.chunk_size as i64;
@@ -91,9 +82,6 @@ mod tests {
         assert_eq!(p(0).next_chunk(), Some(0..10));
         assert_eq!(p(20).next_chunk(), Some(20..25));
         assert_eq!(p(25).next_chunk(), None);
-        assert_eq!(p(0).last_chunk(), None);
-        assert_eq!(p(10).last_chunk(), Some(0..10));
-        assert_eq!(p(25).last_chunk(), Some(20..25));
         assert_eq!(p(20).chunk_number(), (3, 3));
     }
 
