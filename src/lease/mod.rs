@@ -138,7 +138,12 @@ pub fn acquire(name: &str, holder: &str, ttl: pgrx::datum::Interval) -> Result<A
         });
     }
     crate::roles::as_owner(|| {
-        let args = [name.into(), holder.into(), ttl.into()];
+        let args = [
+            name.into(),
+            holder.into(),
+            ttl.into(),
+            crate::clock::now().into(),
+        ];
         let (acquired, row) = match query::row(sql::ACQUIRE, &args, lease_row)? {
             Some(row) => (true, row),
             None => (
@@ -165,7 +170,12 @@ pub fn release(name: &str, holder: &str) -> Result<bool> {
     check_name("name", name)?;
     check_name("holder", holder)?;
     crate::roles::as_owner(|| {
-        if query::one::<i64>(sql::RELEASE, &[name.into(), holder.into()])?.is_some() {
+        if query::one::<i64>(
+            sql::RELEASE,
+            &[name.into(), holder.into(), crate::clock::now().into()],
+        )?
+        .is_some()
+        {
             return Ok(true);
         }
         match query::row(sql::CURRENT, &[name.into()], lease_row)? {

@@ -1,26 +1,28 @@
 //! The lease statements. As everywhere in etc_batch: schema-qualified names,
-//! OPERATOR(pg_catalog.x), bound values, and clock_timestamp() as the only clock.
+//! OPERATOR(pg_catalog.x), bound values, and the server's wall clock (clock::now(), the
+//! clock clock_timestamp() reads) as the only clock, read once per statement.
 
 /// Takes a free or expired lease (generation + 1), or renews the caller's own (same
 /// generation). A lease held by someone else and unexpired is left alone, but its row is
 /// still locked by ON CONFLICT, so the read that follows sees it as it is.
-/// $1 name, $2 holder, $3 ttl.
+/// $1 name, $2 holder, $3 ttl, $4 the one instant the whole decision is made at:
+/// several clock_timestamp() calls would each read a different microsecond.
 pub const ACQUIRE: &str = "\
 INSERT INTO etc_batch.lease AS l (name, holder, generation, acquired_at, renewed_at, expires_at)
-VALUES ($1, $2, 1, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(),
-        pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) $3)
+VALUES ($1, $2, 1, $4::pg_catalog.timestamptz, $4,
+        $4 OPERATOR(pg_catalog.+) $3)
 ON CONFLICT (name) DO UPDATE
    SET generation = CASE WHEN l.holder OPERATOR(pg_catalog.=) EXCLUDED.holder
-                          AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+                          AND l.expires_at OPERATOR(pg_catalog.>) $4
                          THEN l.generation ELSE l.generation OPERATOR(pg_catalog.+) 1 END,
        acquired_at = CASE WHEN l.holder OPERATOR(pg_catalog.=) EXCLUDED.holder
-                           AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
-                          THEN l.acquired_at ELSE pg_catalog.clock_timestamp() END,
+                           AND l.expires_at OPERATOR(pg_catalog.>) $4
+                          THEN l.acquired_at ELSE $4 END,
        holder = EXCLUDED.holder,
-       renewed_at = pg_catalog.clock_timestamp(),
-       expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) $3
+       renewed_at = $4,
+       expires_at = $4 OPERATOR(pg_catalog.+) $3
  WHERE l.holder OPERATOR(pg_catalog.=) EXCLUDED.holder
-    OR l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
+    OR l.expires_at OPERATOR(pg_catalog.<=) $4
 RETURNING l.holder, l.generation, l.expires_at";
 
 /// The lease as it is now. $1 name.
@@ -30,12 +32,12 @@ SELECT l.holder, l.generation, l.expires_at
  WHERE l.name OPERATOR(pg_catalog.=) $1";
 
 /// Ends the caller's own unexpired lease now; the row and its generation stay.
-/// $1 name, $2 holder.
+/// $1 name, $2 holder, $3 now.
 pub const RELEASE: &str = "\
 UPDATE etc_batch.lease
-   SET expires_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp()
+   SET expires_at = $3::pg_catalog.timestamptz, renewed_at = $3
  WHERE name OPERATOR(pg_catalog.=) $1 AND holder OPERATOR(pg_catalog.=) $2
-   AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+   AND expires_at OPERATOR(pg_catalog.>) $3
 RETURNING generation";
 
 /// The fence: the lease row, locked FOR SHARE so that nobody takes it over before the
