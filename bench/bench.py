@@ -54,6 +54,18 @@ def connect(db, **kw):
     return psycopg.connect(dbname=db, **kw)
 
 
+def backend_cpu(conn):
+    """CPU seconds the connection's server process has used so far (user + system), or
+    None where /proc cannot tell. Unlike the wall clock, this barely moves with the
+    disk's fsync latency, which on a small virtual machine varies from run to run."""
+    try:
+        stat = Path(f"/proc/{conn.info.backend_pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def quiet(conn):
     conn.add_notice_handler(lambda d: None)
     return conn
@@ -127,12 +139,14 @@ class Bench:
                     (job, chunk),
                 )
                 extra["register_s"] = time.perf_counter() - t
+                cpu = backend_cpu(c)
                 t = time.perf_counter()
                 c.execute("CALL etc_batch.drain_job(%s)", (job,))
             else:
                 # D, at some 2,000 rows a second, drains the first client_orders of the list
                 items = min(self.client_orders, self.orders) if method == "D" else self.orders
                 self.alt_job(c, job, chunk, items)
+                cpu = backend_cpu(c)
                 t = time.perf_counter()
                 if method == "B":
                     c.execute("CALL alt.drain_per_item(%s)", (job,))
@@ -143,8 +157,14 @@ class Bench:
                 elif method == "D":
                     self.client_loop(job, sync_commit)
             seconds = time.perf_counter() - t
-            self.check(c, items if method == "D" else self.orders)
-        return {"rows_per_s": (items if method == "D" else self.orders) / seconds, "seconds": seconds, **extra}
+            rows = items if method == "D" else self.orders
+            # D's statements run in a connection of their own, and half of its work is the
+            # client's: its server CPU says nothing comparable
+            after = backend_cpu(c)
+            if method != "D" and cpu is not None and after is not None:
+                extra["cpu_us_per_row"] = (after - cpu) * 1e6 / rows
+            self.check(c, rows)
+        return {"rows_per_s": rows / seconds, "seconds": seconds, **extra}
 
     def client_loop(self, job, sync_commit):
         """How a service would write it: one statement per round trip."""
@@ -199,12 +219,14 @@ class Bench:
             c.execute("VACUUM ANALYZE etc_batch.batch_log")
             c.execute("VACUUM ANALYZE alt.batch_log")
             c.execute("CHECKPOINT")
-            t = time.perf_counter()
-            c.execute("CALL etc_batch.exec_batch_from_id(1)")
-            out["A"] = steps / (time.perf_counter() - t)
-            t = time.perf_counter()
-            c.execute("CALL alt.exec_batch_from_id(1)")
-            out["seed"] = steps / (time.perf_counter() - t)
+            for name, call in (("A", "CALL etc_batch.exec_batch_from_id(1)"), ("seed", "CALL alt.exec_batch_from_id(1)")):
+                cpu = backend_cpu(c)
+                t = time.perf_counter()
+                c.execute(call)
+                out[name] = steps / (time.perf_counter() - t)
+                after = backend_cpu(c)
+                if cpu is not None and after is not None:
+                    out[name + "_cpu_us"] = (after - cpu) * 1e6 / steps
             done = c.execute(
                 "SELECT (SELECT count(*) FROM etc_batch.batch_log WHERE status = 'done'), "
                 "(SELECT count(*) FROM alt.batch_log WHERE status = 'done')"
@@ -311,6 +333,25 @@ def markdown(r):
             cells = [f"{table[str(k)]['A']['median'] / table[str(k)][other]['median']:.2f}" for k in CHUNKS]
             lines.append(f"| A / {other} | " + " | ".join(cells) + " |")
         lines.append("")
+        cpu = r.get("cpu", {}).get(sync)
+        if cpu and all("A" in cpu[str(k)] for k in CHUNKS):
+            lines.append(
+                "Server CPU per row, in microseconds (median; the backend's user + system time "
+                "from /proc, which the disk's varying fsync latency barely moves):"
+            )
+            lines.append("")
+            lines.append("| method | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
+            lines.append("|---|" + "---|" * len(CHUNKS))
+            for m in ("A", "B", "C", "E"):
+                if all(m in cpu[str(k)] for k in CHUNKS):
+                    cells = [f"{cpu[str(k)][m]['median']:.1f}" for k in CHUNKS]
+                    lines.append(f"| {m}: {NAMES[m]} | " + " | ".join(cells) + " |")
+            for other in ("B", "C", "E"):
+                if all(other in cpu[str(k)] for k in CHUNKS):
+                    # a ratio of speeds: other's CPU per row over A's
+                    cells = [f"{cpu[str(k)][other]['median'] / cpu[str(k)]['A']['median']:.2f}" for k in CHUNKS]
+                    lines.append(f"| A / {other} by CPU | " + " | ".join(cells) + " |")
+            lines.append("")
     reg = r.get("register_s")
     if reg:
         lines.append(f"Registering the {r['orders']:,}-item approval for A (not in A's time): median {reg['median']:.2f} s.")
@@ -318,7 +359,13 @@ def markdown(r):
     ch = r["chains"]
     lines += [
         f"**Chains**, {r['steps']:,} trivial steps: etc_batch.exec_batch_from_id {ch['A']['median']:,.0f} steps/s, "
-        f"the seed's PL/pgSQL procedure {ch['seed']['median']:,.0f} steps/s; ratio {ch['A']['median'] / ch['seed']['median']:.2f}.",
+        f"the seed's PL/pgSQL procedure {ch['seed']['median']:,.0f} steps/s; ratio {ch['A']['median'] / ch['seed']['median']:.2f}"
+        + (
+            f" (server CPU per step {ch['A_cpu_us']['median']:.0f} µs against {ch['seed_cpu_us']['median']:.0f} µs; "
+            f"ratio by CPU {ch['seed_cpu_us']['median'] / ch['A_cpu_us']['median']:.2f})."
+            if "A_cpu_us" in ch and "seed_cpu_us" in ch
+            else "."
+        ),
         "",
     ]
     sc = r.get("scale")
@@ -330,6 +377,14 @@ def markdown(r):
             f"memory {sc['rss_anon_kb_after_first_chunk'] / 1024:.1f} MB after the first chunk, "
             f"{sc['rss_anon_kb_after_last_chunk'] / 1024:.1f} MB after the last.",
             "",
+        ]
+        if "chunk_ms_by_tenth" in sc:
+            lines += [
+                "Median chunk time of each tenth of the job, in ms: "
+                + ", ".join(f"{v}" for v in sc["chunk_ms_by_tenth"])
+                + f" ({sc['checkpoints_during_drain']} checkpoints and "
+                f"{sc['buffers_written_by_backends_during_drain']} buffers written by backends during the drain).",
+                "",
         ]
     co = r.get("concurrency")
     if co:
@@ -389,25 +444,32 @@ def main():
     registers = []
     for sync, reps in (("on", a.reps), ("off", 1)):
         runs = {str(k): {m: [] for m in methods} for k in CHUNKS}
+        cpu = {str(k): {m: [] for m in methods} for k in CHUNKS}
         for rep in range(reps):
             for k in CHUNKS:
                 for m in methods:
                     r = b.run(m, k, sync)
                     runs[str(k)][m].append(r["rows_per_s"])
+                    if "cpu_us_per_row" in r:
+                        cpu[str(k)][m].append(r["cpu_us_per_row"])
                     if "register_s" in r:
                         registers.append(r["register_s"])
                     print(f"sync={sync} rep={rep + 1} chunk={k} {m}: {r['rows_per_s']:,.0f} rows/s", flush=True)
         result["drains"][sync] = {k: {m: summary(v) for m, v in ms.items()} for k, ms in runs.items()}
+        result.setdefault("cpu", {})[sync] = {
+            k: {m: summary(v) for m, v in ms.items() if v} for k, ms in cpu.items()
+        }
     if registers:
         result["register_s"] = summary(registers)
 
-    chains = {"A": [], "seed": []}
+    chains = {"A": [], "seed": [], "A_cpu_us": [], "seed_cpu_us": []}
     for rep in range(a.reps):
         c = b.chains(a.steps)
         for k in chains:
-            chains[k].append(c[k])
+            if k in c:
+                chains[k].append(c[k])
         print(f"chains rep={rep + 1}: A {c['A']:,.0f} steps/s, seed {c['seed']:,.0f} steps/s", flush=True)
-    result["chains"] = {k: summary(v) for k, v in chains.items()}
+    result["chains"] = {k: summary(v) for k, v in chains.items() if v}
 
     conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "separate": {}, "one_job": {}}
     for d in conc["drainers"]:

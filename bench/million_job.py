@@ -24,7 +24,15 @@ def rss_anon_kb(pid):
     return None
 
 
-def measure(items=1_000_000, chunk=1000, samples=20, db="bench_million"):
+def checkpoints(c):
+    """Checkpoints so far, and buffers the backends had to write out themselves to make
+    room (shared_buffers full of dirty pages)."""
+    return c.execute(
+        "SELECT checkpoints_timed + checkpoints_req, buffers_backend FROM pg_stat_bgwriter"
+    ).fetchone()
+
+
+def measure(items=1_000_000, chunk=1000, samples=100, db="bench_million"):
     """Runs the measurement and returns its numbers as a dict."""
     a = argparse.Namespace(items=items, chunk=chunk, samples=samples, db=db)
 
@@ -58,6 +66,10 @@ def measure(items=1_000_000, chunk=1000, samples=20, db="bench_million"):
         register_s = time.perf_counter() - t
         rss_after_register = rss_anon_kb(pid)
 
+        # The drain starts from a clean checkpoint, so that it does not pay for writing out
+        # what loading and registering dirtied; checkpoints during the drain are counted.
+        c.execute("CHECKPOINT")
+        checkpoints_before = checkpoints(c)
         chunks = (a.items + a.chunk - 1) // a.chunk
         times, memory = [], []
         c.add_notice_handler(lambda d: None)
@@ -68,6 +80,12 @@ def measure(items=1_000_000, chunk=1000, samples=20, db="bench_million"):
             memory.append(rss_anon_kb(pid))
         status = c.execute("SELECT status, next_index FROM etc_batch.job WHERE job_id = 'million'").fetchone()
         audited = c.execute("SELECT count(*) FROM etc_batch.job_audit WHERE job_id = 'million'").fetchone()[0]
+        checkpoints_after = checkpoints(c)
+        sizes = c.execute(
+            "SELECT pg_size_pretty(sum(pg_total_relation_size(oid))) FROM pg_class "
+            "WHERE relkind = 'r' AND relname IN ('orders', 'job_item', 'job_audit')"
+        ).fetchone()[0]
+        shared_buffers = c.execute("SHOW shared_buffers").fetchone()[0]
 
     n = min(a.samples, chunks // 3) or 1
     mid = chunks // 2
@@ -83,6 +101,15 @@ def measure(items=1_000_000, chunk=1000, samples=20, db="bench_million"):
         "chunk_ms_middle": round(middle * 1000, 2),
         "chunk_ms_end": round(end * 1000, 2),
         "end_over_start": round(end / start, 3),
+        # the median chunk of each tenth of the job, to show the whole curve
+        "chunk_ms_by_tenth": [
+            round(statistics.median(times[k * chunks // 10:(k + 1) * chunks // 10]) * 1000, 2)
+            for k in range(10)
+        ],
+        "checkpoints_during_drain": checkpoints_after[0] - checkpoints_before[0],
+        "buffers_written_by_backends_during_drain": checkpoints_after[1] - checkpoints_before[1],
+        "tables_at_end": sizes,
+        "shared_buffers": shared_buffers,
         "rss_anon_kb_before_register": rss_before_register,
         "rss_anon_kb_after_register": rss_after_register,
         "rss_anon_kb_after_first_chunk": memory[0],
@@ -102,7 +129,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=1_000_000)
     ap.add_argument("--chunk", type=int, default=1000)
-    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--db", default="bench_million")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
