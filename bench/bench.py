@@ -56,8 +56,7 @@ def connect(db, **kw):
 
 def backend_cpu(conn):
     """CPU seconds the connection's server process has used so far (user + system), or
-    None where /proc cannot tell. Unlike the wall clock, this barely moves with the
-    disk's fsync latency, which on a small virtual machine varies from run to run."""
+    None where /proc cannot tell: with the wall clock, it tells CPU from waiting."""
     try:
         stat = Path(f"/proc/{conn.info.backend_pid}/stat").read_text()
     except OSError:
@@ -337,7 +336,8 @@ def markdown(r):
         if cpu and all("A" in cpu[str(k)] for k in CHUNKS):
             lines.append(
                 "Server CPU per row, in microseconds (median; the backend's user + system time "
-                "from /proc, which the disk's varying fsync latency barely moves):"
+                "from /proc). Where it tracks the wall clock, the method is bound by CPU, not "
+                "by waiting for the disk:"
             )
             lines.append("")
             lines.append("| method | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
