@@ -60,6 +60,11 @@ ensure_deps() {
 install_extension() {
     log "building and installing etc_batch"
     (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+    # The install scripts of released versions, frozen, so that a database can be created
+    # at an older version and updated (cargo pgrx install copies the update scripts only).
+    local share
+    share=$("$PG_CONFIG" --sharedir)/extension
+    as_root cp "$ROOT"/sql/released/etc_batch--*.sql "$share/"
 }
 
 # cluster_start NAME PORT [postgresql.conf lines...]

@@ -1,0 +1,344 @@
+"""Upgrades and backups: nothing etc_batch keeps is lost, and everything still works.
+
+- Every released version's install script is kept, frozen, in sql/released/ (checked
+  against sql/released/SHA256SUMS), and has an update path to the version built now.
+- For each released version: install it, create chains, jobs and leases in every state
+  they can be in, ALTER EXTENSION etc_batch UPDATE, and check that every row survived,
+  that the catalog is exactly what a fresh CREATE EXTENSION makes, and that the work
+  carries on where it stopped.
+- pg_dump and pg_restore of a database using etc_batch keep chains, jobs, audit and
+  leases, and the restored database carries on too.
+
+The cluster is the one libpq finds through PGHOST, PGPORT and PGUSER; every test works
+in databases of its own.
+"""
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASED = ROOT / "sql" / "released"
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+
+def released_versions():
+    return sorted(
+        (p.name[len("etc_batch--"):-len(".sql")] for p in RELEASED.glob("etc_batch--*.sql")
+         if p.name.count("--") == 1),
+        key=lambda v: tuple(int(x) for x in v.split(".")),
+    )
+
+
+def connect(db, **kw):
+    kw.setdefault("autocommit", True)
+    kw.setdefault("row_factory", dict_row)
+    conn = psycopg.connect(dbname=db, **kw)
+    conn.add_notice_handler(lambda d: None)
+    return conn
+
+
+def fresh_database(name):
+    with connect("postgres") as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(name):
+    with connect("postgres") as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def current_version():
+    with connect("postgres") as c:
+        return c.execute(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'etc_batch'"
+        ).fetchone()["default_version"]
+
+
+# -- the state every test builds -----------------------------------------------------
+
+ITEMS = 30
+
+
+def build_state(c):
+    """Chains, jobs and leases in the states they can be in: a chain stopped at a failed
+    step, a job half drained, one untouched, one aborted, a lease held and one released."""
+    c.execute(
+        "CREATE TABLE public.orders (tenant text, id integer, revision bigint NOT NULL DEFAULT 1, "
+        "qty integer NOT NULL, status text NOT NULL DEFAULT 'pending', PRIMARY KEY (tenant, id))"
+    )
+    c.execute(
+        "INSERT INTO public.orders (tenant, id, qty) "
+        "SELECT t, g, 1 + g %% 4 FROM unnest(ARRAY['A', 'B']) t, generate_series(1, %s) g",
+        (ITEMS,),
+    )
+    for job, first, last in (("half", 1, 20), ("untouched", 21, 25), ("stopped", 26, 30)):
+        c.execute(
+            "SELECT etc_batch.register_job(%s, 'A', 'public.orders', "
+            "(SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision, 'qty', qty)) "
+            "   FROM public.orders WHERE tenant = 'A' AND id BETWEEN %s AND %s), 4, "
+            "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
+            (job, first, last),
+        )
+    c.execute("CALL etc_batch.drain_job('half', 2)")
+    c.execute("SELECT etc_batch.abort_job('stopped', 'changed our minds')")
+
+    c.execute("CREATE TABLE public.loaded (step bigint PRIMARY KEY)")
+    c.execute("CREATE TABLE public.knob (ok boolean)")
+    c.execute("INSERT INTO public.knob VALUES (false)")
+    for step in range(1, 6):
+        # step 3 divides by zero until the knob is turned
+        command = (
+            "INSERT INTO public.loaded SELECT 3 / ok::int FROM public.knob"
+            if step == 3
+            else f"INSERT INTO public.loaded VALUES ({step})"
+        )
+        c.execute("SELECT etc_batch.add_step('nightly', %s, %s)", (command, step))
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        c.execute("CALL etc_batch.exec_batch_from_id(1)")
+
+    c.execute("SELECT * FROM etc_batch.acquire_lease('leader', 'w1', '1 hour')")
+    c.execute("SELECT * FROM etc_batch.acquire_lease('former', 'w2', '1 hour')")
+    c.execute("SELECT etc_batch.release_lease('former', 'w2')")
+
+
+TABLES = ("batch_log", "step_audit", "job", "job_item", "job_audit", "lease")
+
+
+def snapshot(c):
+    """Every row etc_batch keeps, as JSON, in a stable order."""
+    out = {}
+    for t in TABLES:
+        out[t] = [
+            r["row"]
+            for r in c.execute(
+                f"SELECT to_jsonb(t) AS row FROM etc_batch.{t} t ORDER BY to_jsonb(t)::text"
+            ).fetchall()
+        ]
+    out["orders"] = [
+        r["row"] for r in c.execute(
+            "SELECT to_jsonb(o) AS row FROM public.orders o ORDER BY tenant, id"
+        ).fetchall()
+    ]
+    out["loaded"] = [r["step"] for r in c.execute("SELECT step FROM public.loaded ORDER BY step")]
+    return out
+
+
+def assert_state_built(s):
+    """The snapshot holds what build_state made, so that comparing two of them means
+    something."""
+    status = {r["job_id"]: (r["status"], r["next_index"]) for r in s["job"]}
+    assert status == {"half": ("pending", 8), "untouched": ("pending", 0), "stopped": ("aborted", 0)}
+    assert len(s["job_item"]) == ITEMS and len(s["job_audit"]) == 8
+    assert {r["id"]: r["status"] for r in s["batch_log"]} == {
+        1: "done", 2: "done", 3: "failed", 4: "pending", 5: "pending"}
+    assert s["loaded"] == [1, 2]
+    assert {r["name"]: (r["holder"], r["generation"]) for r in s["lease"]} == {
+        "leader": ("w1", 1), "former": ("w2", 1)}
+
+
+def carry_on(c):
+    """The work goes on from where it stopped, exactly once."""
+    verified = c.execute("SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('half')").fetchone()
+    assert verified["ok"] is True
+    c.execute("CALL etc_batch.drain_job('half')")
+    c.execute("CALL etc_batch.drain_job('untouched')")
+    summary = c.execute(
+        "SELECT job_id, s.* FROM unnest(ARRAY['half', 'untouched']) job_id, "
+        "LATERAL etc_batch.job_summary(job_id) s ORDER BY job_id"
+    ).fetchall()
+    assert [(r["job_id"], r["status"], r["committed"], r["matching"]) for r in summary] == [
+        ("half", "done", 20, 20), ("untouched", "done", 5, 5)]
+    changed = c.execute(
+        "SELECT count(*) FILTER (WHERE status = 'cancelled' AND revision = 2) AS once, "
+        "count(*) FILTER (WHERE revision > 2) AS twice, "
+        "count(*) FILTER (WHERE tenant = 'B' AND (status <> 'pending' OR revision <> 1)) AS other "
+        "FROM public.orders"
+    ).fetchone()
+    assert changed == {"once": 25, "twice": 0, "other": 0}
+    audit = c.execute(
+        "SELECT count(*) AS n, count(DISTINCT (job_id, position)) AS distinct_items "
+        "FROM etc_batch.job_audit"
+    ).fetchone()
+    assert audit == {"n": 25, "distinct_items": 25}
+
+    c.execute("UPDATE public.knob SET ok = true")
+    c.execute("SELECT etc_batch.retry_step(3)")
+    c.execute("CALL etc_batch.exec_batch_from_id(3)")
+    assert [r["step"] for r in c.execute("SELECT step FROM public.loaded ORDER BY step")] == [1, 2, 3, 4, 5]
+    assert c.execute(
+        "SELECT count(*) AS n FROM etc_batch.batch_log WHERE status = 'done'"
+    ).fetchone()["n"] == 5
+
+    c.execute("SELECT etc_batch.check_lease('leader', 'w1', 1)")  # raises unless held
+    with pytest.raises(psycopg.errors.lookup("0B000")):
+        c.execute("SELECT etc_batch.check_lease('former', 'w2', 1)")
+    renewed = c.execute("SELECT * FROM etc_batch.acquire_lease('leader', 'w1', '1 hour')").fetchone()
+    assert (renewed["acquired"], renewed["generation"]) == (True, 1)
+    taken = c.execute("SELECT * FROM etc_batch.acquire_lease('former', 'w3', '1 hour')").fetchone()
+    assert (taken["acquired"], taken["holder"], taken["generation"]) == (True, "w3", 2)
+    assert c.execute("SELECT count(*) AS n FROM etc_batch.doctor()").fetchone()["n"] > 0
+
+
+# -- the catalog, as a fresh install makes it -----------------------------------------
+
+CATALOG = """
+WITH members AS (
+  SELECT d.classid, d.objid
+    FROM pg_depend d
+    JOIN pg_extension e ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+   WHERE e.extname = 'etc_batch' AND d.deptype = 'e')
+SELECT pg_describe_object(m.classid, m.objid, 0) AS object,
+       CASE
+         WHEN m.classid = 'pg_proc'::regclass THEN
+           (SELECT concat_ws(' | ', pg_get_functiondef(p.oid), p.proacl::text, p.proconfig::text,
+                             p.prosecdef::text, obj_description(p.oid, 'pg_proc'))
+              FROM pg_proc p WHERE p.oid = m.objid)
+         WHEN m.classid = 'pg_class'::regclass THEN
+           (SELECT concat_ws(' | ', c.relkind::text, c.relacl::text, c.reloptions::text,
+                             obj_description(c.oid, 'pg_class'),
+                             CASE WHEN c.relkind IN ('v', 'm') THEN pg_get_viewdef(c.oid) END,
+                             (SELECT string_agg(concat_ws(' ', a.attname, format_type(a.atttypid, a.atttypmod),
+                                                          a.attnotnull::text, a.attidentity,
+                                                          pg_get_expr(ad.adbin, ad.adrelid),
+                                                          col_description(c.oid, a.attnum)),
+                                                ', ' ORDER BY a.attnum)
+                                FROM pg_attribute a
+                                LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+                               WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                             (SELECT string_agg(pg_get_constraintdef(k.oid), ', ' ORDER BY k.conname)
+                                FROM pg_constraint k WHERE k.conrelid = c.oid),
+                             (SELECT string_agg(pg_get_indexdef(i.indexrelid), ', ' ORDER BY 1)
+                                FROM pg_index i WHERE i.indrelid = c.oid),
+                             (SELECT string_agg(pg_get_triggerdef(t.oid), ', ' ORDER BY t.tgname)
+                                FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal),
+                             (SELECT string_agg(p.polname || ' ' || pg_get_expr(p.polqual, p.polrelid), ', ')
+                                FROM pg_policy p WHERE p.polrelid = c.oid))
+              FROM pg_class c WHERE c.oid = m.objid)
+         WHEN m.classid = 'pg_type'::regclass THEN
+           (SELECT concat_ws(' | ', format_type(t.typbasetype, t.typtypmod), t.typnotnull::text,
+                             (SELECT string_agg(pg_get_constraintdef(k.oid), ', ' ORDER BY k.conname)
+                                FROM pg_constraint k WHERE k.contypid = t.oid))
+              FROM pg_type t WHERE t.oid = m.objid)
+       END AS definition
+  FROM members m
+UNION ALL
+SELECT 'configuration dump of ' || x::regclass::text, coalesce(cond, '')
+  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u(x, cond)
+ WHERE e.extname = 'etc_batch'
+ORDER BY 1
+"""
+
+
+def catalog(c):
+    return {r["object"]: r["definition"] for r in c.execute(CATALOG)}
+
+
+def test_released_scripts_are_frozen_and_each_has_an_update_path(current_version):
+    sums = {}
+    for line in (RELEASED / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split()
+        sums[name] = digest
+    scripts = sorted(p.name for p in RELEASED.glob("etc_batch--*.sql"))
+    assert scripts and sorted(sums) == scripts, "every released script is listed, and only those"
+    for name, digest in sums.items():
+        assert hashlib.sha256((RELEASED / name).read_bytes()).hexdigest() == digest, (
+            f"{name} changed after its release; write an update script instead")
+    versions = released_versions()
+    assert current_version not in versions or versions[-1] == current_version
+    with connect("postgres") as c:
+        for v in versions:
+            if v == current_version:
+                continue
+            path = c.execute(
+                "SELECT path FROM pg_extension_update_paths('etc_batch') "
+                "WHERE source = %s AND target = %s",
+                (v, current_version),
+            ).fetchone()
+            assert path and path["path"], f"no update path from {v} to {current_version}"
+
+
+@pytest.mark.parametrize("version", released_versions())
+def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_version):
+    if version == current_version:
+        pytest.fail(f"{version} is released and is also the version being built: bump Cargo.toml")
+    upgraded, fresh = f"etc_batch_from_{version.replace('.', '_')}", "etc_batch_fresh"
+    fresh_database(upgraded)
+    fresh_database(fresh)
+    try:
+        with connect(upgraded) as c:
+            c.execute(sql.SQL("CREATE EXTENSION etc_batch VERSION {}").format(sql.Literal(version)))
+            assert c.execute(
+                "SELECT extversion FROM pg_extension WHERE extname = 'etc_batch'"
+            ).fetchone()["extversion"] == version
+            build_state(c)
+            before = snapshot(c)
+            assert_state_built(before)
+
+            c.execute("ALTER EXTENSION etc_batch UPDATE")
+            assert c.execute(
+                "SELECT extversion FROM pg_extension WHERE extname = 'etc_batch'"
+            ).fetchone()["extversion"] == current_version
+            assert snapshot(c) == before
+            upgraded_catalog = catalog(c)
+
+        with connect(fresh) as c:
+            c.execute("CREATE EXTENSION etc_batch")
+            fresh_catalog = catalog(c)
+        missing = sorted(set(fresh_catalog) - set(upgraded_catalog))
+        extra = sorted(set(upgraded_catalog) - set(fresh_catalog))
+        differ = sorted(k for k in set(fresh_catalog) & set(upgraded_catalog)
+                        if fresh_catalog[k] != upgraded_catalog[k])
+        assert (missing, extra, differ) == ([], [], []), (
+            "the update script does not make what a fresh install makes",
+            [(k, upgraded_catalog[k], fresh_catalog[k]) for k in differ[:3]])
+
+        # a new connection: the updated functions, not the ones cached before the update
+        with connect(upgraded) as c:
+            carry_on(c)
+    finally:
+        drop_database(upgraded)
+        drop_database(fresh)
+
+
+def pg_tool(tool, *args):
+    done = subprocess.run([str(PG_BIN / tool), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (tool, done.stderr)
+    return done
+
+
+def test_pg_dump_and_pg_restore_keep_chains_jobs_audit_and_leases(tmp_path):
+    source, restored = "etc_batch_dump_source", "etc_batch_dump_restored"
+    fresh_database(source)
+    fresh_database(restored)
+    try:
+        with connect(source) as c:
+            c.execute("CREATE EXTENSION etc_batch")
+            build_state(c)
+            before = snapshot(c)
+            assert_state_built(before)
+        archive = tmp_path / "etc_batch.dump"
+        pg_tool("pg_dump", "-Fc", "-f", str(archive), source)
+        pg_tool("pg_restore", "--exit-on-error", "-d", restored, str(archive))
+
+        with connect(restored) as c:
+            assert snapshot(c) == before
+            # the identity behind the audit rows carries on after the restored ones
+            last = max(r["audit_id"] for r in before["step_audit"])
+            assert c.execute(
+                "SELECT last_value AS v FROM etc_batch.step_audit_audit_id_seq"
+            ).fetchone()["v"] >= last
+            carry_on(c)
+        with connect(source) as c:
+            assert snapshot(c) == before, "the source is untouched by the restored copy's work"
+    finally:
+        drop_database(source)
+        drop_database(restored)
