@@ -3,7 +3,8 @@
 //! etc_batch does two things as a role other than the caller:
 //! - its bookkeeping (batch_log, step_audit) runs as the extension's owner, so that
 //!   callers need no write privilege on those tables and cannot forge who added a step;
-//! - a step's command runs as the role that added the step, never as the caller.
+//! - a step's command runs as the role that added the step, never as the caller, and a
+//!   job's change as the role that registered it; restricted when that is not the caller.
 //!
 //! A switch never spans a commit: PostgreSQL remembers the user at the start of each
 //! transaction and restores it on abort, so a switch made before a commit would become
@@ -27,14 +28,35 @@ impl Drop for Restore {
 /// Runs `work` with `role`'s privileges. SECURITY_LOCAL_USERID_CHANGE makes SET ROLE
 /// and SET SESSION AUTHORIZATION fail inside, as in a SECURITY DEFINER function.
 pub fn as_role<R>(role: pg_sys::Oid, work: impl FnOnce() -> R) -> R {
+    switch_to(role, 0, work)
+}
+
+fn switch_to<R>(role: pg_sys::Oid, restrictions: u32, work: impl FnOnce() -> R) -> R {
     let mut user = pg_sys::Oid::INVALID;
     let mut context = 0;
+    let added = (pg_sys::SECURITY_LOCAL_USERID_CHANGE | restrictions) as i32;
     unsafe {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        pg_sys::SetUserIdAndSecContext(role, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        pg_sys::SetUserIdAndSecContext(role, context | added);
     }
     let _restore = Restore { user, context };
     work()
+}
+
+/// Runs SQL that `author` wrote (a step's command, a job's change and its handler) with
+/// `author`'s privileges, for `caller`. When they differ it is also a security-restricted
+/// operation, as VACUUM and REFRESH MATERIALIZED VIEW run a table owner's code: the SQL
+/// cannot create temporary objects or cursors WITH HOLD, LISTEN or DISCARD, which would
+/// outlive it in the caller's session. A temporary table is searched before every schema: one planted
+/// with a trigger of the author's would run as the caller at the caller's next
+/// unqualified INSERT.
+pub fn as_author<R>(author: pg_sys::Oid, caller: pg_sys::Oid, work: impl FnOnce() -> R) -> R {
+    let restrictions = if author == caller {
+        0
+    } else {
+        pg_sys::SECURITY_RESTRICTED_OPERATION
+    };
+    switch_to(author, restrictions, work)
 }
 
 /// The role running the current statement (current_user).

@@ -13,7 +13,7 @@ use crate::clock::now;
 use crate::error::{BatchError, OrRaise, Result};
 use crate::lease::Fence;
 use crate::query;
-use crate::roles::{as_role, current_user, extension_owner};
+use crate::roles::{as_author, as_role, current_user, extension_owner};
 use crate::txn::{subtransaction, TxnLoop};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -142,7 +142,7 @@ impl Runner {
                 }
                 let started = now();
                 let outcome = subtransaction(|| {
-                    as_role(step.added_by, || {
+                    as_author(step.added_by, self.caller, || {
                         run_command(&step.command, self.deferrable)
                     })
                 });

@@ -19,11 +19,12 @@ use crate::chain::step::{classify_failure, FailureKind};
 use crate::error::{BatchError, Result};
 use crate::lease::Fence;
 use crate::query;
-use crate::roles::{as_role, extension_owner};
+use crate::roles::{as_author, as_role, extension_owner};
 use crate::txn::{subtransaction_unless, TxnLoop};
 use pgrx::datum::JsonB;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::spi::quote_literal;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -46,6 +47,8 @@ struct Job {
     change_sql: String,
     row_sql: String,
     bookkeeper: pg_sys::Oid,
+    /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
+    caller: pg_sys::Oid,
 }
 
 enum Chunk {
@@ -158,6 +161,7 @@ pub fn drain(
         change_sql,
         row_sql,
         bookkeeper,
+        caller: crate::roles::current_user(),
     };
 
     let mut drained = Drained::default();
@@ -250,7 +254,7 @@ impl Job {
         ));
 
         let changed = subtransaction_unless(|| {
-            as_role(self.def.registered_by, || {
+            as_author(self.def.registered_by, self.caller, || {
                 self.change(&items, range.start, range.len())
             })
         });
@@ -268,9 +272,10 @@ impl Job {
                         ""
                     }
                 );
+                // A literal a person can paste, whatever characters the job id holds.
                 let hint = format!(
-                    "Fix the cause and call etc_batch.drain_job('{}') again.",
-                    self.id()
+                    "Fix the cause and call etc_batch.drain_job({}) again.",
+                    quote_literal(self.id())
                 );
                 failure.into_report(detail, hint).report(PgLogLevel::ERROR);
                 unreachable!()
@@ -420,7 +425,7 @@ impl Job {
             .ok_or_else(|| {
                 BatchError::Internal(format!("no approved item at position {position}"))
             })?;
-        let row = as_role(self.def.registered_by, || {
+        let row = as_author(self.def.registered_by, self.caller, || {
             query::one::<JsonB>(
                 &self.row_sql,
                 &[self.def.tenant.clone().into(), key.clone().into()],
