@@ -43,17 +43,21 @@ SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum),
  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
    AND NOT a.attisdropped";
 
-/// The columns of every plain unique index, as one comma-separated list per index.
-const UNIQUE_INDEXES: &str = "\
-SELECT pg_catalog.array_agg(cols)
-  FROM (SELECT pg_catalog.string_agg(a.attname::pg_catalog.text, ',') AS cols
-          FROM pg_catalog.pg_index i
-         CROSS JOIN LATERAL pg_catalog.unnest(i.indkey::pg_catalog.int2[]) AS k(attnum)
-          JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
-                                        AND a.attnum OPERATOR(pg_catalog.=) k.attnum
-         WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique
-           AND i.indpred IS NULL AND i.indexprs IS NULL
-         GROUP BY i.indexrelid) u";
+/// Whether some plain unique index has no column but the key and tenant columns, so that
+/// one (tenant, key) names at most one row. The names are compared one by one, never as
+/// a joined list: a column name may contain any character, a comma included.
+/// $1 the table, $2 the key column, $3 the tenant column.
+const UNIQUE_KEY: &str = "\
+SELECT EXISTS (
+  SELECT FROM pg_catalog.pg_index i
+   WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique
+     AND i.indpred IS NULL AND i.indexprs IS NULL
+     AND NOT EXISTS (
+           SELECT FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) AS k(attnum)
+             JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                           AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+            WHERE a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $2
+              AND a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $3))";
 
 impl Target {
     pub fn load(
@@ -129,11 +133,11 @@ impl Target {
     /// One approved item must match one row: some unique index must cover only the key
     /// and tenant columns.
     fn check_unique_key(&self, oid: pg_sys::Oid) -> Result<()> {
-        let indexes = query::one::<Vec<String>>(UNIQUE_INDEXES, &[oid.into()])?.unwrap_or_default();
         let (key, tenant) = (&self.shape.key_column, &self.shape.tenant_column);
-        let covered = indexes
-            .iter()
-            .any(|cols| cols.split(',').all(|c| c == key || c == tenant));
+        let covered = query::one::<bool>(
+            UNIQUE_KEY,
+            &[oid.into(), key.as_str().into(), tenant.as_str().into()],
+        )? == Some(true);
         if covered {
             return Ok(());
         }
