@@ -67,6 +67,24 @@ install_extension() {
     as_root cp "$ROOT"/sql/released/etc_batch--*.sql "$share/"
 }
 
+# install_released VERSION: builds and installs the library and install script of a
+# released version from the commit sql/released/SOURCES names, so that a database can be
+# created at that version as its users had it (tests/upgrade). install_extension puts the
+# current build back.
+install_released() {
+    local version=$1 commit dir
+    commit=$(awk -v v="$version" '$1 == v { print $2 }' "$ROOT/sql/released/SOURCES")
+    [ -n "$commit" ] || { echo "sql/released/SOURCES names no commit for etc_batch $version" >&2; return 1; }
+    dir="$ROOT/target/released/$version"
+    rm -rf "$dir" && mkdir -p "$dir"
+    git -C "$ROOT" archive "$commit" | tar -x -C "$dir"
+    log "building and installing etc_batch $version from $commit"
+    # A target directory of its own: in the shared one, cargo would take the older
+    # sources (older file times) as up to date and install the current library.
+    (cd "$dir" && CARGO_TARGET_DIR="$ROOT/target/released-build" \
+        cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+}
+
 # cluster_start NAME PORT [postgresql.conf lines...]
 # Data and socket live in target/pg/NAME; the superuser is "postgres", trusted locally.
 cluster_start() {

@@ -31,7 +31,8 @@ CREATE TABLE etc_batch.job (
     registered_at    timestamptz NOT NULL DEFAULT now(),
     started_at       timestamptz,
     last_commit_at   timestamptz,
-    finished_at      timestamptz
+    finished_at      timestamptz,
+    search_path      text        NOT NULL
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -40,6 +41,8 @@ COMMENT ON COLUMN etc_batch.job.next_index IS 'The checkpoint: every approved it
 COMMENT ON COLUMN etc_batch.job.seal IS 'A hash of the job id, next_index and chunks_committed, written with every checkpoint: a checkpoint changed by hand no longer matches it.';
 COMMENT ON COLUMN etc_batch.job.audit_changes IS 'Updates, deletes and truncates of this job''s audit rows, counted by a trigger; anything but 0 makes the job corrupt.';
 COMMENT ON COLUMN etc_batch.job.item_changes IS 'Updates, deletes and truncates of this job''s approved items, counted by a trigger; anything but 0 makes the job corrupt.';
+COMMENT ON COLUMN etc_batch.job.search_path IS
+    'The search_path of the session that registered the job. The change, its handler and the target''s triggers run with it, never with the caller''s.';
 COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';
 
 CREATE TABLE etc_batch.job_item (

@@ -5,6 +5,24 @@
 -- makes "who added this step" trustworthy. Reading them is granted explicitly (see
 -- the README, "Privileges").
 
+-- CREATE EXTENSION puts etc_batch into a schema named etc_batch that already exists. One
+-- made beforehand by another role would let that role drop and replace etc_batch's
+-- objects, which run as their owner: refuse to install there.
+DO $guard$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_namespace n
+                WHERE n.nspname OPERATOR(pg_catalog.=) 'etc_batch'
+                  AND n.nspowner OPERATOR(pg_catalog.<>)
+                      (SELECT r.oid FROM pg_catalog.pg_roles r
+                        WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)) THEN
+        RAISE EXCEPTION 'schema "etc_batch" already exists and belongs to another role'
+            USING ERRCODE = '42501',
+                  DETAIL = 'Its owner could replace the extension''s objects.',
+                  HINT = 'Drop the schema, or make the installing role its owner, and create the extension again.';
+    END IF;
+END
+$guard$;
+
 -- The states a step, an attempt and a job can be in. Domains rather than CHECK
 -- constraints on the tables: these rows are written at every step and chunk, and a
 -- domain's check is kept parsed, where a table's CHECK is read back for every statement.
@@ -26,8 +44,11 @@ CREATE TABLE etc_batch.batch_log (
     last_error    text,
     last_sqlstate text,
     added_by      regrole     NOT NULL,
-    added_at      timestamptz NOT NULL DEFAULT now()
+    added_at      timestamptz NOT NULL DEFAULT now(),
+    search_path   text        NOT NULL
 );
+COMMENT ON COLUMN etc_batch.batch_log.search_path IS
+    'The search_path of the session that added the step. The command runs with it, never with the caller''s, as a function with SET search_path FROM CURRENT does.';
 
 CREATE INDEX batch_log_batch_id ON etc_batch.batch_log (batch, id);
 

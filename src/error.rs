@@ -74,6 +74,10 @@ pub enum BatchError {
     UnknownJob {
         job: String,
     },
+    /// The database's etc_batch objects are of another version than this library.
+    VersionMismatch {
+        installed: String,
+    },
     PermissionDenied {
         message: String,
         detail: String,
@@ -135,6 +139,7 @@ impl BatchError {
             UndefinedColumn { .. } => Code::ERRCODE_UNDEFINED_COLUMN,
             Unsupported { .. } => Code::ERRCODE_FEATURE_NOT_SUPPORTED,
             UnknownJob { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            VersionMismatch { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             PermissionDenied { .. } => Code::ERRCODE_INSUFFICIENT_PRIVILEGE,
             JobMismatch { .. } => Code::ERRCODE_DUPLICATE_OBJECT,
             // Not class 40: a conflict is never retryable; it needs a new approval.
@@ -179,6 +184,10 @@ impl BatchError {
             }
             Unsupported { message, .. } => message.clone(),
             UnknownJob { job } => format!("job \"{job}\" does not exist"),
+            VersionMismatch { installed } => format!(
+                "etc_batch {installed} is installed in this database, but the library is {}",
+                env!("CARGO_PKG_VERSION")
+            ),
             PermissionDenied { message, .. } => message.clone(),
             JobMismatch { job, .. } => {
                 format!("job \"{job}\" is already registered with different content")
@@ -281,6 +290,9 @@ impl BatchError {
             StepExists { .. } => Some("Omit the id to let etc_batch choose the next free one.".into()),
             StepOwnerMissing { .. } => {
                 Some("Delete the step and add it again as an existing role.".into())
+            }
+            VersionMismatch { .. } => {
+                Some("Run \"ALTER EXTENSION etc_batch UPDATE\" in this database.".into())
             }
             JobMismatch { .. } => Some(
                 "A job id names one approval forever; register the new approval under a new job id.".into(),

@@ -43,20 +43,49 @@ fn switch_to<R>(role: pg_sys::Oid, restrictions: u32, work: impl FnOnce() -> R) 
     work()
 }
 
-/// Runs SQL that `author` wrote (a step's command, a job's change and its handler) with
-/// `author`'s privileges, for `caller`. When they differ it is also a security-restricted
+/// Runs SQL that `author` wrote (a step's command, a job's change, its handler and the
+/// target's triggers) for `caller`, in the author's context: the author's privileges and
+/// the search_path the author's session had, never the caller's, whose look-alike
+/// functions would otherwise run with the author's privileges. Settings the SQL changes
+/// (SET, SET LOCAL, set_config) end with it, so it cannot change the caller's session or
+/// the next step's settings. When author and caller differ it is also a security-restricted
 /// operation, as VACUUM and REFRESH MATERIALIZED VIEW run a table owner's code: the SQL
 /// cannot create temporary objects or cursors WITH HOLD, LISTEN or DISCARD, which would
 /// outlive it in the caller's session. A temporary table is searched before every schema: one planted
 /// with a trigger of the author's would run as the caller at the caller's next
 /// unqualified INSERT.
-pub fn as_author<R>(author: pg_sys::Oid, caller: pg_sys::Oid, work: impl FnOnce() -> R) -> R {
+pub fn as_author<R>(
+    author: pg_sys::Oid,
+    search_path: &str,
+    caller: pg_sys::Oid,
+    work: impl FnOnce() -> R,
+) -> R {
     let restrictions = if author == caller {
         0
     } else {
         pg_sys::SECURITY_RESTRICTED_OPERATION
     };
-    switch_to(author, restrictions, work)
+    let path = std::ffi::CString::new(search_path).unwrap_or_default();
+    // A nesting level of its own, as a function's SET clause has. On an error, the
+    // enclosing subtransaction's abort undoes it.
+    let level = unsafe { pg_sys::NewGUCNestLevel() };
+    unsafe {
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            path.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            pgrx::PgLogLevel::ERROR as i32,
+            false,
+        );
+    }
+    let result = switch_to(author, restrictions, work);
+    // "false" undoes every change made at this level, as a subtransaction abort would;
+    // "true" would keep plain SETs for the rest of the session.
+    unsafe { pg_sys::AtEOXact_GUC(false, level) };
+    result
 }
 
 /// The role running the current statement (current_user).
@@ -64,14 +93,24 @@ pub fn current_user() -> pg_sys::Oid {
     unsafe { pg_sys::GetUserId() }
 }
 
-/// The owner of the etc_batch extension, who owns its tables.
+/// The owner of the etc_batch extension, who owns its tables. Every call that touches
+/// etc_batch's tables starts here, so it is also where a database whose etc_batch objects
+/// are of another version than this library is refused: after a new build is installed,
+/// until ALTER EXTENSION etc_batch UPDATE, the statements here would not match the tables.
 pub fn extension_owner() -> Result<pg_sys::Oid> {
-    crate::query::one::<pg_sys::Oid>(
-        "SELECT e.extowner FROM pg_catalog.pg_extension e \
+    let (owner, version) = crate::query::row(
+        "SELECT e.extowner, e.extversion FROM pg_catalog.pg_extension e \
          WHERE e.extname OPERATOR(pg_catalog.=) 'etc_batch'",
         &[],
+        |r| Ok((r.get::<pg_sys::Oid>(1)?, r.get::<String>(2)?)),
     )?
-    .ok_or_else(|| BatchError::Internal("extension etc_batch is not installed".into()))
+    .ok_or_else(|| BatchError::Internal("extension etc_batch is not installed".into()))?;
+    match (owner, version) {
+        (Some(owner), Some(v)) if v == env!("CARGO_PKG_VERSION") => Ok(owner),
+        (_, installed) => Err(BatchError::VersionMismatch {
+            installed: installed.unwrap_or_default(),
+        }),
+    }
 }
 
 /// Runs `work` as the extension's owner: for etc_batch's own bookkeeping only.

@@ -2,10 +2,10 @@
 //! abort_job.
 
 use crate::error::{required, BatchError, OrRaise, Result};
-use crate::job::{drain, register, report};
+use crate::job::{approval, drain, register, report};
 use crate::lease::Fence;
 use crate::txn::TxnLoop;
-use pgrx::datum::JsonB;
+use pgrx::datum::Internal;
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -32,10 +32,10 @@ fn register_job(
     job_id: Option<String>,
     tenant: Option<String>,
     target: Option<pg_sys::Oid>,
-    items: Option<JsonB>,
+    items: Option<Internal>,
     chunk_size: Option<i32>,
-    set_values: Option<JsonB>,
-    expect: Option<JsonB>,
+    set_values: Option<Internal>,
+    expect: Option<Internal>,
     key_column: Option<&CStr>,
     tenant_column: Option<&CStr>,
     revision_column: Option<&CStr>,
@@ -55,10 +55,10 @@ fn register_job(
             job_id: required(job_id, "job_id")?,
             tenant: required(tenant, "tenant")?,
             target: required(target, "target")?,
-            items: required(items, "items")?.0,
+            items: required(jsonb_arg(items, "items")?, "items")?,
             chunk_size: required(chunk_size, "chunk_size")?,
-            set_values: set_values.map(|j| j.0).filter(|v| !v.is_null()),
-            expect: required(expect, "expect")?.0,
+            set_values: jsonb_arg(set_values, "set_values")?.filter(|v| !v.is_null()),
+            expect: required(jsonb_arg(expect, "expect")?, "expect")?,
             key_column: name(key_column, "key_column")?,
             tenant_column: name(tenant_column, "tenant_column")?,
             revision_column: name(revision_column, "revision_column")?,
@@ -74,6 +74,30 @@ fn register_job(
         registered.items,
         registered.chunks,
     ))
+}
+
+/// A jsonb argument (declared so in the SQL above), read from its text form. pgrx's
+/// JsonB turns jsonb that serde_json cannot hold (nesting deeper than it reads, a number
+/// beyond double precision) into an internal error; this refuses it with a clear one.
+fn jsonb_arg(arg: Option<Internal>, what: &str) -> Result<Option<serde_json::Value>> {
+    let Some(datum) = arg.and_then(Internal::unwrap) else {
+        return Ok(None);
+    };
+    // SAFETY: the datum is a jsonb argument of this call; jsonb_out detoasts it and
+    // returns a C string palloc'd in the current memory context, freed below.
+    unsafe {
+        let text = pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)])
+            .ok_or_else(|| BatchError::Internal(format!("jsonb_out returned NULL for {what}")))?;
+        let value = match text.to_str() {
+            Ok(text) => approval::read_json(what, text),
+            Err(_) => Err(BatchError::Unsupported {
+                message: format!("{what} is not valid UTF-8"),
+                detail: "etc_batch reads approvals in UTF8 databases only.".into(),
+            }),
+        };
+        pg_sys::pfree(text.as_ptr() as *mut std::ffi::c_void);
+        value.map(Some)
+    }
 }
 
 /// Every approved item of a job: unprocessed, or committed and now matching, drifted

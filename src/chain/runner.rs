@@ -27,6 +27,7 @@ struct LockedStep {
     last_sqlstate: Option<String>,
     last_error: Option<String>,
     owner_exists: bool,
+    search_path: String,
 }
 
 enum Flow {
@@ -142,7 +143,7 @@ impl Runner {
                 }
                 let started = now();
                 let outcome = subtransaction(|| {
-                    as_author(step.added_by, self.caller, || {
+                    as_author(step.added_by, &step.search_path, self.caller, || {
                         run_command(&step.command, self.deferrable)
                     })
                 });
@@ -219,6 +220,7 @@ impl Runner {
                     last_sqlstate: row.get::<String>(5)?,
                     last_error: row.get::<String>(6)?,
                     owner_exists: row.get::<bool>(7)?.unwrap_or(false),
+                    search_path: row.get::<String>(8)?.unwrap_or_default(),
                 })
             })
         })?;
@@ -253,10 +255,9 @@ impl Runner {
     }
 }
 
-/// Runs a step's command. Settings it changes (SET, SET LOCAL, set_config) end with the
-/// step, so one step cannot change the next one's settings or the caller's session.
+/// Runs a step's command, in its author's context (see as_author: settings the command
+/// changes end with it).
 fn run_command(command: &str, deferrable: bool) {
-    let nest_level = unsafe { pg_sys::NewGUCNestLevel() };
     Spi::run(command).map_err(BatchError::from).or_raise();
     // Deferred constraints are checked now, inside the step's subtransaction, so that a
     // violation is the step's failure rather than an error of the COMMIT after it. In a
@@ -264,7 +265,4 @@ fn run_command(command: &str, deferrable: bool) {
     if deferrable {
         query::run("SET CONSTRAINTS ALL IMMEDIATE", &[]).or_raise();
     }
-    // "false" undoes every change made at this nesting level, as a subtransaction abort
-    // would; "true" would keep plain SETs for the rest of the session.
-    unsafe { pg_sys::AtEOXact_GUC(false, nest_level) };
 }

@@ -18,7 +18,8 @@ macro_rules! lock_step {
             "SELECT b.status, b.command, b.added_by::pg_catalog.oid, b.attempts,
        b.last_sqlstate, b.last_error,
        EXISTS (SELECT FROM pg_catalog.pg_roles r
-               WHERE r.oid OPERATOR(pg_catalog.=) b.added_by::pg_catalog.oid)
+               WHERE r.oid OPERATOR(pg_catalog.=) b.added_by::pg_catalog.oid),
+       b.search_path
   FROM etc_batch.batch_log b
  WHERE b.id OPERATOR(pg_catalog.=) $1
    FOR UPDATE OF b",
@@ -109,10 +110,11 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('etc_batch.batch_log
 pub const NEXT_FREE_ID: &str = "\
 SELECT pg_catalog.max(b.id) FROM etc_batch.batch_log b";
 
-/// $1 id, $2 batch, $3 command, $4 the adding role.
+/// $1 id, $2 batch, $3 command, $4 the adding role. The step keeps the adding session's
+/// search_path, to run with.
 pub const INSERT_STEP: &str = "\
-INSERT INTO etc_batch.batch_log (id, batch, command, added_by)
-VALUES ($1, $2, $3, $4)
+INSERT INTO etc_batch.batch_log (id, batch, command, added_by, search_path)
+VALUES ($1, $2, $3, $4, pg_catalog.current_setting('search_path'))
 RETURNING id";
 
 pub const RESET_BATCH: &str = "\

@@ -147,9 +147,24 @@ impl Shape {
             })
     }
 
-    /// Checks the roles of the named columns: the key has a supported type and the
-    /// revision is an integer.
+    /// Checks the roles of the named columns: three different columns, the key of a
+    /// supported type and the revision an integer.
     pub fn check_roles(&self) -> Result<()> {
+        // One column in two roles would let the job's revision increment change the key,
+        // or make the tenant a key.
+        let roles = [
+            ("key", &self.key_column),
+            ("tenant", &self.tenant_column),
+            ("revision", &self.revision_column),
+        ];
+        for (i, (role, column)) in roles.iter().enumerate() {
+            if let Some((other, _)) = roles[i + 1..].iter().find(|(_, c)| c == column) {
+                return Err(invalid(
+                    format!("column \"{column}\" cannot be both the {role} and the {other} column"),
+                    "The key, tenant and revision columns must be three different columns.",
+                ));
+            }
+        }
         let key = self.column(&self.key_column)?;
         if !matches!(key.kind, Kind::Int { .. } | Kind::Text | Kind::Uuid) {
             return Err(BatchError::Unsupported {
@@ -187,19 +202,18 @@ impl Shape {
             )
         };
         match column.kind {
-            Kind::Int { min, max } => {
-                let i = value.as_i64().ok_or_else(wrong)?;
-                if i < min || i > max {
-                    return Err(invalid(
-                        format!("item {position} has a key out of range"),
-                        format!(
-                            "{i} does not fit key column \"{}\" of type {}.",
-                            column.name, column.type_name
-                        ),
-                    ));
-                }
-                Ok(Key::Int(i))
-            }
+            Kind::Int { min, max } => match value.as_i64() {
+                Some(i) if i >= min && i <= max => Ok(Key::Int(i)),
+                // Beyond i64 too (a u64): still an integer, so say it is out of range.
+                _ if is_integer(value) => Err(invalid(
+                    format!("item {position} has a key out of range"),
+                    format!(
+                        "{value} does not fit key column \"{}\" of type {}.",
+                        column.name, column.type_name
+                    ),
+                )),
+                _ => Err(wrong()),
+            },
             Kind::Text => Ok(Key::Text(value.as_str().ok_or_else(wrong)?.to_string())),
             Kind::Uuid => parse_uuid(value.as_str().ok_or_else(wrong)?)
                 .map(Key::Uuid)
@@ -221,6 +235,18 @@ impl Shape {
             (Kind::Other, Value::String(_) | Value::Number(_)) => true,
             _ => false,
         };
+        if !ok && matches!(column.kind, Kind::Int { .. }) && is_integer(value) {
+            return Err(invalid(
+                format!(
+                    "{context} has a value out of range for column \"{}\"",
+                    column.name
+                ),
+                format!(
+                    "{value} does not fit column \"{}\" of type {}.",
+                    column.name, column.type_name
+                ),
+            ));
+        }
         if !ok {
             return Err(invalid(
                 format!(
@@ -345,6 +371,35 @@ impl Shape {
         }
         Ok(normalized)
     }
+}
+
+/// How deep serde_json nests before it gives up (its recursion limit).
+const MAX_DEPTH: usize = 127;
+
+/// Reads a jsonb argument from its text form (jsonb_out). Everything jsonb holds is
+/// valid JSON, but serde_json holds less: deeper nesting than `MAX_DEPTH` and numbers
+/// beyond double precision's range are refused here, naming the argument, instead of
+/// failing in the conversion as an internal error.
+pub fn read_json(what: &str, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| {
+        let reason = e.to_string();
+        if reason.starts_with("recursion limit exceeded") {
+            invalid(
+                format!("{what} is nested too deeply"),
+                format!("Arrays and objects may be nested at most {MAX_DEPTH} levels deep."),
+            )
+        } else if reason.starts_with("number out of range") {
+            invalid(
+                format!("{what} holds a number out of range"),
+                "A number must be within the range of double precision, about 1.8e308.",
+            )
+        } else {
+            invalid(
+                format!("{what} is not valid JSON"),
+                format!("The JSON parser says: {reason}."),
+            )
+        }
+    })
 }
 
 /// What a job does to each item.
@@ -519,6 +574,10 @@ fn canonical_value(v: &Value, out: &mut String) {
     }
 }
 
+fn is_integer(v: &Value) -> bool {
+    v.is_i64() || v.is_u64()
+}
+
 fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -547,6 +606,9 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -28,6 +28,8 @@ pub struct Definition {
     pub item_count: i32,
     pub registered_by: pg_sys::Oid,
     pub fingerprint: String,
+    /// The registering session's search_path, which the job's change runs with.
+    pub search_path: String,
 }
 
 impl Definition {
@@ -69,6 +71,7 @@ impl Definition {
                 registered_by: r.get::<pg_sys::Oid>(12)?.unwrap_or(pg_sys::Oid::INVALID),
                 fingerprint: r.get::<String>(13)?.unwrap_or_default(),
                 target_name: r.get::<String>(14)?.unwrap_or_default(),
+                search_path: r.get::<String>(15)?.unwrap_or_default(),
             })
         })
     }

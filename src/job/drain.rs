@@ -254,9 +254,12 @@ impl Job {
         ));
 
         let changed = subtransaction_unless(|| {
-            as_author(self.def.registered_by, self.caller, || {
-                self.change(&items, range.start, range.len())
-            })
+            as_author(
+                self.def.registered_by,
+                &self.def.search_path,
+                self.caller,
+                || self.change(&items, range.start, range.len()),
+            )
         });
         let changed = match changed {
             Ok(Ok(changed)) => changed,
@@ -425,12 +428,17 @@ impl Job {
             .ok_or_else(|| {
                 BatchError::Internal(format!("no approved item at position {position}"))
             })?;
-        let row = as_author(self.def.registered_by, self.caller, || {
-            query::one::<JsonB>(
-                &self.row_sql,
-                &[self.def.tenant.clone().into(), key.clone().into()],
-            )
-        })?;
+        let row = as_author(
+            self.def.registered_by,
+            &self.def.search_path,
+            self.caller,
+            || {
+                query::one::<JsonB>(
+                    &self.row_sql,
+                    &[self.def.tenant.clone().into(), key.clone().into()],
+                )
+            },
+        )?;
         let guards = super::register::parse_object(&guards);
         let expected = Expected {
             key: &key,

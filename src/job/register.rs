@@ -65,9 +65,11 @@ pub fn register(mut req: Request) -> Result<Registered> {
     };
     let expect = shape.check_columns_object("expect", &req.expect)?;
     check_casts(&target, &req.tenant, &items, &action, &expect)?;
-    if matches!(action, Action::Set(_)) {
-        check_update_privilege(req.target, &target.display)?;
-    }
+    let handler = match &action {
+        Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
+        Action::Set(_) => None,
+    };
+    check_privileges(req.target, &target.display, handler)?;
 
     let approval = Approval {
         tenant: req.tenant.clone(),
@@ -268,18 +270,42 @@ fn capitalize(s: &str) -> String {
         .unwrap_or_default()
 }
 
-fn check_update_privilege(target: pg_sys::Oid, display: &str) -> Result<()> {
-    let allowed = query::one::<bool>(
-        "SELECT pg_catalog.has_table_privilege($1, 'UPDATE') AND pg_catalog.has_table_privilege($1, 'SELECT')",
-        &[target.into()],
-    )?;
-    if allowed == Some(true) {
-        return Ok(());
+/// A job changes rows with the privileges of the role that registers it, so that role
+/// needs them now: SELECT on the target, and UPDATE for a guarded UPDATE or EXECUTE on
+/// the handler, whose own privileges then decide what it may change.
+fn check_privileges(
+    target: pg_sys::Oid,
+    display: &str,
+    handler: Option<(pg_sys::Oid, &str)>,
+) -> Result<()> {
+    let (select, update, execute) = query::row(
+        "SELECT pg_catalog.has_table_privilege($1, 'SELECT'),
+                pg_catalog.has_table_privilege($1, 'UPDATE'),
+                $2::pg_catalog.oid IS NULL
+                OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')",
+        &[target.into(), handler.map(|(oid, _)| oid).into()],
+        |r| Ok((r.get::<bool>(1)?, r.get::<bool>(2)?, r.get::<bool>(3)?)),
+    )?
+    .unwrap_or_default();
+    let denied = |message: String, detail: &str| {
+        Err(BatchError::PermissionDenied {
+            message,
+            detail: detail.into(),
+        })
+    };
+    if select != Some(true) || (handler.is_none() && update != Some(true)) {
+        return denied(
+            format!("permission denied for table {display}"),
+            "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target (SELECT for a handler job).",
+        );
     }
-    Err(BatchError::PermissionDenied {
-        message: format!("permission denied for table {display}"),
-        detail: "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target.".into(),
-    })
+    if let (Some((_, name)), false) = (handler, execute == Some(true)) {
+        return denied(
+            format!("permission denied for function {name}"),
+            "A handler runs with the privileges of the role that registers the job, which must be allowed to execute it.",
+        );
+    }
+    Ok(())
 }
 
 /// The stored approval of a job and its fingerprint, or None for an unknown job id.

@@ -23,7 +23,8 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
                OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname)
           FROM pg_catalog.pg_class c
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-         WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid)
+         WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
+       j.search_path
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -140,9 +141,10 @@ UPDATE etc_batch.job
 pub const INSERT_JOB: &str = concat!(
     "INSERT INTO etc_batch.job
   (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
-   set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by, seal)
+   set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
+   search_path, seal)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
-        $11, $12, $13, $14, ",
+        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), ",
     seal!("$1", "0", "0"),
     ")"
 );

@@ -158,3 +158,91 @@ def test_a_handler_of_another_role_is_restricted_too(db, roles):
 
     # drained by the clerk who wrote the handler: not restricted, the job finishes
     assert drain(clerk_conn, job)["status"] == "done"
+
+
+# the author's search_path ------------------------------------------------------------
+
+
+def plant_now(db, tag):
+    """evil_<tag>.now(): a look-alike of pg_catalog.now() that records being called and
+    returns a date no clock would give, in a schema the caller puts first."""
+    schema = f"evil_{tag}"
+    db.admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    db.admin.execute(sql.SQL("CREATE TABLE {}.called (at text)").format(sql.Identifier(schema)))
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {s}.now() RETURNS timestamptz LANGUAGE plpgsql AS "
+        "$$ BEGIN INSERT INTO {s}.called VALUES ('now'); RETURN '1999-01-01'; END $$"
+    ).format(s=sql.Identifier(schema)))
+    db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA {s} TO PUBLIC; "
+                             "GRANT INSERT ON {s}.called TO PUBLIC").format(s=sql.Identifier(schema)))
+    return schema
+
+
+def called(db, schema):
+    return db.admin.execute(
+        sql.SQL("SELECT count(*) AS n FROM {}.called").format(sql.Identifier(schema))
+    ).fetchone()["n"]
+
+
+def test_a_step_runs_with_its_authors_search_path_not_the_callers(db, roles):
+    author = roles("author")
+    grant_steps(db, author)
+    tag = secrets.token_hex(3)
+    evil = plant_now(db, tag)
+    home = f"home_{tag}"
+    db.admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+        sql.Identifier(home), sql.Identifier(author)))
+    conn = db.connect()
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(author)))
+    conn.execute(sql.SQL("SET search_path = {}, public").format(sql.Identifier(home)))
+    conn.execute("CREATE TABLE loads (at timestamptz)")
+    batch = db.new_batch("path")
+    # unqualified on purpose: "loads" is found in the author's schema, now() in pg_catalog
+    step = conn.execute("SELECT etc_batch.add_step(%s, 'INSERT INTO loads VALUES (now())') AS id",
+                        (batch,)).fetchone()[0]
+    conn.close()
+    assert db.admin.execute("SELECT search_path FROM etc_batch.batch_log WHERE id = %s",
+                            (step,)).fetchone()["search_path"] == f"{home}, public"
+
+    runner = db.connect()
+    runner.execute(sql.SQL("SET search_path = {}, public, pg_catalog").format(sql.Identifier(evil)))
+    db.call(step, conn=runner)
+    loaded = db.admin.execute(
+        sql.SQL("SELECT at > now() - interval '1 hour' AS recent FROM {}.loads").format(sql.Identifier(home))
+    ).fetchall()
+    assert [r["recent"] for r in loaded] == [True]
+    assert called(db, evil) == 0
+    # and the caller's own setting is as it was
+    assert runner.execute("SHOW search_path").fetchone()[0] == f"{evil}, public, pg_catalog"
+
+
+def test_a_jobs_change_and_triggers_run_with_the_registrants_search_path(db, roles):
+    clerk = roles("clerk")
+    grant_job_api(db, clerk)
+    tag = secrets.token_hex(3)
+    evil = plant_now(db, tag)
+    orders = Orders(db, "jpath", a_ids=range(1, 9))
+    db.admin.execute(sql.SQL("ALTER TABLE {} ADD COLUMN changed_at timestamptz").format(orders.ident))
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN NEW.changed_at := now(); RETURN NEW; END $$"
+    ).format(fn=sql.Identifier(f"stamp_{tag}")))
+    db.admin.execute(sql.SQL("CREATE TRIGGER stamp BEFORE UPDATE ON {t} FOR EACH ROW "
+                             "EXECUTE FUNCTION {fn}()").format(t=orders.ident,
+                                                              fn=sql.Identifier(f"stamp_{tag}")))
+    db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(orders.ident, sql.Identifier(clerk)))
+    keys = list(range(1, 9))
+    job = db.new_batch("jpath")
+    clerk_conn = db.connect()
+    clerk_conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(clerk)))
+    register(clerk_conn, job, orders.name, orders.items(keys))
+
+    drainer = db.connect()
+    drainer.execute(sql.SQL("SET search_path = {}, public, pg_catalog").format(sql.Identifier(evil)))
+    assert drain(drainer, job)["status"] == "done"
+    stamped = db.admin.execute(
+        sql.SQL("SELECT bool_and(changed_at > now() - interval '1 hour') AS recent, count(*) AS n "
+                "FROM {} WHERE changed_at IS NOT NULL").format(orders.ident)
+    ).fetchone()
+    assert stamped == {"recent": True, "n": len(keys)}
+    assert called(db, evil) == 0

@@ -2,10 +2,12 @@
 
 - Every released version's install script is kept, frozen, in sql/released/ (checked
   against sql/released/SHA256SUMS), and has an update path to the version built now.
-- For each released version: install it, create chains, jobs and leases in every state
-  they can be in, ALTER EXTENSION etc_batch UPDATE, and check that every row survived,
-  that the catalog is exactly what a fresh CREATE EXTENSION makes, and that the work
-  carries on where it stopped.
+- For each released version, as its users would: build and install that version's
+  library and script from the commit sql/released/SOURCES names, create chains, jobs
+  and leases in every state they can be in, install the current build, see etc_batch
+  refuse to work until the update, ALTER EXTENSION etc_batch UPDATE, and check that every
+  row survived, that the catalog is exactly what a fresh CREATE EXTENSION makes, and that
+  the work carries on where it stopped.
 - pg_dump and pg_restore of a database using etc_batch keep chains, jobs, audit and
   leases, and the restored database carries on too.
 
@@ -274,20 +276,42 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
     fresh_database(upgraded)
     fresh_database(fresh)
     try:
+        # Every connection is closed before a library is installed: a backend keeps the
+        # library it loaded, and the file is replaced under it.
+        try:
+            lib("install_released", version)
+            with connect(upgraded) as c:
+                c.execute(sql.SQL("CREATE EXTENSION etc_batch VERSION {}").format(sql.Literal(version)))
+                assert c.execute(
+                    "SELECT extversion FROM pg_extension WHERE extname = 'etc_batch'"
+                ).fetchone()["extversion"] == version
+                build_state(c)
+                before = snapshot(c)
+                assert_state_built(before)
+        finally:
+            lib("install_extension")
+
         with connect(upgraded) as c:
-            c.execute(sql.SQL("CREATE EXTENSION etc_batch VERSION {}").format(sql.Literal(version)))
-            assert c.execute(
-                "SELECT extversion FROM pg_extension WHERE extname = 'etc_batch'"
-            ).fetchone()["extversion"] == version
-            build_state(c)
-            before = snapshot(c)
-            assert_state_built(before)
+            # the current library refuses to work on the old objects, and says what to do
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as stale:
+                c.execute("CALL etc_batch.drain_job('half')")
+            assert f"etc_batch {version} is installed in this database" in str(stale.value)
+            assert stale.value.diag.message_hint == 'Run "ALTER EXTENSION etc_batch UPDATE" in this database.'
+            assert snapshot(c) == before
 
             c.execute("ALTER EXTENSION etc_batch UPDATE")
             assert c.execute(
                 "SELECT extversion FROM pg_extension WHERE extname = 'etc_batch'"
             ).fetchone()["extversion"] == current_version
-            assert snapshot(c) == before
+            after = snapshot(c)
+            for later, tables in ADDED.items():
+                if tuple(map(int, later.split("."))) <= tuple(map(int, version.split("."))):
+                    continue
+                for table, columns in tables.items():
+                    for row in after[table]:
+                        for column, value in columns.items():
+                            assert row.pop(column) == value, (table, column, row)
+            assert after == before
             upgraded_catalog = catalog(c)
 
         with connect(fresh) as c:
@@ -307,6 +331,21 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
     finally:
         drop_database(upgraded)
         drop_database(fresh)
+
+
+def lib(function, *args):
+    """Runs a scripts/lib.sh function (lib.sh sets -euo pipefail: a subshell of its own)."""
+    done = subprocess.run(
+        ["bash", "-c", f'source "$0"; {function} "$@"', str(ROOT / "scripts" / "lib.sh"), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )
+    assert done.returncode == 0, (function, args, done.stderr[-4000:])
+
+
+# columns a version added, and what the update gives the rows that existed before it
+ADDED = {
+    "0.2.0": {"batch_log": {"search_path": '"$user", public'}, "job": {"search_path": '"$user", public'}},
+}
 
 
 def pg_tool(tool, *args):
