@@ -8,6 +8,7 @@
 //! in which any item no longer matches is rolled back whole and the job stops in
 //! `conflict`. Conflicts and corrupt progress are recorded and raised, never retried.
 
+use super::approval;
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
@@ -371,10 +372,17 @@ impl Job {
                 if !handler {
                     return Ok((position, row.get::<i64>(2)?, true, key));
                 }
-                let result = row.get::<JsonB>(2)?;
+                // read as text: jsonb that serde_json cannot hold is a clear error here,
+                // not an internal one
+                let result = row
+                    .get::<String>(2)?
+                    .map(|text| {
+                        approval::read_json(&format!("the handler's result for item {key}"), &text)
+                    })
+                    .transpose()?;
                 let revision = result
                     .as_ref()
-                    .and_then(|j| j.0.get(&self.def.revision_column))
+                    .and_then(|j| j.get(&self.def.revision_column))
                     .and_then(Value::as_i64);
                 Ok((position, revision, result.is_some(), key))
             })
@@ -433,7 +441,7 @@ impl Job {
             &self.def.search_path,
             self.caller,
             || {
-                query::one::<JsonB>(
+                query::one::<String>(
                     &self.row_sql,
                     &[self.def.tenant.clone().into(), key.clone().into()],
                 )
@@ -450,7 +458,10 @@ impl Job {
             guards: &guards,
             expect: &self.def.expect,
         };
-        let (detail, problem) = conflict::describe(&expected, row.as_ref().map(|j| &j.0));
+        // A row serde_json cannot hold (a number beyond double precision) is reported as
+        // its text, so that the conflict is still recorded.
+        let row = row.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
+        let (detail, problem) = conflict::describe(&expected, row.as_ref());
         self.record_problem(tx, "conflict", &detail, problem)
     }
 

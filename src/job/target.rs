@@ -328,7 +328,7 @@ impl Target {
         let s = &self.shape;
         format!(
             "SELECT {}, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, i.revision, {}, {}) \
-             OPERATOR(pg_catalog.||) i.guards), i.item_key\n  FROM {}\n ORDER BY i.ord",
+             OPERATOR(pg_catalog.||) i.guards)::pg_catalog.text, i.item_key\n  FROM {}\n ORDER BY i.ord",
             Self::POSITION,
             quote_literal(&s.key_column),
             self.cast("i.item_key", &s.key_column),
@@ -344,7 +344,7 @@ impl Target {
     pub fn current_row_sql(&self) -> String {
         let s = &self.shape;
         format!(
-            "SELECT pg_catalog.to_jsonb(t) FROM {} AS t WHERE t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}",
+            "SELECT pg_catalog.to_jsonb(t)::pg_catalog.text FROM {} AS t WHERE t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}",
             self.sql_name,
             self.col(&s.tenant_column),
             self.cast("$1", &s.tenant_column),

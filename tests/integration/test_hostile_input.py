@@ -717,3 +717,50 @@ def test_valid_registration_and_drain_still_work(db, hostile):
     kept = ("hostile_after_", "hostile_dupfield_", "hostile_valid_")
     assert jobs and all(j["job_id"].startswith(kept) for j in jobs), jobs
     hostile.assert_intact("the valid registration")
+
+
+# what the drain reads back -----------------------------------------------------------
+
+
+def test_a_conflict_on_a_row_beyond_double_precision_is_recorded(db):
+    """The row a conflict reports is read as jsonb; one holding a number serde_json
+    cannot hold is reported as its text, and the conflict is recorded as any other."""
+    c = psycopg.connect(dbname=db.name, autocommit=True)
+    c.add_notice_handler(lambda d: None)
+    table = f"wide_{secrets.token_hex(3)}"
+    c.execute(sql.SQL("CREATE TABLE {} (tenant text, id int, revision int, price numeric, "
+                      "PRIMARY KEY (tenant, id))").format(sql.Identifier(table)))
+    c.execute(sql.SQL("INSERT INTO {} VALUES ('A', 1, 1, 1), ('A', 2, 1, 1e400)").format(
+        sql.Identifier(table)))
+    job = f"wide-{secrets.token_hex(3)}"
+    c.execute("SELECT etc_batch.register_job(%s, 'A', %s::regclass, "
+              "'[{\"id\": 1, \"revision\": 1}, {\"id\": 2, \"revision\": 1, \"price\": 1}]', 5, "
+              "'{\"price\": 2}')", (job, table))
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation) as conflict:
+        c.execute("CALL etc_batch.drain_job(%s)", (job,))
+    assert conflict.value.sqlstate == "23000"
+    status, problem = c.execute(
+        "SELECT status, problem::text FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()
+    assert status == "conflict" and "1" + "0" * 400 in problem
+
+
+def test_a_handler_result_nested_too_deeply_is_a_clear_error(db):
+    c = psycopg.connect(dbname=db.name, autocommit=True)
+    c.add_notice_handler(lambda d: None)
+    tag = secrets.token_hex(3)
+    table, fn = f"deep_{tag}", f"deep_handler_{tag}"
+    c.execute(sql.SQL("CREATE TABLE {} (tenant text, id int, revision int, PRIMARY KEY (tenant, id))")
+              .format(sql.Identifier(table)))
+    c.execute(sql.SQL("INSERT INTO {} VALUES ('A', 1, 1)").format(sql.Identifier(table)))
+    c.execute(sql.SQL("CREATE FUNCTION {}(item jsonb) RETURNS jsonb LANGUAGE sql AS "
+                      "$$ SELECT (repeat('[', 200) || '1' || repeat(']', 200))::jsonb $$")
+              .format(sql.Identifier(fn)))
+    job = f"deep-{tag}"
+    c.execute("SELECT etc_batch.register_job(%s, 'A', %s::regclass, '[{\"id\": 1, \"revision\": 1}]', "
+              "5, NULL, handler => %s::regprocedure)", (job, table, f"{fn}(jsonb)"))
+    with pytest.raises(psycopg.Error) as refused:
+        c.execute("CALL etc_batch.drain_job(%s)", (job,))
+    assert refused.value.sqlstate == "22023", str(refused.value)
+    assert "nested too deeply" in str(refused.value)
+    assert c.execute("SELECT status, next_index FROM etc_batch.job WHERE job_id = %s",
+                     (job,)).fetchone() == ("pending", 0)
