@@ -262,7 +262,12 @@ impl Shape {
                 ),
             ));
         }
-        Ok(value.clone())
+        Ok(match value {
+            // one spelling per value, so that 2.0 and 2 are the same approval
+            Value::Number(n) => serde_json::from_str(&canonical_number(&n.to_string()))
+                .unwrap_or_else(|_| value.clone()),
+            _ => value.clone(),
+        })
     }
 
     /// Checks an object of column -> value (set_values, expect) and returns it with its
@@ -377,9 +382,10 @@ impl Shape {
 const MAX_DEPTH: usize = 127;
 
 /// Reads a jsonb argument from its text form (jsonb_out). Everything jsonb holds is
-/// valid JSON, but serde_json holds less: deeper nesting than `MAX_DEPTH` and numbers
-/// beyond double precision's range are refused here, naming the argument, instead of
-/// failing in the conversion as an internal error.
+/// valid JSON, but serde_json nests less deeply: deeper nesting than `MAX_DEPTH` is
+/// refused here, naming the argument, instead of failing in the conversion as an
+/// internal error. Numbers keep every digit (arbitrary_precision), so no number is out
+/// of serde_json's range.
 pub fn read_json(what: &str, text: &str) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| {
         let reason = e.to_string();
@@ -387,11 +393,6 @@ pub fn read_json(what: &str, text: &str) -> Result<Value> {
             invalid(
                 format!("{what} is nested too deeply"),
                 format!("Arrays and objects may be nested at most {MAX_DEPTH} levels deep."),
-            )
-        } else if reason.starts_with("number out of range") {
-            invalid(
-                format!("{what} holds a number out of range"),
-                "A number must be within the range of double precision, about 1.8e308.",
             )
         } else {
             invalid(
@@ -570,8 +571,52 @@ fn canonical_value(v: &Value, out: &mut String) {
             }
             out.push(']');
         }
+        Value::Number(n) => out.push_str(&canonical_number(&n.to_string())),
         other => out.push_str(&other.to_string()),
     }
+}
+
+/// A JSON number in one spelling per value, with every digit kept: no exponent, no
+/// leading or trailing zeros, no "-0". 2, 2.0, 2.00, 0.2e1 and 20e-1 are all "2";
+/// 0.1000000000000000001 stays as it is. Numbers are read with every digit (serde_json's
+/// arbitrary_precision), so two guards are the same exactly when their values are.
+/// The length is bounded by jsonb's own numeric limits.
+pub fn canonical_number(text: &str) -> String {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().unwrap_or(0)),
+        None => (rest, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    // digits d1 d2 ... dn with the decimal point after `point` of them
+    let digits: String = format!("{int_part}{frac_part}");
+    let point = int_part.len() as i64 + exponent;
+    let lead = digits.len() - digits.trim_start_matches('0').len();
+    let digits = digits.trim_matches('0');
+    if digits.is_empty() {
+        return "0".into();
+    }
+    let point = point - lead as i64;
+    let mut out = String::with_capacity(digits.len() + 4);
+    if negative {
+        out.push('-');
+    }
+    if point <= 0 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', (-point) as usize));
+        out.push_str(digits);
+    } else if point as usize >= digits.len() {
+        out.push_str(digits);
+        out.extend(std::iter::repeat_n('0', point as usize - digits.len()));
+    } else {
+        out.push_str(&digits[..point as usize]);
+        out.push('.');
+        out.push_str(&digits[point as usize..]);
+    }
+    out
 }
 
 fn is_integer(v: &Value) -> bool {
@@ -612,6 +657,34 @@ mod fuzz;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn numbers_have_one_spelling_per_value_and_keep_every_digit() {
+        use super::canonical_number as c;
+        for (given, canonical) in [
+            ("2", "2"),
+            ("2.0", "2"),
+            ("2.00", "2"),
+            ("0.2e1", "2"),
+            ("20e-1", "2"),
+            ("-0", "0"),
+            ("-0.0e5", "0"),
+            ("0", "0"),
+            ("100", "100"),
+            ("1e2", "100"),
+            ("1.5E-3", "0.0015"),
+            ("-12.340", "-12.34"),
+            ("0.1000000000000000001", "0.1000000000000000001"),
+            (
+                "123456789012345678901234567890",
+                "123456789012345678901234567890",
+            ),
+            ("0.000", "0"),
+            ("007.50", "7.5"),
+        ] {
+            assert_eq!(c(given), canonical, "{given}");
+        }
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -74,10 +74,14 @@ pub fn ordinal(n: i32) -> String {
     format!("{n}{suffix}")
 }
 
-/// JSON equality where numbers compare by value (2 = 2.0 = 2.00).
+/// JSON equality where numbers compare by value, exactly (2 = 2.0 = 2.00, and
+/// 0.1000000000000000001 is not 0.1).
 fn same(a: &Value, b: &Value) -> bool {
+    use super::approval::canonical_number;
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Number(x), Value::Number(y)) => {
+            canonical_number(&x.to_string()) == canonical_number(&y.to_string())
+        }
         _ => a == b,
     }
 }

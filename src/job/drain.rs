@@ -458,8 +458,8 @@ impl Job {
             guards: &guards,
             expect: &self.def.expect,
         };
-        // A row serde_json cannot hold (a number beyond double precision) is reported as
-        // its text, so that the conflict is still recorded.
+        // A row serde_json cannot read (a jsonb column nested deeper than it reads) is
+        // reported as its text, so that the conflict is still recorded.
         let row = row.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
         let (detail, problem) = conflict::describe(&expected, row.as_ref());
         self.record_problem(tx, "conflict", &detail, problem)
