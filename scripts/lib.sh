@@ -57,8 +57,17 @@ ensure_deps() {
     ensure_cargo_pgrx
 }
 
+# cargo pgrx install writes the library over the old file, in place: a running backend
+# that has it loaded dies of SIGBUS. Moved aside first, the old file lives on for them.
+set_library_aside() {
+    local lib
+    lib=$("$PG_CONFIG" --pkglibdir)/etc_batch.so
+    if [ -f "$lib" ]; then as_root mv -f "$lib" "$lib.replaced"; fi
+}
+
 install_extension() {
     log "building and installing etc_batch"
+    set_library_aside
     (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
     # The install scripts of released versions, frozen, so that a database can be created
     # at an older version and updated (cargo pgrx install copies the update scripts only).
@@ -81,6 +90,7 @@ install_released() {
     log "building and installing etc_batch $version from $commit"
     # A target directory of its own: in the shared one, cargo would take the older
     # sources (older file times) as up to date and install the current library.
+    set_library_aside
     (cd "$dir" && CARGO_TARGET_DIR="$ROOT/target/released-build" \
         cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
 }
