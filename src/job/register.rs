@@ -190,8 +190,9 @@ fn check_handler(handler: pg_sys::Oid) -> Result<String> {
     }
 }
 
-/// Values of types Rust cannot check (dates, enums, the tenant as the tenant column's
-/// type) are cast by PostgreSQL itself, in a subtransaction, before anything is stored.
+/// Values of types Rust cannot check (dates, enums, numbers against the column's range,
+/// precision and scale, the tenant as the tenant column's type) are cast by PostgreSQL
+/// itself, in a subtransaction, before anything is stored.
 fn check_casts(
     target: &Target,
     tenant: &str,
@@ -206,7 +207,9 @@ fn check_casts(
         .push(tenant.to_string());
     let mut add = |column: &str, value: &Value| {
         let kind = target.shape.columns.get(column).map(|c| c.kind);
-        if matches!(kind, Some(Kind::Other)) {
+        // numbers too: a float column's range and a numeric column's precision and
+        // scale are PostgreSQL's to judge, now rather than at every chunk
+        if matches!(kind, Some(Kind::Other | Kind::Numeric)) {
             if let Some(text) = scalar_text(value) {
                 values
                     .entry(target.shape.columns.get_key_value(column).unwrap().0)
@@ -228,12 +231,30 @@ fn check_casts(
     for (column, value) in expect {
         add(column, value);
     }
+    // A number is read as the column itself reads input, type modifier included
+    // (numeric(6,2)), through a record of the target's row type; anything else is cast
+    // to the column's type as the chunk's statement casts it.
+    let as_column = format!(
+        "SELECT pg_catalog.count(pg_catalog.jsonb_populate_record(NULL::{}, \
+                pg_catalog.jsonb_build_object($2::pg_catalog.text, v))) \
+           FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
+        target.sql_name
+    );
     for (column, texts) in values {
-        let sql = format!(
-            "SELECT pg_catalog.count(v::{}) FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
-            target.types[column]
-        );
-        let checked = subtransaction(|| query::run(&sql, &[texts.clone().into()]));
+        let checked = subtransaction(|| {
+            match target.shape.columns[column].kind {
+            Kind::Numeric => {
+                query::run(&as_column, &[texts.clone().into(), column.to_string().into()])
+            }
+            _ => query::run(
+                &format!(
+                    "SELECT pg_catalog.count(v::{}) FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
+                    target.types[column]
+                ),
+                &[texts.clone().into()],
+            ),
+        }
+        });
         if let Err(failure) = checked
             .map_err(|f| f.message)
             .and_then(|r| r.map_err(|e| e.message()))

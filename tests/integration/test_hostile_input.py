@@ -805,3 +805,23 @@ def test_numbers_on_a_numeric_column_keep_every_digit(db):
         c.execute("CALL etc_batch.drain_job(%s)", (other,))
     assert "0.1000000000000000001" in str(conflict.value.diag.message_detail) + c.execute(
         "SELECT problem::text FROM etc_batch.job WHERE job_id = %s", (other,)).fetchone()[0]
+
+
+def test_numbers_beyond_a_columns_range_precision_or_scale_are_refused_at_registration(db):
+    """Kept whole, a number can still be too large for its column: float8 stops near
+    1.8e308, and numeric(6,2) at 9999.99. PostgreSQL judges it when the job is
+    registered, not at every chunk."""
+    c = psycopg.connect(dbname=db.name, autocommit=True)
+    c.add_notice_handler(lambda d: None)
+    table = f"ranged_{secrets.token_hex(3)}"
+    c.execute(sql.SQL("CREATE TABLE {} (tenant text, id int, revision int, r float8, "
+                      "p numeric(6,2), PRIMARY KEY (tenant, id))").format(sql.Identifier(table)))
+    c.execute(sql.SQL("INSERT INTO {} VALUES ('A', 1, 1, 1, 1)").format(sql.Identifier(table)))
+    for field in ('"r": 1e400', '"p": 123456.5', '"r": -1e309'):
+        job = f"ranged-{secrets.token_hex(3)}"
+        with pytest.raises(psycopg.Error) as refused:
+            c.execute("SELECT etc_batch.register_job(%s, 'A', %s::regclass, %s::jsonb, 5, "
+                      "'{\"p\": 2}')", (job, table, f'[{{"id": 1, "revision": 1, {field}}}]'))
+        assert refused.value.sqlstate in ("22003", "22023"), (field, refused.value.sqlstate)
+        assert c.execute("SELECT count(*) FROM etc_batch.job WHERE job_id = %s",
+                         (job,)).fetchone() == (0,)
