@@ -1,9 +1,16 @@
-"""What every pytest suite of etc_batch shares: bounded waiting.
+"""What every pytest suite of etc_batch shares: bounded waiting, scripts/lib.sh, and the
+clusters a suite starts for itself.
 
 Each suite's conftest.py puts this directory on sys.path and imports from here.
 """
 
+import subprocess
 import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Upper bound for anything a test waits for (a backend to reach a point, a lock to be
 # requested, a backend to exit). Generous, for slow machines; a test only ever waits
@@ -23,3 +30,42 @@ def wait_until(predicate, what, timeout=WAIT, interval=POLL_INTERVAL):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def lib(function, *args, timeout=180):
+    """Runs a scripts/lib.sh function in a bash subshell of its own: lib.sh sets
+    -euo pipefail, which must not reach the caller's shell."""
+    return subprocess.run(
+        ["bash", "-c", f'source "$0"; {function} "$@"', str(ROOT / "scripts" / "lib.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class OwnCluster:
+    """A cluster a suite starts for itself with lib.sh's cluster_start: data directory,
+    socket and server log under target/pg/<name>, the postgres superuser, trusted on
+    the socket."""
+
+    def __init__(self, name, port, test_db):
+        self.name = name
+        self.port = port
+        self.test_db = test_db
+        self.socket_dir = ROOT / "target" / "pg" / name
+        self.data_dir = self.socket_dir / "data"
+
+    def connect(self, dbname=None, **kwargs):
+        kwargs.setdefault("autocommit", True)
+        kwargs.setdefault("connect_timeout", 10)
+        return psycopg.connect(
+            host=str(self.socket_dir), port=self.port, user="postgres",
+            dbname=dbname or self.test_db, **kwargs
+        )
+
+    def server_log(self):
+        try:
+            return (self.socket_dir / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""

@@ -25,14 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import WAIT, wait_until  # noqa: E402,F401
+from support import ROOT, WAIT, OwnCluster, lib, wait_until  # noqa: E402,F401
 
-ROOT = Path(__file__).resolve().parents[2]
 NAME = "crash"
 PORT = 55470
 CLUSTER_DIR = ROOT / "target" / "pg" / NAME
@@ -51,17 +49,6 @@ SEED = int(os.environ.get("ETC_BATCH_CRASH_SEED") or random.SystemRandom().randr
 REPORT = {"seed": SEED, "lines": []}
 
 
-def _lib(command, *args):
-    """Runs a scripts/lib.sh function in a bash subshell (lib.sh sets -euo pipefail)."""
-    return subprocess.run(
-        ["bash", "-c", f'source "$0"; {command} "$@"', str(ROOT / "scripts" / "lib.sh"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def _as_pg(argv):
     """argv run as the postgres OS user, as lib.sh's as_pg does."""
     if os.geteuid() == 0:
@@ -71,29 +58,12 @@ def _as_pg(argv):
     return ["sudo", "-n", "runuser", "-u", PG_OS_USER, "--", *argv]
 
 
-class CrashCluster:
-    name = NAME
-    port = PORT
-    socket_dir = CLUSTER_DIR
-    data_dir = DATA_DIR
-    test_db = TEST_DB
+class CrashCluster(OwnCluster):
     seed = SEED
 
     def __init__(self):
+        super().__init__(NAME, PORT, TEST_DB)
         self.crashes = 0
-
-    def connect(self, dbname=TEST_DB, **kwargs):
-        kwargs.setdefault("autocommit", True)
-        kwargs.setdefault("connect_timeout", 10)
-        return psycopg.connect(
-            host=str(CLUSTER_DIR), port=PORT, user="postgres", dbname=dbname, **kwargs
-        )
-
-    def server_log(self):
-        try:
-            return SERVER_LOG.read_text(errors="replace")
-        except OSError:
-            return ""
 
     def recoveries(self):
         return self.server_log().count(RECOVERY_LINE)
@@ -146,7 +116,7 @@ def crash_cluster():
     """Cluster `crash` on port 55470, fsync on, with a test database that has etc_batch
     installed; stopped at the end."""
     started = time.monotonic()
-    done = _lib("cluster_start", NAME, str(PORT), "fsync = on")
+    done = lib("cluster_start", NAME, str(PORT), "fsync = on")
     try:
         assert done.returncode == 0, f"cluster_start {NAME} failed:\n{done.stdout}\n{done.stderr}"
         cluster = CrashCluster()
@@ -162,7 +132,7 @@ def crash_cluster():
         REPORT["lines"].append(f"cluster start {time.monotonic() - started:.1f}s")
         yield cluster
     finally:
-        stopped = _lib("cluster_stop", NAME)
+        stopped = lib("cluster_stop", NAME)
         REPORT["lines"].append(f"module total {time.monotonic() - started:.1f}s")
         if stopped.returncode != 0 and (DATA_DIR / "postmaster.pid").exists():
             # A server that will not stop cleanly (say, stuck after a failed recovery)

@@ -6,14 +6,16 @@ rather than TCP. The cluster is started with scripts/lib.sh's cluster_start and 
 again at the end of the module, whatever happened.
 """
 
-import subprocess
+import sys
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import ROOT, OwnCluster, lib  # noqa: E402
+
 NAME = "cron"
 PORT = 55443
 SOCKET_DIR = ROOT / "target" / "pg" / NAME
@@ -23,44 +25,12 @@ TEST_DB = "etc_batch_cron"
 TIMINGS = {}
 
 
-def _lib(command, *args):
-    """Runs a scripts/lib.sh function in a bash subshell (lib.sh sets -euo pipefail)."""
-    done = subprocess.run(
-        ["bash", "-c", f'source "$0"; {command} "$@"', str(ROOT / "scripts" / "lib.sh"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return done
-
-
-class CronCluster:
-    name = NAME
-    port = PORT
-    socket_dir = SOCKET_DIR
-    test_db = TEST_DB
-
-    def connect(self, dbname=TEST_DB, **kwargs):
-        kwargs.setdefault("autocommit", True)
-        kwargs.setdefault("connect_timeout", 10)
-        return psycopg.connect(
-            host=str(SOCKET_DIR), port=PORT, user="postgres", dbname=dbname, **kwargs
-        )
-
-    def server_log(self):
-        try:
-            return (SOCKET_DIR / "server.log").read_text()
-        except OSError:
-            return ""
-
-
 @pytest.fixture(scope="module")
 def cron_cluster():
     """Cluster `cron` on port 55443 with pg_cron in the postgres database and a test
     database with etc_batch installed; stopped at the end."""
     started = time.monotonic()
-    done = _lib(
+    done = lib(
         "cluster_start",
         NAME,
         str(PORT),
@@ -73,7 +43,7 @@ def cron_cluster():
         assert done.returncode == 0, f"cluster_start {NAME} failed:\n{done.stdout}\n{done.stderr}"
         socket = SOCKET_DIR / f".s.PGSQL.{PORT}"
         assert socket.exists(), f"no server socket at {socket}"
-        cluster = CronCluster()
+        cluster = OwnCluster(NAME, PORT, TEST_DB)
         with cluster.connect("postgres") as conn:
             conn.execute("CREATE EXTENSION pg_cron")
             conn.execute(f"CREATE DATABASE {TEST_DB}")
@@ -86,7 +56,7 @@ def cron_cluster():
         TIMINGS["cluster start"] = time.monotonic() - started
         yield cluster
     finally:
-        stopped = _lib("cluster_stop", NAME)
+        stopped = lib("cluster_stop", NAME)
         TIMINGS["module total"] = time.monotonic() - started
         if stopped.returncode != 0 and (SOCKET_DIR / "data" / "postmaster.pid").exists():
             raise AssertionError(f"cluster_stop {NAME} failed: {stopped.stderr}")

@@ -17,6 +17,7 @@ in databases of its own.
 
 import hashlib
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -24,7 +25,10 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import ROOT, lib  # noqa: E402
+
 RELEASED = ROOT / "sql" / "released"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
@@ -279,7 +283,7 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
         # Every connection is closed before a library is installed: a backend keeps the
         # library it loaded, and the file is replaced under it.
         try:
-            lib("install_released", version)
+            lib_ok("install_released", version)
             with connect(upgraded) as c:
                 c.execute(sql.SQL("CREATE EXTENSION etc_batch VERSION {}").format(sql.Literal(version)))
                 assert c.execute(
@@ -289,7 +293,7 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
                 before = snapshot(c)
                 assert_state_built(before)
         finally:
-            lib("install_extension")
+            lib_ok("install_extension")
 
         with connect(upgraded) as c:
             # the current library refuses to work on the old objects, and says what to do
@@ -333,12 +337,8 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
         drop_database(fresh)
 
 
-def lib(function, *args):
-    """Runs a scripts/lib.sh function (lib.sh sets -euo pipefail: a subshell of its own)."""
-    done = subprocess.run(
-        ["bash", "-c", f'source "$0"; {function} "$@"', str(ROOT / "scripts" / "lib.sh"), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-    )
+def lib_ok(function, *args):
+    done = lib(function, *args, timeout=1800)
     assert done.returncode == 0, (function, args, done.stderr[-4000:])
 
 
