@@ -4,6 +4,7 @@ clusters a suite starts for itself.
 Each suite's conftest.py puts this directory on sys.path and imports from here.
 """
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -30,6 +31,28 @@ def wait_until(predicate, what, timeout=WAIT, interval=POLL_INTERVAL):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def require_connection_env():
+    """Fails the test, without a traceback, unless libpq is pointed at a cluster."""
+    import pytest
+
+    missing = [v for v in ("PGHOST", "PGPORT") if not os.environ.get(v)]
+    if missing:
+        pytest.fail(
+            "set PGHOST and PGPORT (and PGUSER, PGDATABASE) to the cluster under test; "
+            f"missing: {', '.join(missing)}",
+            pytrace=False,
+        )
+
+
+def close_quietly(conns):
+    """Closes every connection in conns, whatever state each is in."""
+    for conn in conns:
+        try:
+            conn.close()
+        except Exception:  # a connection the server already ended
+            pass
 
 
 def lib(function, *args, timeout=180):

@@ -10,11 +10,9 @@ Connections are autocommit unless a test asks otherwise: exec_batch_from_id comm
 after every step, which it can only do when CALLed outside a transaction block.
 """
 
-import os
 import secrets
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psycopg
@@ -25,7 +23,9 @@ import pytest  # noqa: E402
 from psycopg import sql  # noqa: E402
 from psycopg.rows import dict_row  # noqa: E402
 
-from support import POLL_INTERVAL, WAIT, wait_until  # noqa: E402,F401
+from support import (  # noqa: E402,F401
+    WAIT, close_quietly, require_connection_env, wait_until,
+)
 
 # Upper bound for anything a test waits for (a backend to reach a point, a lock to be
 # requested, a backend to exit). Generous, for slow machines; a test only ever waits
@@ -162,11 +162,7 @@ class ChainDb:
         return conn
 
     def close_connections_since(self, mark):
-        for conn in self._conns[mark:]:
-            try:
-                conn.close()
-            except Exception:
-                pass
+        close_quietly(self._conns[mark:])
         del self._conns[mark:]
 
     def connection_mark(self):
@@ -331,20 +327,10 @@ class ChainDb:
         assert self.admin.execute("SELECT 1 AS one").fetchone()["one"] == 1
 
 
-def _require_connection_env():
-    missing = [v for v in ("PGHOST", "PGPORT") if not os.environ.get(v)]
-    if missing:
-        pytest.fail(
-            "set PGHOST and PGPORT (and PGUSER, PGDATABASE) to the cluster under test; "
-            f"missing: {', '.join(missing)}",
-            pytrace=False,
-        )
-
-
 @pytest.fixture(scope="module")
 def db(request):
     """A fresh database with etc_batch installed, for the whole test module."""
-    _require_connection_env()
+    require_connection_env()
     module = request.module.__name__.rsplit(".", 1)[-1]
     name = f"etc_batch_it_{module}_{secrets.token_hex(4)}".lower()
     with psycopg.connect(autocommit=True, connect_timeout=10) as server:

@@ -292,37 +292,26 @@ def _in_do_block_with_exception_clause(db, first, names):
     )
 
 
-def _in_function(db, first, names):
-    conn = db.connect()
-    conn.execute(
-        sql.SQL(
-            "CREATE FUNCTION {}() RETURNS void LANGUAGE plpgsql "
-            "AS $$ BEGIN CALL etc_batch.exec_batch_from_id(" + str(int(first)) + "); END $$"
-        ).format(sql.Identifier(names))
-    )
-    conn.execute(sql.SQL("SELECT {}()").format(sql.Identifier(names)))
+def _in_routine(declaration, invocation):
+    """CALLs the runner from inside a plpgsql routine `CREATE <declaration> ...`, run
+    with `<invocation> name()`."""
+
+    def run(db, first, name):
+        conn = db.connect()
+        conn.execute(
+            sql.SQL(
+                "CREATE " + declaration + " LANGUAGE plpgsql AS $$ BEGIN "
+                "CALL etc_batch.exec_batch_from_id(" + str(int(first)) + "); END $$"
+            ).format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL(invocation + " {}()").format(sql.Identifier(name)))
+
+    return run
 
 
-def _in_procedure_with_set_clause(db, first, names):
-    conn = db.connect()
-    conn.execute(
-        sql.SQL(
-            "CREATE PROCEDURE {}() LANGUAGE plpgsql SET work_mem = '8MB' "
-            "AS $$ BEGIN CALL etc_batch.exec_batch_from_id(" + str(int(first)) + "); END $$"
-        ).format(sql.Identifier(names))
-    )
-    conn.execute(sql.SQL("CALL {}()").format(sql.Identifier(names)))
-
-
-def _in_security_definer_procedure(db, first, names):
-    conn = db.connect()
-    conn.execute(
-        sql.SQL(
-            "CREATE PROCEDURE {}() LANGUAGE plpgsql SECURITY DEFINER "
-            "AS $$ BEGIN CALL etc_batch.exec_batch_from_id(" + str(int(first)) + "); END $$"
-        ).format(sql.Identifier(names))
-    )
-    conn.execute(sql.SQL("CALL {}()").format(sql.Identifier(names)))
+_in_function = _in_routine("FUNCTION {}() RETURNS void", "SELECT")
+_in_procedure_with_set_clause = _in_routine("PROCEDURE {}() SET work_mem = '8MB'", "CALL")
+_in_security_definer_procedure = _in_routine("PROCEDURE {}() SECURITY DEFINER", "CALL")
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import random
 import secrets
 import threading
 from collections import Counter
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -75,6 +76,24 @@ class Orders:
         return self.db.admin.execute(sql.SQL(statement).format(t=self.ident), params)
 
 
+@contextmanager
+def keeping_notices(conn, notices):
+    """Appends the primary message of every notice conn receives to notices (a list),
+    while the block runs; nothing when notices is None."""
+    if notices is None:
+        yield
+        return
+
+    def keep(diag):
+        notices.append(diag.message_primary or "")
+
+    conn.add_notice_handler(keep)
+    try:
+        yield
+    finally:
+        conn.remove_notice_handler(keep)
+
+
 def register(conn, job, target, items, chunk_size=10, tenant="A", set_values=CANCEL,
              expect=PENDING, handler=None, notices=None):
     """SELECT * FROM etc_batch.register_job(...) with named arguments; returns its row
@@ -101,38 +120,22 @@ def register(conn, job, target, items, chunk_size=10, tenant="A", set_values=CAN
     if handler is not None:
         args.append(sql.SQL("handler => %s::regprocedure"))
         params.append(handler)
-    keep = None
-    if notices is not None:
-        def keep(diag):
-            notices.append(diag.message_primary or "")
-        conn.add_notice_handler(keep)
-    try:
+    with keeping_notices(conn, notices):
         cur = conn.cursor(row_factory=dict_row)
         return cur.execute(
             sql.SQL("SELECT * FROM etc_batch.register_job({})").format(sql.SQL(", ").join(args)),
             params,
         ).fetchone()
-    finally:
-        if keep is not None:
-            conn.remove_notice_handler(keep)
 
 
 def drain(conn, job, max_chunks=None, notices=None):
     """CALL etc_batch.drain_job(job, max_chunks) on conn; returns its result row as a
     dict (committed_keys, committed_chunks, status). Errors propagate."""
-    keep = None
-    if notices is not None:
-        def keep(diag):
-            notices.append(diag.message_primary or "")
-        conn.add_notice_handler(keep)
-    try:
+    with keeping_notices(conn, notices):
         cur = conn.cursor(row_factory=dict_row)
         return cur.execute(
             "CALL etc_batch.drain_job(%s, %s::integer)", (job, max_chunks)
         ).fetchone()
-    finally:
-        if keep is not None:
-            conn.remove_notice_handler(keep)
 
 
 def job_row(db, job):
@@ -814,13 +817,16 @@ def test_unknown_target_fails_at_the_regclass_cast(db):
 # 7. handler jobs --------------------------------------------------------------------------
 
 
-def make_handler(db, orders):
+def make_handler(db, orders, prelude="", conn=None):
+    """A handler that cancels the item's order, created on conn (its role owns it) or as
+    the superuser; `prelude` is plpgsql run before the change."""
     fn = f"cancel_order_{secrets.token_hex(3)}"
-    db.admin.execute(
+    (conn or db.admin).execute(
         sql.SQL(
             """CREATE FUNCTION {fn}(item jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
                DECLARE r jsonb;
                BEGIN
+                 """ + prelude + """
                  UPDATE {t} SET status = 'cancelled', revision = revision + 1
                   WHERE tenant = item->>'tenant' AND id = (item->>'id')::int
                     AND revision = (item->>'revision')::int

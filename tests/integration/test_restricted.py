@@ -10,11 +10,10 @@ the same SQL is not restricted.
 
 import secrets
 
-import psycopg
 import pytest
 from psycopg import errors, sql
 
-from test_jobs import Orders, drain, grant_job_api, register
+from test_jobs import Orders, drain, grant_job_api, make_handler, register
 
 ADD_STEP = "etc_batch.add_step(text, text, bigint)"
 
@@ -129,25 +128,14 @@ def test_a_handler_of_another_role_is_restricted_too(db, roles):
     db.admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(clerk)))
     db.admin.execute(sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
         sql.Identifier(db.name), sql.Identifier(clerk)))
-    fn = f"plant_{secrets.token_hex(3)}"
     clerk_conn = db.connect()
     clerk_conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(clerk)))
-    clerk_conn.execute(sql.SQL(
-        """CREATE FUNCTION {fn}(item jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
-           DECLARE r jsonb;
-           BEGIN
-             CREATE TEMP TABLE IF NOT EXISTS planted (x int);
-             UPDATE {t} SET status = 'cancelled', revision = revision + 1
-              WHERE tenant = item->>'tenant' AND id = (item->>'id')::int
-                AND revision = (item->>'revision')::int
-             RETURNING to_jsonb({t}.*) INTO r;
-             RETURN r;
-           END $$"""
-    ).format(fn=sql.Identifier(fn), t=orders.ident))
+    handler = make_handler(db, orders, "CREATE TEMP TABLE IF NOT EXISTS planted (x int);",
+                           conn=clerk_conn)
     keys = list(range(1, 6))
     job = db.new_batch("hrestricted")
     register(clerk_conn, job, orders.name, orders.items(keys), set_values=None, expect=None,
-             handler=f"{fn}(jsonb)")
+             handler=handler)
 
     # drained by another role (the superuser): restricted, the chunk rolls back
     superuser = db.connect()

@@ -34,7 +34,9 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import POLL_INTERVAL, WAIT, wait_until  # noqa: E402,F401
+from support import (  # noqa: E402,F401
+    WAIT, close_quietly, require_connection_env, wait_until,
+)
 import pytest
 from psycopg import sql
 
@@ -76,16 +78,6 @@ def connect_bouncer(port, dbname, user="postgres", **kwargs):
     )
 
 
-def _require_connection_env():
-    missing = [v for v in ("PGHOST", "PGPORT") if not os.environ.get(v)]
-    if missing:
-        pytest.fail(
-            "set PGHOST and PGPORT (and PGUSER, PGDATABASE) to the cluster under test; "
-            f"missing: {', '.join(missing)}",
-            pytrace=False,
-        )
-
-
 def _free_port(preferred=55450):
     """preferred if nothing listens there on 127.0.0.1, else one the kernel picks."""
     for candidate in (preferred, 0):
@@ -115,18 +107,14 @@ class PgDb:
         return conn
 
     def close_all(self):
-        for conn in self._conns:
-            try:
-                conn.close()
-            except Exception:
-                pass
+        close_quietly(self._conns)
         self._conns.clear()
 
 
 @pytest.fixture(scope="module")
 def pg(request):
     """A fresh database with etc_batch installed, for the whole test module."""
-    _require_connection_env()
+    require_connection_env()
     module = request.module.__name__.rsplit(".", 1)[-1]
     name = f"etc_batch_pool_{module}_{secrets.token_hex(4)}".lower()
     with connect_direct(os.environ.get("PGDATABASE", "postgres")) as server:
@@ -197,11 +185,7 @@ class Bouncer:
             return ""
 
     def close_connections(self):
-        for conn in self._conns:
-            try:
-                conn.close()
-            except Exception:
-                pass
+        close_quietly(self._conns)
         self._conns.clear()
 
 
