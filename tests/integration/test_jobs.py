@@ -553,6 +553,15 @@ def drain_concurrently(db, callers, label):
     orders = Orders(db, label, a_ids=universe, b_ids=range(1, 50))
     job = db.new_batch(label)
     assert register(db.connect(), job, orders.name, shuffled(orders.items(keys), 5))["chunks"] == 20
+    # a chunk takes at least 20 ms, so that every caller is waiting for the job's row
+    # before the first one could finish alone: the callers take turns
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(0.02); RETURN NULL; END $$"
+    ).format(fn=sql.Identifier(f"{label}_slow")))
+    orders.execute(sql.SQL(
+        "CREATE TRIGGER slow AFTER UPDATE ON {{t}} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()"
+    ).format(fn=sql.Identifier(f"{label}_slow")).as_string(db.admin))
 
     barrier = threading.Barrier(callers + 1)
     drainers = [Drainer(db, job, barrier) for _ in range(callers)]
@@ -591,6 +600,9 @@ def test_concurrent_drainers_commit_each_chunk_once(db, callers):
     assert sorted(all_keys, key=int) == keys_text(keys)
     assert len(all_keys) == len(set(all_keys)) == 200
     assert sum(d.result["committed_chunks"] for d in drainers) == 20
+    # the callers really took turns: more than one of them committed chunks
+    assert sum(1 for d in drainers if d.result["committed_chunks"]) >= 2, [
+        d.result["committed_chunks"] for d in drainers]
 
     assert_job_complete(db, orders, job, keys)
     j = job_row(db, job)
@@ -608,7 +620,7 @@ def test_concurrent_drainers_commit_each_chunk_once(db, callers):
     # ran saw a checkpoint at a chunk boundary with exactly the audit rows below it
     assert observer.error is None, repr(observer.error)
     seen = observer.seen
-    assert seen, "the observer took no snapshot"
+    assert any(0 < s[0] < 200 for s in seen), ("the observer saw no checkpoint mid-job", seen)
     for next_index, audits, top, last_chunk in seen:
         assert next_index % 10 == 0 and audits == top == next_index, seen
         assert last_chunk == next_index // 10, seen

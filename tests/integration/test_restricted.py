@@ -110,7 +110,8 @@ def test_a_planted_temp_table_with_a_trigger_never_reaches_the_caller(db, roles)
         f"EXECUTE FUNCTION public.escalate_{tag}()",
     )
     superuser = db.connect()
-    with pytest.raises(errors.InsufficientPrivilege):
+    with pytest.raises(errors.InsufficientPrivilege,
+                       match="cannot create temporary table within security-restricted operation"):
         db.call(step, conn=superuser)
     superuser.execute("INSERT INTO orders_target VALUES (1)")
     assert db.admin.execute(
@@ -139,7 +140,8 @@ def test_a_handler_of_another_role_is_restricted_too(db, roles):
 
     # drained by another role (the superuser): restricted, the chunk rolls back
     superuser = db.connect()
-    with pytest.raises(errors.InsufficientPrivilege):
+    with pytest.raises(errors.InsufficientPrivilege,
+                       match="cannot create temporary table within security-restricted operation"):
         drain(superuser, job)
     assert orders.snapshot() == orders.initial
     assert not temp_table_exists(superuser, "planted")
