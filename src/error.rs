@@ -62,6 +62,10 @@ pub enum BatchError {
         id: i64,
         batch: String,
     },
+    /// A handler job whose handler function was dropped.
+    HandlerMissing {
+        job: String,
+    },
     /// A column named in a job that the target does not have.
     UndefinedColumn {
         column: String,
@@ -136,6 +140,7 @@ impl BatchError {
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             StepOwnerMissing { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
+            HandlerMissing { .. } => Code::ERRCODE_UNDEFINED_FUNCTION,
             UndefinedColumn { .. } => Code::ERRCODE_UNDEFINED_COLUMN,
             Unsupported { .. } => Code::ERRCODE_FEATURE_NOT_SUPPORTED,
             UnknownJob { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
@@ -178,6 +183,9 @@ impl BatchError {
             StepNotFailed { id, status } => format!("step {id} is {status}, not failed"),
             StepOwnerMissing { id, batch } => {
                 format!("step {id} of batch \"{batch}\" was added by a role that no longer exists")
+            }
+            HandlerMissing { job } => {
+                format!("the handler of job \"{job}\" no longer exists")
             }
             UndefinedColumn { column } => {
                 format!("column \"{column}\" does not exist in the target")
@@ -254,6 +262,10 @@ impl BatchError {
             StepOwnerMissing { .. } => {
                 Some("A step runs with the privileges of the role that added it.".into())
             }
+            HandlerMissing { .. } => Some(
+                "The job names its handler by identity, and a function created again is another one; nothing was changed."
+                    .into(),
+            ),
             Unsupported { detail, .. } | PermissionDenied { detail, .. } => Some(detail.clone()),
             JobMismatch { detail, .. }
             | JobConflict { detail, .. }
@@ -291,6 +303,10 @@ impl BatchError {
             StepOwnerMissing { .. } => {
                 Some("Delete the step and add it again as an existing role.".into())
             }
+            HandlerMissing { job } => Some(format!(
+                "Abort the job (etc_batch.abort_job('{}', ...)) and register what is left under a new job id.",
+                job.replace('\'', "''")
+            )),
             VersionMismatch { .. } => {
                 Some("Run \"ALTER EXTENSION etc_batch UPDATE\" in this database.".into())
             }

@@ -82,6 +82,30 @@ struct SendPlan(pg_sys::SPIPlanPtr);
 /// different jobs does not keep thousands of plans.
 const MAX_PLANS: usize = 256;
 
+thread_local! {
+    /// How many of etc_batch's statements are running right now, one inside another (a
+    /// handler or a trigger that calls etc_batch while a chunk's statement runs). Kept
+    /// plans are freed only when none is: one of them may be the plan that is running.
+    static RUNNING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a running statement for as long as it lives, errors included (a PostgreSQL
+/// error unwinds through it).
+struct Running;
+
+impl Running {
+    fn start() -> Running {
+        RUNNING.with(|r| r.set(r.get() + 1));
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.with(|r| r.set(r.get() - 1));
+    }
+}
+
 /// The kept plan for `sql` with these argument types, prepared on first use.
 /// Must be called while SPI is connected.
 unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPlanPtr> {
@@ -117,7 +141,7 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
     pg_sys::SPI_keepplan(plan);
     PLANS.with(|p| {
         let mut plans = p.borrow_mut();
-        if plans.len() >= MAX_PLANS {
+        if plans.len() >= MAX_PLANS && RUNNING.with(|r| r.get()) == 0 {
             for (_, kept) in plans.drain() {
                 for (_, old) in kept {
                     pg_sys::SPI_freeplan(old.0);
@@ -179,7 +203,9 @@ pub fn rows<R>(
                 return Err(e);
             }
         };
+        let running = Running::start();
         let rc = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, limit);
+        drop(running);
         let mut out = Vec::new();
         let result = if rc < 0 {
             Err(BatchError::Internal(format!(

@@ -51,7 +51,8 @@ pub fn check(command: &str) -> Result<()> {
     }
 }
 
-fn capitalize(message: &str) -> String {
+/// A PostgreSQL message as the first sentence of a detail: its first letter upper case.
+pub fn capitalize(message: &str) -> String {
     let mut chars = message.chars();
     match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),

@@ -541,26 +541,30 @@ fn describe_action(action: &Action) -> String {
 
 /// JSON text with object keys in order, the same for equal content.
 pub fn canonical_object(map: &BTreeMap<String, Value>) -> String {
-    let mut out = String::from("{");
-    for (i, (k, v)) in map.iter().enumerate() {
+    let mut out = String::new();
+    write_object(map.iter(), &mut out);
+    out
+}
+
+/// Writes an object with its keys in order; sorts references, never copies a value.
+fn write_object<'a>(entries: impl Iterator<Item = (&'a String, &'a Value)>, out: &mut String) {
+    let mut entries: Vec<_> = entries.collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    out.push('{');
+    for (i, (k, v)) in entries.into_iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
         out.push_str(&Value::String(k.clone()).to_string());
         out.push_str(": ");
-        canonical_value(v, &mut out);
+        canonical_value(v, out);
     }
     out.push('}');
-    out
 }
 
 fn canonical_value(v: &Value, out: &mut String) {
     match v {
-        Value::Object(m) => {
-            let sorted: BTreeMap<String, Value> =
-                m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            out.push_str(&canonical_object(&sorted));
-        }
+        Value::Object(m) => write_object(m.iter(), out),
         Value::Array(a) => {
             out.push('[');
             for (i, x) in a.iter().enumerate() {

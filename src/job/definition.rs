@@ -30,6 +30,9 @@ pub struct Definition {
     pub fingerprint: String,
     /// The registering session's search_path, which the job's change runs with.
     pub search_path: String,
+    /// A handler job whose handler was dropped: `handler` is None, but it is no
+    /// set_values job, and must never be drained as one.
+    pub handler_dropped: bool,
 }
 
 impl Definition {
@@ -72,6 +75,8 @@ impl Definition {
                 fingerprint: r.get::<String>(13)?.unwrap_or_default(),
                 target_name: r.get::<String>(14)?.unwrap_or_default(),
                 search_path: r.get::<String>(15)?.unwrap_or_default(),
+                handler_dropped: r.get::<bool>(16)?.unwrap_or(false)
+                    && r.get::<String>(8)?.is_none(),
             })
         })
     }

@@ -139,6 +139,11 @@ pub fn drain(
     }
     let bookkeeper = extension_owner()?;
     let def = as_role(bookkeeper, || Definition::require(job_id))?;
+    if def.handler_dropped {
+        return Err(BatchError::HandlerMissing {
+            job: job_id.to_string(),
+        });
+    }
     let target = def.target()?;
     let change_sql = match &def.handler {
         Some(handler) => target.handler_sql(handler),

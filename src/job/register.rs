@@ -269,7 +269,7 @@ fn check_casts(
                     "{role} for column \"{column}\" is not a valid {}",
                     target.shape.columns[column].type_name
                 ),
-                Some(&format!("{}.", capitalize(&failure))),
+                Some(&format!("{}.", crate::chain::command::capitalize(&failure))),
             ));
         }
     }
@@ -282,13 +282,6 @@ fn scalar_text(value: &Value) -> Option<String> {
         Value::String(s) => Some(s.clone()),
         other => Some(other.to_string()),
     }
-}
-
-fn capitalize(s: &str) -> String {
-    let mut c = s.chars();
-    c.next()
-        .map(|f| f.to_uppercase().chain(c).collect())
-        .unwrap_or_default()
 }
 
 /// A job changes rows with the privileges of the role that registers it, so that role

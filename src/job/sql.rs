@@ -24,7 +24,7 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
           FROM pg_catalog.pg_class c
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
          WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
-       j.search_path
+       j.search_path, j.handler IS NOT NULL
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 

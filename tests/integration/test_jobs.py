@@ -865,6 +865,25 @@ def test_handler_job_drains_to_done(db):
     assert_others_untouched(orders, keys)
 
 
+def test_a_dropped_handler_stops_the_job_instead_of_changing_rows_without_it(db):
+    orders = Orders(db, "hdropped", a_ids=range(1, 30))
+    handler = make_handler(db, orders)
+    keys = pick_keys(9, 12, range(1, 30))
+    job = db.new_batch("hdropped")
+    register(db.connect(), job, orders.name, orders.items(keys),
+             set_values=None, expect=None, handler=handler)
+    assert drain(db.connect(), job, 1)["committed_chunks"] == 1
+    db.admin.execute(f"DROP FUNCTION {handler}")
+
+    with pytest.raises(errors.UndefinedFunction) as missing:
+        drain(db.connect(), job)
+    assert missing.value.sqlstate == "42883"
+    assert f'the handler of job "{job}" no longer exists' in str(missing.value)
+    assert_changed_once(orders, keys[:10])
+    assert_untouched(orders, keys[10:])
+    assert job_row(db, job)["next_index"] == 10
+
+
 def test_handler_conflict_rolls_back_the_chunk(db):
     orders = Orders(db, "hconflict", a_ids=range(1, 60))
     handler = make_handler(db, orders)
