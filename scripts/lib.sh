@@ -65,10 +65,14 @@ set_library_aside() {
     if [ -f "$lib" ]; then as_root mv -f "$lib" "$lib.replaced"; fi
 }
 
+# install_extension [FEATURES]: the release build, as users install it; with FEATURES
+# (crash_points), a test build that adds those test aids.
 install_extension() {
-    log "building and installing etc_batch"
+    local features=${1:-}
+    log "building and installing etc_batch${features:+ with $features}"
     set_library_aside
-    (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+    (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" \
+        ${features:+--features "$features"} >/dev/null)
     # The install scripts of released versions, frozen, so that a database can be created
     # at an older version and updated (cargo pgrx install copies the update scripts only).
     local share

@@ -1,6 +1,6 @@
 -- etc_batch.doctor(): checks the facts a deployment depends on, as the server really
 -- applies them, not as a configuration file or a connection string intends them.
--- Loaded last, with the other SQL-level objects (see finalize.sql).
+-- Loaded after the tables it reads (the order is in src/lib.rs).
 
 CREATE FUNCTION etc_batch.doctor()
 RETURNS TABLE (check_name text, status text, detail text, hint text)

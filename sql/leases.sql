@@ -16,3 +16,15 @@ COMMENT ON TABLE etc_batch.lease IS
 
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.lease', '');
 REVOKE ALL ON etc_batch.lease FROM PUBLIC;
+
+CREATE VIEW etc_batch.leases AS
+SELECT l.name, l.holder, l.generation,
+       l.acquired_at AS acquired,
+       l.renewed_at AS renewed,
+       l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() AS expires_in,
+       l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() AS expired
+  FROM etc_batch.lease l;
+
+COMMENT ON VIEW etc_batch.leases IS
+    'Every lease: its holder, generation, when it was acquired and renewed, and how long until it expires (negative once expired).';
+REVOKE ALL ON etc_batch.leases FROM PUBLIC;

@@ -3,7 +3,8 @@
 //! Every error a user can see is a variant here, with its SQLSTATE, its message in
 //! PostgreSQL's style (lower case, no period, names in double quotes), a detail that
 //! states the facts, and a hint that says what to do. Callers branch on the SQLSTATE,
-//! so it is the most specific one that fits, and it is chosen in exactly one place.
+//! so it is the most specific one that fits, and all four are chosen together, in one
+//! place: `BatchError::report`.
 
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
@@ -62,6 +63,14 @@ pub enum BatchError {
         id: i64,
         batch: String,
     },
+    /// A relation named by OID that does not exist (a regclass given as a number).
+    UnknownRelation {
+        oid: u32,
+    },
+    /// A function named by OID that does not exist (a regprocedure given as a number).
+    UnknownFunction {
+        oid: u32,
+    },
     /// A handler job whose handler function was dropped.
     HandlerMissing {
         job: String,
@@ -105,6 +114,10 @@ pub enum BatchError {
         job: String,
         reason: Option<String>,
     },
+    /// `abort_job` on a job that finished: there is nothing left to stop.
+    JobFinished {
+        job: String,
+    },
     /// A fence check failed: the holder no longer holds that generation of the lease.
     LeaseLost {
         name: String,
@@ -121,134 +134,139 @@ pub enum BatchError {
         holder: String,
         detail: String,
     },
+    /// SPI refused a statement etc_batch sent for a reason of its own (not an error
+    /// PostgreSQL raised while running it, which propagates as it was).
+    Spi {
+        code: Code,
+        message: String,
+    },
     /// Something etc_batch itself did not expect; a bug, never a user error.
     Internal(String),
 }
 
+/// The four parts of an error as PostgreSQL reports it.
+pub struct Report {
+    pub code: Code,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+fn report(code: Code, message: impl Into<String>) -> Report {
+    Report {
+        code,
+        message: message.into(),
+        detail: None,
+        hint: None,
+    }
+}
+
+impl Report {
+    fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    fn maybe_detail(mut self, detail: Option<String>) -> Self {
+        self.detail = detail;
+        self
+    }
+
+    fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+const IN_TRANSACTION_BLOCK_DETAIL: &str = "It commits as it works, a step or a chunk at a \
+    time, and this CALL ran inside a transaction block: after BEGIN, in a string of several \
+    statements (as pg_cron and psql -c run one), or from a client driver with autocommit off, \
+    which opens one before every statement.";
+
+const ATOMIC_DETAIL: &str = "It commits as it works, a step or a chunk at a time, and a \
+    function, a SELECT, a block with an EXCEPTION clause, or a calling procedure with a SET \
+    clause or SECURITY DEFINER does not allow that.";
+
 impl BatchError {
-    pub fn sqlstate(&self) -> Code {
-        use BatchError::*;
-        match self {
-            AtomicContext { .. } => Code::ERRCODE_INVALID_TRANSACTION_TERMINATION,
-            NullArgument { .. } => Code::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-            InvalidArgument { .. } => Code::ERRCODE_INVALID_PARAMETER_VALUE,
-            InvalidCommand { .. } => Code::ERRCODE_INVALID_PARAMETER_VALUE,
-            CommandSyntax { .. } => Code::ERRCODE_SYNTAX_ERROR,
-            UnknownStep { .. } | UnknownBatch { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
-            StepExists { .. } => Code::ERRCODE_UNIQUE_VIOLATION,
-            StepFailed { .. } | StepNotFailed { .. } => {
-                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
-            }
-            StepOwnerMissing { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
-            HandlerMissing { .. } => Code::ERRCODE_UNDEFINED_FUNCTION,
-            UndefinedColumn { .. } => Code::ERRCODE_UNDEFINED_COLUMN,
-            Unsupported { .. } => Code::ERRCODE_FEATURE_NOT_SUPPORTED,
-            UnknownJob { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
-            VersionMismatch { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            PermissionDenied { .. } => Code::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            JobMismatch { .. } => Code::ERRCODE_DUPLICATE_OBJECT,
-            // Not class 40: a conflict is never retryable; it needs a new approval.
-            JobConflict { .. } => Code::ERRCODE_INTEGRITY_CONSTRAINT_VIOLATION,
-            JobCorrupt { .. } => Code::ERRCODE_DATA_CORRUPTED,
-            JobAborted { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            // A class no step or job error uses, so that a worker can tell "I lost my
-            // lease, step down" from every failure of the work itself.
-            LeaseLost { .. } => Code::ERRCODE_INVALID_TRANSACTION_INITIATION,
-            UnknownLease { .. } => Code::ERRCODE_UNDEFINED_OBJECT,
-            LeaseNotHeld { .. } => Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            Internal(_) => Code::ERRCODE_INTERNAL_ERROR,
+    /// An argument whose value is never valid, with nothing more to say about it.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        BatchError::InvalidArgument {
+            message: message.into(),
+            detail: None,
         }
     }
 
-    pub fn message(&self) -> String {
+    /// An argument whose value is never valid, and the facts that make it so.
+    pub fn invalid_because(message: impl Into<String>, detail: impl Into<String>) -> Self {
+        BatchError::InvalidArgument {
+            message: message.into(),
+            detail: Some(detail.into()),
+        }
+    }
+
+    /// SQLSTATE, message, detail and hint, decided together for each kind of error.
+    pub fn report(&self) -> Report {
         use BatchError::*;
         match self {
             AtomicContext {
                 procedure,
                 in_transaction_block: true,
-            } => {
-                format!("{procedure} cannot run inside a transaction block")
-            }
-            AtomicContext { procedure, .. } => {
-                format!("{procedure} cannot run in an atomic context")
-            }
-            NullArgument { argument } => format!("argument \"{argument}\" must not be null"),
-            InvalidArgument { message, .. } => message.clone(),
-            InvalidCommand { .. } => "invalid step command".into(),
-            CommandSyntax { .. } => "step command has a syntax error".into(),
-            UnknownStep { id } => format!("step {id} does not exist"),
-            UnknownBatch { batch } => format!("batch \"{batch}\" does not exist"),
-            StepExists { id, batch } => format!("step {id} already exists in batch \"{batch}\""),
-            StepFailed { id, batch, .. } => format!("step {id} of batch \"{batch}\" has failed"),
-            StepNotFailed { id, status } => format!("step {id} is {status}, not failed"),
-            StepOwnerMissing { id, batch } => {
-                format!("step {id} of batch \"{batch}\" was added by a role that no longer exists")
-            }
-            HandlerMissing { job } => {
-                format!("the handler of job \"{job}\" no longer exists")
-            }
-            UndefinedColumn { column } => {
-                format!("column \"{column}\" does not exist in the target")
-            }
-            Unsupported { message, .. } => message.clone(),
-            UnknownJob { job } => format!("job \"{job}\" does not exist"),
-            VersionMismatch { installed } => format!(
-                "etc_batch {installed} is installed in this database, but the library is {}",
-                env!("CARGO_PKG_VERSION")
+            } => report(
+                Code::ERRCODE_INVALID_TRANSACTION_TERMINATION,
+                format!("{procedure} cannot run inside a transaction block"),
+            )
+            .detail(IN_TRANSACTION_BLOCK_DETAIL)
+            .hint(format!(
+                "Send \"CALL {procedure}(...)\" as a statement of its own, in autocommit mode: \
+                 turn autocommit on in the driver (psycopg: conn.autocommit = True; JDBC: \
+                 setAutoCommit(true)), give pg_cron a job string with only the CALL, or COMMIT \
+                 the open transaction first."
+            )),
+            AtomicContext { procedure, .. } => report(
+                Code::ERRCODE_INVALID_TRANSACTION_TERMINATION,
+                format!("{procedure} cannot run in an atomic context"),
+            )
+            .detail(ATOMIC_DETAIL)
+            .hint(format!(
+                "Run \"CALL {procedure}(...)\" as a statement of its own in autocommit mode, \
+                 or from a procedure that was itself CALLed that way."
+            )),
+            NullArgument { argument } => report(
+                Code::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                format!("argument \"{argument}\" must not be null"),
             ),
-            PermissionDenied { message, .. } => message.clone(),
-            JobMismatch { job, .. } => {
-                format!("job \"{job}\" is already registered with different content")
+            InvalidArgument { message, detail } => {
+                report(Code::ERRCODE_INVALID_PARAMETER_VALUE, message).maybe_detail(detail.clone())
             }
-            JobConflict { job, .. } => format!("job \"{job}\" is in conflict"),
-            JobCorrupt { job, .. } => format!("job \"{job}\" has corrupt progress"),
-            JobAborted { job, .. } => format!("job \"{job}\" was aborted"),
-            LeaseLost {
-                name,
-                holder,
-                generation,
-                ..
-            } => {
-                format!("lease \"{name}\" is not held by \"{holder}\" at generation {generation}")
+            InvalidCommand { detail } => {
+                report(Code::ERRCODE_INVALID_PARAMETER_VALUE, "invalid step command").detail(detail)
             }
-            UnknownLease { name } => format!("lease \"{name}\" does not exist"),
-            LeaseNotHeld { name, holder, .. } => {
-                format!("lease \"{name}\" is not held by \"{holder}\"")
+            CommandSyntax { detail } => {
+                report(Code::ERRCODE_SYNTAX_ERROR, "step command has a syntax error").detail(detail)
             }
-            Internal(what) => format!("etc_batch internal error: {what}"),
-        }
-    }
-
-    pub fn detail(&self) -> Option<String> {
-        use BatchError::*;
-        match self {
-            AtomicContext {
-                in_transaction_block: true,
-                ..
-            } => Some(
-                "It commits as it works, a step or a chunk at a time, and this CALL ran inside a \
-                 transaction block: after BEGIN, in a string of several statements (as pg_cron \
-                 and psql -c run one), or from a client driver with autocommit off, which opens \
-                 one before every statement."
-                    .into(),
+            UnknownStep { id } => {
+                report(Code::ERRCODE_UNDEFINED_OBJECT, format!("step {id} does not exist"))
+            }
+            UnknownBatch { batch } => report(
+                Code::ERRCODE_UNDEFINED_OBJECT,
+                format!("batch \"{batch}\" does not exist"),
             ),
-            AtomicContext {
-                in_transaction_block: false,
-                ..
-            } => Some(
-                "It commits as it works, a step or a chunk at a time, and a function, a SELECT, \
-                 a block with an EXCEPTION clause, or a calling procedure with a SET clause or \
-                 SECURITY DEFINER does not allow that."
-                    .into(),
-            ),
-            InvalidArgument { detail, .. } => detail.clone(),
-            InvalidCommand { detail } | CommandSyntax { detail } => Some(detail.clone()),
+            StepExists { id, batch } => report(
+                Code::ERRCODE_UNIQUE_VIOLATION,
+                format!("step {id} already exists in batch \"{batch}\""),
+            )
+            .hint("Omit the id to let etc_batch choose the next free one."),
             StepFailed {
+                id,
+                batch,
                 attempts,
                 sqlstate,
                 error,
-                ..
-            } => Some(format!(
+            } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("step {id} of batch \"{batch}\" has failed"),
+            )
+            .detail(format!(
                 "It failed on attempt {attempts}{}{}.",
                 sqlstate
                     .as_deref()
@@ -258,85 +276,163 @@ impl BatchError {
                     .as_deref()
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default(),
-            )),
-            StepOwnerMissing { .. } => {
-                Some("A step runs with the privileges of the role that added it.".into())
-            }
-            HandlerMissing { .. } => Some(
-                "The job names its handler by identity, and a function created again is another one; nothing was changed."
-                    .into(),
+            ))
+            .hint(retry_step_hint(*id)),
+            StepNotFailed { id, status } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("step {id} is {status}, not failed"),
+            )
+            .hint("Only a failed step can be retried; use etc_batch.reset_batch to rerun a whole batch."),
+            StepOwnerMissing { id, batch } => report(
+                Code::ERRCODE_UNDEFINED_OBJECT,
+                format!("step {id} of batch \"{batch}\" was added by a role that no longer exists"),
+            )
+            .detail("A step runs with the privileges of the role that added it.")
+            .hint("Delete the step and add it again as an existing role."),
+            UnknownRelation { oid } => report(
+                Code::ERRCODE_UNDEFINED_TABLE,
+                format!("relation with OID {oid} does not exist"),
             ),
-            Unsupported { detail, .. } | PermissionDenied { detail, .. } => Some(detail.clone()),
-            JobMismatch { detail, .. }
-            | JobConflict { detail, .. }
-            | JobCorrupt { detail, .. }
-            | LeaseLost { detail, .. }
-            | LeaseNotHeld { detail, .. } => Some(detail.clone()),
-            JobAborted { reason, .. } => reason
-                .as_ref()
-                .map(|r| format!("The reason given was: {r}")),
-            _ => None,
-        }
-    }
-
-    pub fn hint(&self) -> Option<String> {
-        use BatchError::*;
-        match self {
-            AtomicContext { procedure, in_transaction_block: true } => Some(format!(
-                "Send \"CALL {procedure}(...)\" as a statement of its own, in autocommit mode: \
-                 turn autocommit on in the driver (psycopg: conn.autocommit = True; JDBC: \
-                 setAutoCommit(true)), give pg_cron a job string with only the CALL, or COMMIT \
-                 the open transaction first."
-            )),
-            AtomicContext { procedure, in_transaction_block: false } => Some(format!(
-                "Run \"CALL {procedure}(...)\" as a statement of its own in autocommit mode, \
-                 or from a procedure that was itself CALLed that way."
-            )),
-            StepFailed { id, .. } => Some(format!(
-                "Fix the cause, then run \"SELECT etc_batch.retry_step({id})\" and \
-                 \"CALL etc_batch.exec_batch_from_id({id})\"."
-            )),
-            StepNotFailed { .. } => {
-                Some("Only a failed step can be retried; use etc_batch.reset_batch to rerun a whole batch.".into())
-            }
-            StepExists { .. } => Some("Omit the id to let etc_batch choose the next free one.".into()),
-            StepOwnerMissing { .. } => {
-                Some("Delete the step and add it again as an existing role.".into())
-            }
-            HandlerMissing { job } => Some(format!(
+            UnknownFunction { oid } => report(
+                Code::ERRCODE_UNDEFINED_FUNCTION,
+                format!("function with OID {oid} does not exist"),
+            ),
+            HandlerMissing { job } => report(
+                Code::ERRCODE_UNDEFINED_FUNCTION,
+                format!("the handler of job \"{job}\" no longer exists"),
+            )
+            .detail("The job names its handler by identity, and a function created again is another one; nothing was changed.")
+            .hint(format!(
                 "Abort the job (etc_batch.abort_job('{}', ...)) and register what is left under a new job id.",
                 job.replace('\'', "''")
             )),
-            VersionMismatch { .. } => {
-                Some("Run \"ALTER EXTENSION etc_batch UPDATE\" in this database.".into())
+            UndefinedColumn { column } => report(
+                Code::ERRCODE_UNDEFINED_COLUMN,
+                format!("column \"{column}\" does not exist in the target"),
+            ),
+            Unsupported { message, detail } => {
+                report(Code::ERRCODE_FEATURE_NOT_SUPPORTED, message).detail(detail)
             }
-            JobMismatch { .. } => Some(
-                "A job id names one approval forever; register the new approval under a new job id.".into(),
-            ),
-            LeaseLost { .. } => Some(
-                "Stop acting as the holder: nothing was changed, and no more work may be done \
-                 under this lease. Acquire it again before doing more."
-                    .into(),
-            ),
-            JobConflict { .. } => Some(
+            UnknownJob { job } => {
+                report(Code::ERRCODE_UNDEFINED_OBJECT, format!("job \"{job}\" does not exist"))
+            }
+            VersionMismatch { installed } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!(
+                    "etc_batch {installed} is installed in this database, but the library is {}",
+                    env!("CARGO_PKG_VERSION")
+                ),
+            )
+            .hint("Run \"ALTER EXTENSION etc_batch UPDATE\" in this database."),
+            PermissionDenied { message, detail } => {
+                report(Code::ERRCODE_INSUFFICIENT_PRIVILEGE, message).detail(detail)
+            }
+            JobMismatch { job, detail } => report(
+                Code::ERRCODE_DUPLICATE_OBJECT,
+                format!("job \"{job}\" is already registered with different content"),
+            )
+            .detail(detail)
+            .hint("A job id names one approval forever; register the new approval under a new job id."),
+            // Not class 40: a conflict is never retryable; it needs a new approval.
+            JobConflict { job, detail } => report(
+                Code::ERRCODE_INTEGRITY_CONSTRAINT_VIOLATION,
+                format!("job \"{job}\" is in conflict"),
+            )
+            .detail(detail)
+            .hint(
                 "This is a business conflict, not a transient error: chunks committed earlier stay \
-                 committed, and the remaining items need a new approval under a new job id."
-                    .into(),
+                 committed, and the remaining items need a new approval under a new job id.",
             ),
-            JobCorrupt { .. } => Some(
+            JobCorrupt { job, detail } => report(
+                Code::ERRCODE_DATA_CORRUPTED,
+                format!("job \"{job}\" has corrupt progress"),
+            )
+            .detail(detail)
+            .hint(
                 "etc_batch does not repair progress by itself; compare etc_batch.verify_job with \
-                 etc_batch.job_audit, then abort the job and register what remains."
-                    .into(),
+                 etc_batch.job_audit, then abort the job and register what remains.",
             ),
-            _ => None,
+            JobAborted { job, reason } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("job \"{job}\" was aborted"),
+            )
+            .maybe_detail(reason.as_ref().map(|r| format!("The reason given was \"{r}\"."))),
+            JobFinished { job } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("job \"{job}\" is already done"),
+            )
+            .detail("A finished job has nothing left to stop."),
+            // A class no step or job error uses, so that a worker can tell "I lost my
+            // lease, step down" from every failure of the work itself.
+            LeaseLost {
+                name,
+                holder,
+                generation,
+                detail,
+            } => report(
+                Code::ERRCODE_INVALID_TRANSACTION_INITIATION,
+                format!("lease \"{name}\" is not held by \"{holder}\" at generation {generation}"),
+            )
+            .detail(detail)
+            .hint(
+                "Stop acting as the holder: nothing was changed, and no more work may be done \
+                 under this lease. Acquire it again before doing more.",
+            ),
+            UnknownLease { name } => report(
+                Code::ERRCODE_UNDEFINED_OBJECT,
+                format!("lease \"{name}\" does not exist"),
+            ),
+            LeaseNotHeld {
+                name,
+                holder,
+                detail,
+            } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("lease \"{name}\" is not held by \"{holder}\""),
+            )
+            .detail(detail),
+            Spi { code, message } => report(*code, message),
+            Internal(what) => report(
+                Code::ERRCODE_INTERNAL_ERROR,
+                format!("etc_batch internal error: {what}"),
+            ),
         }
+    }
+
+    pub fn sqlstate(&self) -> Code {
+        self.report().code
+    }
+
+    pub fn message(&self) -> String {
+        self.report().message
+    }
+
+    pub fn detail(&self) -> Option<String> {
+        self.report().detail
+    }
+
+    pub fn hint(&self) -> Option<String> {
+        self.report().hint
     }
 
     /// Raises this error in the backend; never returns.
     pub fn raise(self) -> ! {
-        ErrorReport::from(self).report(PgLogLevel::ERROR);
-        unreachable!("ereport(ERROR) returned")
+        raise(ErrorReport::from(self))
     }
+}
+
+/// Raises `report` at ERROR; never returns.
+pub fn raise(report: ErrorReport) -> ! {
+    report.report(PgLogLevel::ERROR);
+    unreachable!("ereport(ERROR) returned")
+}
+
+/// What to do about a failed step: the same words wherever a failed step is reported.
+pub fn retry_step_hint(id: i64) -> String {
+    format!(
+        "Fix the cause, then run \"SELECT etc_batch.retry_step({id})\" and \
+         \"CALL etc_batch.exec_batch_from_id({id})\"."
+    )
 }
 
 impl std::fmt::Display for BatchError {
@@ -349,20 +445,52 @@ impl std::error::Error for BatchError {}
 
 impl From<BatchError> for ErrorReport {
     fn from(e: BatchError) -> Self {
-        let mut report = ErrorReport::new(e.sqlstate(), e.message(), "etc_batch");
-        if let Some(detail) = e.detail() {
+        let Report {
+            code,
+            message,
+            detail,
+            hint,
+        } = e.report();
+        let mut report = ErrorReport::new(code, message, "etc_batch");
+        if let Some(detail) = detail {
             report = report.set_detail(detail);
         }
-        if let Some(hint) = e.hint() {
+        if let Some(hint) = hint {
             report = report.set_hint(hint);
         }
         report
     }
 }
 
+/// pgrx's SPI layer refuses some statements before PostgreSQL runs them; each refusal
+/// gets the SQLSTATE PostgreSQL itself would give the same thing. (An error PostgreSQL
+/// raises while running a statement never arrives here: it propagates as it was.)
 impl From<pgrx::spi::Error> for BatchError {
     fn from(e: pgrx::spi::Error) -> Self {
-        BatchError::Internal(e.to_string())
+        use pgrx::spi::{SpiError as E, SpiErrorCodes as S};
+        let code = match &e {
+            E::SpiError(S::Copy) => Code::ERRCODE_FEATURE_NOT_SUPPORTED,
+            E::SpiError(S::Transaction) => Code::ERRCODE_INVALID_TRANSACTION_TERMINATION,
+            E::SpiError(S::Argument | S::Param) | E::PreparedStatementArgumentMismatch { .. } => {
+                Code::ERRCODE_INVALID_PARAMETER_VALUE
+            }
+            E::SpiError(S::NoAttribute) => Code::ERRCODE_UNDEFINED_COLUMN,
+            E::SpiError(S::RelNotFound) => Code::ERRCODE_UNDEFINED_TABLE,
+            E::SpiError(S::RelDuplicate) => Code::ERRCODE_DUPLICATE_TABLE,
+            E::SpiError(S::TypUnknown | S::NoOutFunc) => Code::ERRCODE_UNDEFINED_OBJECT,
+            E::InvalidPosition | E::CursorNotFound(_) => Code::ERRCODE_INVALID_CURSOR_NAME,
+            E::DatumError(_) => Code::ERRCODE_DATATYPE_MISMATCH,
+            // SPI used wrongly (not connected, no result): etc_batch's own bug
+            _ => return BatchError::Internal(e.to_string()),
+        };
+        let message = match code {
+            Code::ERRCODE_FEATURE_NOT_SUPPORTED => "cannot COPY to or from the client here".into(),
+            Code::ERRCODE_INVALID_TRANSACTION_TERMINATION => {
+                "cannot begin or end a transaction here".into()
+            }
+            _ => format!("could not run the statement: {e}"),
+        };
+        BatchError::Spi { code, message }
     }
 }
 
@@ -384,51 +512,225 @@ pub fn required<T>(value: Option<T>, argument: &'static str) -> Result<T> {
     value.ok_or(BatchError::NullArgument { argument })
 }
 
+/// A name (a batch, a job id, a lease or its holder) that must say something.
+pub fn non_empty(value: &str, what: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(BatchError::invalid(format!("{what} must not be empty")));
+    }
+    Ok(())
+}
+
+/// A PostgreSQL message as the first sentence of a detail: its first letter upper case.
+pub fn capitalize(message: &str) -> String {
+    let mut chars = message.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn messages_follow_postgres_style() {
-        let all = [
-            BatchError::AtomicContext {
+    /// One example of every variant. The match below has no wildcard, so a new variant
+    /// does not compile until it has an example here, and the style test covers it.
+    fn every_variant() -> Vec<BatchError> {
+        use BatchError::*;
+        let all = vec![
+            AtomicContext {
                 procedure: "etc_batch.exec_batch_from_id",
                 in_transaction_block: true,
             },
-            BatchError::AtomicContext {
-                procedure: "etc_batch.exec_batch_from_id",
+            AtomicContext {
+                procedure: "etc_batch.drain_job",
                 in_transaction_block: false,
             },
-            BatchError::NullArgument { argument: "batch" },
-            BatchError::UnknownStep { id: 7 },
-            BatchError::UnknownBatch {
+            NullArgument { argument: "batch" },
+            BatchError::invalid("chunk size 0 is out of range"),
+            BatchError::invalid_because("items must be a JSON array", "It is an object."),
+            InvalidCommand {
+                detail: "The command is empty.".into(),
+            },
+            CommandSyntax {
+                detail: "Syntax error at or near \"SELEC\".".into(),
+            },
+            UnknownStep { id: 7 },
+            UnknownBatch {
                 batch: "nightly".into(),
             },
-            BatchError::StepExists {
+            StepExists {
                 id: 7,
                 batch: "nightly".into(),
             },
-            BatchError::StepFailed {
+            StepFailed {
                 id: 7,
                 batch: "nightly".into(),
                 attempts: 2,
                 sqlstate: Some("22012".into()),
                 error: Some("division by zero".into()),
             },
-            BatchError::StepNotFailed {
+            StepNotFailed {
                 id: 7,
                 status: "done".into(),
             },
+            StepOwnerMissing {
+                id: 7,
+                batch: "nightly".into(),
+            },
+            UnknownRelation { oid: 12345 },
+            UnknownFunction { oid: 12345 },
+            HandlerMissing {
+                job: "o'clock".into(),
+            },
+            UndefinedColumn {
+                column: "qty".into(),
+            },
+            Unsupported {
+                message: "key column \"id\" has type numeric".into(),
+                detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
+                    .into(),
+            },
+            UnknownJob {
+                job: "festival".into(),
+            },
+            VersionMismatch {
+                installed: "0.1.0".into(),
+            },
+            PermissionDenied {
+                message: "permission denied for table orders".into(),
+                detail: "A job changes rows with the privileges of the role that registers it."
+                    .into(),
+            },
+            JobMismatch {
+                job: "festival".into(),
+                detail: "The chunk size was 10 and is now 5.".into(),
+            },
+            JobConflict {
+                job: "festival".into(),
+                detail: "Item 15 was approved at revision 3, but the row now has revision 4."
+                    .into(),
+            },
+            JobCorrupt {
+                job: "festival".into(),
+                detail: "The checkpoint moved.".into(),
+            },
+            JobAborted {
+                job: "festival".into(),
+                reason: Some("rain".into()),
+            },
+            JobAborted {
+                job: "festival".into(),
+                reason: None,
+            },
+            JobFinished {
+                job: "festival".into(),
+            },
+            LeaseLost {
+                name: "leader".into(),
+                holder: "w1".into(),
+                generation: 3,
+                detail: "It has expired.".into(),
+            },
+            UnknownLease {
+                name: "leader".into(),
+            },
+            LeaseNotHeld {
+                name: "leader".into(),
+                holder: "w1".into(),
+                detail: "It is held by \"w2\" at generation 4; nothing was changed.".into(),
+            },
+            pgrx::spi::SpiError::SpiError(pgrx::spi::SpiErrorCodes::Copy).into(),
+            pgrx::spi::SpiError::SpiError(pgrx::spi::SpiErrorCodes::Transaction).into(),
+            pgrx::spi::SpiError::CursorNotFound("c".into()).into(),
+            Internal("an aggregate returned no row".into()),
         ];
-        for e in all {
-            let m = e.message();
-            assert!(!m.ends_with('.'), "{m}");
-            assert!(m.chars().next().unwrap().is_lowercase(), "{m}");
-            for text in [e.detail(), e.hint()].into_iter().flatten() {
+        let covered: std::collections::BTreeSet<usize> = all
+            .iter()
+            .map(|e| match e {
+                AtomicContext { .. } => 0,
+                NullArgument { .. } => 1,
+                InvalidArgument { .. } => 2,
+                InvalidCommand { .. } => 3,
+                CommandSyntax { .. } => 4,
+                UnknownStep { .. } => 5,
+                UnknownBatch { .. } => 6,
+                StepExists { .. } => 7,
+                StepFailed { .. } => 8,
+                StepNotFailed { .. } => 9,
+                StepOwnerMissing { .. } => 10,
+                UnknownRelation { .. } => 11,
+                UnknownFunction { .. } => 12,
+                HandlerMissing { .. } => 13,
+                UndefinedColumn { .. } => 14,
+                Unsupported { .. } => 15,
+                UnknownJob { .. } => 16,
+                VersionMismatch { .. } => 17,
+                PermissionDenied { .. } => 18,
+                JobMismatch { .. } => 19,
+                JobConflict { .. } => 20,
+                JobCorrupt { .. } => 21,
+                JobAborted { .. } => 22,
+                JobFinished { .. } => 23,
+                LeaseLost { .. } => 24,
+                UnknownLease { .. } => 25,
+                LeaseNotHeld { .. } => 26,
+                Spi { .. } => 27,
+                Internal(_) => 28,
+            })
+            .collect();
+        assert_eq!(covered, (0..=28).collect(), "every variant has an example");
+        all
+    }
+
+    #[test]
+    fn messages_follow_postgres_style() {
+        for e in every_variant() {
+            let r = e.report();
+            let m = &r.message;
+            assert!(!m.is_empty() && !m.ends_with('.'), "{m}");
+            assert!(
+                !m.chars().next().unwrap().is_uppercase(),
+                "a message starts in lower case: {m}"
+            );
+            for text in [&r.detail, &r.hint].into_iter().flatten() {
+                // a full sentence: capitalized, unless it starts with a name, which
+                // keeps its own case (etc_batch, a_column)
+                let first = text.split_whitespace().next().unwrap();
+                let is_name = first.contains('_') || first.contains('.');
                 assert!(text.ends_with('.'), "{text}");
-                assert!(text.chars().next().unwrap().is_uppercase(), "{text}");
+                assert!(
+                    is_name || first.chars().next().unwrap().is_uppercase(),
+                    "{text}"
+                );
             }
         }
+    }
+
+    #[test]
+    fn sqlstates_are_the_precise_ones() {
+        use BatchError::*;
+        let code = |e: BatchError| e.sqlstate();
+        assert_eq!(
+            code(JobFinished { job: "j".into() }),
+            Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+        assert_eq!(
+            code(UnknownRelation { oid: 1 }),
+            Code::ERRCODE_UNDEFINED_TABLE
+        );
+        assert_eq!(
+            code(UnknownFunction { oid: 1 }),
+            Code::ERRCODE_UNDEFINED_FUNCTION
+        );
+        assert_eq!(
+            code(pgrx::spi::SpiError::SpiError(pgrx::spi::SpiErrorCodes::Transaction).into()),
+            Code::ERRCODE_INVALID_TRANSACTION_TERMINATION
+        );
+        assert_eq!(
+            code(pgrx::spi::SpiError::SpiError(pgrx::spi::SpiErrorCodes::Copy).into()),
+            Code::ERRCODE_FEATURE_NOT_SUPPORTED
+        );
     }
 
     #[test]
@@ -444,6 +746,7 @@ mod tests {
             e.detail().unwrap(),
             "It failed on attempt 3 with SQLSTATE 23505: duplicate key."
         );
+        assert_eq!(e.hint().unwrap(), retry_step_hint(24));
         assert!(e.hint().unwrap().contains("etc_batch.retry_step(24)"));
         assert_eq!(e.sqlstate(), Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
     }
@@ -459,5 +762,24 @@ mod tests {
             .hint()
             .unwrap()
             .contains("CALL etc_batch.exec_batch_from_id"));
+    }
+
+    #[test]
+    fn names_must_say_something() {
+        assert!(non_empty("", "batch name").is_err());
+        assert_eq!(
+            non_empty("  ", "job id").unwrap_err().message(),
+            "job id must not be empty"
+        );
+        assert!(non_empty("nightly", "batch name").is_ok());
+    }
+
+    #[test]
+    fn capitalize_first_letter_only() {
+        assert_eq!(
+            capitalize("syntax error at or near \"SELEC\""),
+            "Syntax error at or near \"SELEC\""
+        );
+        assert_eq!(capitalize(""), "");
     }
 }

@@ -1,54 +1,84 @@
 //! etc_batch: exactly-once batch work inside PostgreSQL.
 //!
-//! Layout:
-//! - `api/`      the SQL surface: every function and procedure a DBA calls.
-//! - `chain/`    the chain runner behind `exec_batch_from_id` (rules in `chain::step`,
-//!               the commit loop in `chain::runner`, bookkeeping SQL in `chain::sql`).
-//! - `job/`      checkpointed jobs behind `drain_job` (approval, progress, drain, reports).
-//! - `txn`       the one place that talks to SPI in non-atomic mode and commits.
-//! - `roles`     running a piece of work as another role, scoped to one transaction.
-//! - `error`     the one error type, mapped to SQLSTATEs.
-//! - `sql/*.sql` the schema, loaded into the extension script as checked-in SQL.
-
-use pgrx::prelude::*;
+//! Layout, from the SQL surface down:
+//!
+//! ```text
+//! api/       the SQL surface: every function and procedure a DBA calls; it only
+//!            converts between SQL and the modules below.
+//! chain/     chains behind exec_batch_from_id: the rules (step), managing steps
+//!            (steps), the commit loop (runner), its statements (sql).
+//! job/       checkpointed jobs behind drain_job: the approval, the checkpoint's
+//!            rules, registration, the drain loop, reports.
+//! lease/     leases and the fence that stops a holder who lost one.
+//! procedure  a C-language procedure that commits: arguments by name, INOUT results.
+//! txn        the one place that talks to SPI in non-atomic mode, commits, and opens
+//!            subtransactions.
+//! query      every statement etc_batch sends: kept plans, rows read in place.
+//! roles      running a piece of work as another role, scoped to one transaction.
+//! installed  the installed extension: its owner, and the version gate.
+//! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
+//! activity   what pg_stat_activity shows while a chain or a job runs.
+//! error      the one error type, mapped to SQLSTATEs.
+//! sql/*.sql  the schema, loaded into the extension script as checked-in SQL.
+//! ```
 
 pub mod activity;
 pub mod api;
 pub mod chain;
-pub mod clock;
 pub mod error;
+pub mod installed;
 pub mod job;
 pub mod lease;
+pub mod procedure;
 pub mod query;
 pub mod roles;
+pub mod status;
 pub mod txn;
 
 ::pgrx::pg_module_magic!(name, version);
 
-extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["schema"]);
-extension_sql_file!("../sql/leases.sql", name = "leases", requires = ["schema"]);
+use pgrx::prelude::*;
+
+extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
 extension_sql_file!(
-    "../sql/doctor.sql",
-    name = "doctor",
-    requires = ["jobs", "leases"]
+    "../sql/chains.sql",
+    name = "chains",
+    requires = ["bootstrap"]
+);
+extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["bootstrap"]);
+extension_sql_file!(
+    "../sql/leases.sql",
+    name = "leases",
+    requires = ["bootstrap"]
+);
+extension_sql_file!(
+    "../sql/locks.sql",
+    name = "locks",
+    requires = ["chains", "jobs", "leases"]
 );
 extension_sql_file!(
     "../sql/progress.sql",
     name = "progress",
-    requires = ["jobs"]
+    requires = ["chains", "jobs"]
 );
-extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+extension_sql_file!(
+    "../sql/doctor.sql",
+    name = "doctor",
+    requires = ["chains", "jobs", "leases"]
+);
+extension_sql_file!(
+    "../sql/procedures.sql",
+    name = "procedures",
+    requires = ["chains", "jobs"]
+);
+extension_sql_file!("../sql/api.sql", name = "api", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     job::crash::register();
-}
-
-#[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests {
-    // In-transaction tests live next to the code they test; see `api::chain::tests`.
+    // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
+    // aid of a test build, set against the release build) is refused, not kept silently.
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"etc_batch".as_ptr()) };
 }
 
 /// Required by `cargo pgrx test`.

@@ -10,7 +10,7 @@
 //! transaction and restores it on abort, so a switch made before a commit would become
 //! the "original" user of the next transaction and survive an error in it.
 
-use crate::error::{BatchError, Result};
+use crate::error::Result;
 use pgrx::pg_sys;
 
 /// Restores the saved user on drop, on the success path and while unwinding alike.
@@ -93,28 +93,8 @@ pub fn current_user() -> pg_sys::Oid {
     unsafe { pg_sys::GetUserId() }
 }
 
-/// The owner of the etc_batch extension, who owns its tables. Every call that touches
-/// etc_batch's tables starts here, so it is also where a database whose etc_batch objects
-/// are of another version than this library is refused: after a new build is installed,
-/// until ALTER EXTENSION etc_batch UPDATE, the statements here would not match the tables.
-pub fn extension_owner() -> Result<pg_sys::Oid> {
-    let (owner, version) = crate::query::row(
-        "SELECT e.extowner, e.extversion FROM pg_catalog.pg_extension e \
-         WHERE e.extname OPERATOR(pg_catalog.=) 'etc_batch'",
-        &[],
-        |r| Ok((r.get::<pg_sys::Oid>(1)?, r.get::<String>(2)?)),
-    )?
-    .ok_or_else(|| BatchError::Internal("extension etc_batch is not installed".into()))?;
-    match (owner, version) {
-        (Some(owner), Some(v)) if v == env!("CARGO_PKG_VERSION") => Ok(owner),
-        (_, installed) => Err(BatchError::VersionMismatch {
-            installed: installed.unwrap_or_default(),
-        }),
-    }
-}
-
 /// Runs `work` as the extension's owner: for etc_batch's own bookkeeping only.
 pub fn as_owner<R>(work: impl FnOnce() -> Result<R>) -> Result<R> {
-    let owner = extension_owner()?;
+    let owner = crate::installed::owner()?;
     as_role(owner, work)
 }

@@ -170,18 +170,37 @@ pub struct Failure {
     pub hint: Option<String>,
 }
 
+/// How an error raised by a step's command or a chunk's change is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The work itself failed: a step is recorded as failed, a chunk rolled back.
+    WorkFailed,
+    /// The caller interrupted the run (pg_cancel_backend, statement_timeout): the work
+    /// did nothing wrong, so it stays pending and nothing is recorded.
+    Interrupted,
+}
+
 impl Failure {
     /// The five-character SQLSTATE, as PostgreSQL prints it.
     pub fn sqlstate(&self) -> String {
         unpack_sqlstate(self.code as i32)
     }
 
-    /// The error as PostgreSQL would raise it again, with `detail` and `hint` used only
+    pub fn kind(&self) -> FailureKind {
+        match self.code {
+            PgSqlErrorCode::ERRCODE_QUERY_CANCELED => FailureKind::Interrupted,
+            _ => FailureKind::WorkFailed,
+        }
+    }
+
+    /// Raises the error again as PostgreSQL would, with `detail` and `hint` used only
     /// where the original error had none.
-    pub fn into_report(self, detail: String, hint: String) -> ErrorReport {
-        ErrorReport::new(self.code, self.message, "etc_batch")
-            .set_detail(self.detail.unwrap_or(detail))
-            .set_hint(self.hint.unwrap_or(hint))
+    pub fn raise(self, detail: String, hint: String) -> ! {
+        crate::error::raise(
+            ErrorReport::new(self.code, self.message, "etc_batch")
+                .set_detail(self.detail.unwrap_or(detail))
+                .set_hint(self.hint.unwrap_or(hint)),
+        )
     }
 }
 
@@ -232,5 +251,28 @@ mod tests {
             unpack_sqlstate(PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION as i32),
             "P0001"
         );
+    }
+
+    fn failure(code: PgSqlErrorCode) -> Failure {
+        Failure {
+            code,
+            message: String::new(),
+            detail: None,
+            hint: None,
+        }
+    }
+
+    #[test]
+    fn cancellation_is_not_a_failure_of_the_work() {
+        assert_eq!(
+            failure(PgSqlErrorCode::ERRCODE_QUERY_CANCELED).kind(),
+            FailureKind::Interrupted
+        );
+        for code in [
+            PgSqlErrorCode::ERRCODE_DIVISION_BY_ZERO,
+            PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION,
+        ] {
+            assert_eq!(failure(code).kind(), FailureKind::WorkFailed);
+        }
     }
 }

@@ -1,13 +1,9 @@
 //! Chains: add_step, reset_batch, retry_step, and the procedure exec_batch_from_id.
 
-use crate::chain::{command, runner, sql, step};
-use crate::error::{required, BatchError, OrRaise, Result};
+use crate::chain::{runner, steps};
+use crate::error::{required, OrRaise};
 use crate::lease::Fence;
-use crate::query;
-use crate::roles::{as_owner, current_user};
-use crate::txn::TxnLoop;
-use pgrx::fcinfo::{pg_getarg, pg_return_void};
-use pgrx::pg_sys;
+use crate::procedure::{c_procedure, Arg, Mode, Signature};
 use pgrx::prelude::*;
 
 /// Adds a step to a batch; it will run as the role calling add_step.
@@ -17,111 +13,76 @@ fn add_step(
     command: Option<String>,
     id: default!(Option<i64>, "NULL"),
 ) -> i64 {
-    add_step_impl(batch, command, id).or_raise()
-}
-
-fn add_step_impl(batch: Option<String>, command: Option<String>, id: Option<i64>) -> Result<i64> {
-    let batch = required(batch, "batch")?;
-    let command = required(command, "command")?;
-    step::check_batch_name(&batch)?;
-    if let Some(id) = id.filter(|id| *id < 1) {
-        return Err(BatchError::InvalidArgument {
-            message: format!("step id {id} is out of range"),
-            detail: Some("Step ids are positive.".into()),
-        });
-    }
-    command::check(&command)?;
-    let adder = current_user();
-    as_owner(|| {
-        query::run(sql::LOCK_STEP_IDS, &[])?;
-        let id = match id {
-            Some(id) => {
-                if let Some(batch) = query::one::<String>(sql::STEP_BATCH, &[id.into()])? {
-                    return Err(BatchError::StepExists { id, batch });
-                }
-                id
-            }
-            None => query::one::<i64>(sql::NEXT_FREE_ID, &[])?.unwrap_or(0) + 1,
-        };
-        query::one::<i64>(
-            sql::INSERT_STEP,
-            &[id.into(), batch.into(), command.into(), adder.into()],
-        )?
-        .ok_or_else(|| BatchError::Internal("INSERT ... RETURNING returned no row".into()))
-    })
+    let batch = required(batch, "batch").or_raise();
+    let command = required(command, "command").or_raise();
+    steps::add(&batch, &command, id).or_raise()
 }
 
 /// Puts every step of a batch back to pending for its next run; step_audit keeps the
 /// history. Returns the number of steps reset.
 #[pg_extern(volatile, parallel_unsafe)]
 fn reset_batch(batch: Option<String>) -> i32 {
-    reset_batch_impl(batch).or_raise()
-}
-
-fn reset_batch_impl(batch: Option<String>) -> Result<i32> {
-    let batch = required(batch, "batch")?;
-    let reset = as_owner(|| query::one::<i32>(sql::RESET_BATCH, &[batch.clone().into()]))?;
-    match reset.unwrap_or(0) {
-        0 => Err(BatchError::UnknownBatch { batch }),
-        n => Ok(n),
-    }
+    steps::reset(&required(batch, "batch").or_raise()).or_raise()
 }
 
 /// Puts a failed step back to pending, so that the next run of its chain runs it again.
 #[pg_extern(volatile, parallel_unsafe)]
 fn retry_step(id: Option<i64>) {
-    retry_step_impl(id).or_raise()
+    steps::retry(required(id, "id").or_raise()).or_raise()
 }
 
-fn retry_step_impl(id: Option<i64>) -> Result<()> {
-    let id = required(id, "id")?;
-    as_owner(|| {
-        if query::one::<i64>(sql::RETRY_STEP, &[id.into()])?.is_some() {
-            return Ok(());
-        }
-        match query::one::<String>(sql::STEP_STATUS, &[id.into()])? {
-            None => Err(BatchError::UnknownStep { id }),
-            Some(status) => Err(BatchError::StepNotFailed { id, status }),
-        }
-    })
-}
+/// `CALL etc_batch.exec_batch_from_id(...)`, declared in sql/procedures.sql.
+pub const EXEC_BATCH_FROM_ID: Signature = Signature {
+    name: "etc_batch.exec_batch_from_id",
+    args: &[
+        Arg {
+            name: "p_id",
+            sql_type: "bigint",
+            default: None,
+            mode: Mode::In,
+        },
+        Arg {
+            name: "wait",
+            sql_type: "boolean",
+            default: Some("true"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "lease_name",
+            sql_type: "text",
+            default: Some("NULL::text"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "lease_holder",
+            sql_type: "text",
+            default: Some("NULL::text"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "lease_generation",
+            sql_type: "bigint",
+            default: Some("NULL::bigint"),
+            mode: Mode::In,
+        },
+    ],
+};
 
-// CALL etc_batch.exec_batch_from_id(p_id bigint, wait boolean DEFAULT true,
-//                                   lease_name text DEFAULT NULL, lease_holder text DEFAULT NULL,
-//                                   lease_generation bigint DEFAULT NULL)
-//
-// A plain V1 C function rather than a #[pg_extern]: it needs fcinfo->context to know
-// whether it may commit, and it is declared as a PROCEDURE in sql/chain.sql.
-
-#[no_mangle]
-#[doc(hidden)]
-pub extern "C" fn pg_finfo_etc_batch_exec_batch_from_id() -> &'static pg_sys::Pg_finfo_record {
-    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-    &V1
-}
-
-#[pg_guard]
-#[no_mangle]
-pub unsafe extern "C-unwind" fn etc_batch_exec_batch_from_id(
-    fcinfo: pg_sys::FunctionCallInfo,
-) -> pg_sys::Datum {
-    exec_batch_from_id(fcinfo).or_raise();
-    pg_return_void()
-}
-
-unsafe fn exec_batch_from_id(fcinfo: pg_sys::FunctionCallInfo) -> Result<()> {
-    let mut tx = TxnLoop::begin(fcinfo, "etc_batch.exec_batch_from_id")?;
-    let first = required(pg_getarg::<i64>(fcinfo, 0), "p_id")?;
-    let wait = required(pg_getarg::<bool>(fcinfo, 1), "wait")?;
-    let fence = Fence::from_args(
-        pg_getarg(fcinfo, 2),
-        pg_getarg(fcinfo, 3),
-        pg_getarg(fcinfo, 4),
-    )?;
-    runner::exec_batch_from_id(&mut tx, first, wait, fence)?;
-    tx.finish();
-    Ok(())
-}
+c_procedure!(
+    etc_batch_exec_batch_from_id,
+    pg_finfo_etc_batch_exec_batch_from_id,
+    EXEC_BATCH_FROM_ID,
+    |args, tx| {
+        let first = args.required("p_id")?;
+        let wait = args.required("wait")?;
+        let fence = Fence::from_args(
+            args.get("lease_name")?,
+            args.get("lease_holder")?,
+            args.get("lease_generation")?,
+        )?;
+        runner::exec_batch_from_id(tx, first, wait, fence)
+    }
+);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]

@@ -2,11 +2,10 @@
 //! abort_job.
 
 use crate::error::{required, BatchError, OrRaise, Result};
-use crate::job::{approval, drain, register, report};
+use crate::job::{abort, approval, drain, register, report};
 use crate::lease::Fence;
-use crate::txn::TxnLoop;
+use crate::procedure::{c_procedure, Arg, Mode, Signature};
 use pgrx::datum::Internal;
-use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
@@ -183,70 +182,76 @@ fn verify_job(
 fn abort_job(job_id: Option<String>, reason: Option<String>) {
     let job_id = required(job_id, "job_id").or_raise();
     let reason = required(reason, "reason").or_raise();
-    report::abort(&job_id, &reason).or_raise()
+    abort::abort(&job_id, &reason).or_raise()
 }
 
-// CALL etc_batch.drain_job(job_id text, max_chunks integer DEFAULT NULL,
-//                          lease_name text DEFAULT NULL, lease_holder text DEFAULT NULL,
-//                          lease_generation bigint DEFAULT NULL,
-//                          INOUT committed_keys text[] DEFAULT NULL,
-//                          INOUT committed_chunks integer DEFAULT NULL,
-//                          INOUT status text DEFAULT NULL)
+/// `CALL etc_batch.drain_job(...)`, declared in sql/procedures.sql.
+pub const DRAIN_JOB: Signature = Signature {
+    name: "etc_batch.drain_job",
+    args: &[
+        Arg {
+            name: "job_id",
+            sql_type: "text",
+            default: None,
+            mode: Mode::In,
+        },
+        Arg {
+            name: "max_chunks",
+            sql_type: "integer",
+            default: Some("NULL::integer"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "lease_name",
+            sql_type: "text",
+            default: Some("NULL::text"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "lease_holder",
+            sql_type: "text",
+            default: Some("NULL::text"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "lease_generation",
+            sql_type: "bigint",
+            default: Some("NULL::bigint"),
+            mode: Mode::In,
+        },
+        Arg {
+            name: "committed_keys",
+            sql_type: "text[]",
+            default: Some("NULL::text[]"),
+            mode: Mode::InOut,
+        },
+        Arg {
+            name: "committed_chunks",
+            sql_type: "integer",
+            default: Some("NULL::integer"),
+            mode: Mode::InOut,
+        },
+        Arg {
+            name: "status",
+            sql_type: "text",
+            default: Some("NULL::text"),
+            mode: Mode::InOut,
+        },
+    ],
+};
 
-#[no_mangle]
-#[doc(hidden)]
-pub extern "C" fn pg_finfo_etc_batch_drain_job() -> &'static pg_sys::Pg_finfo_record {
-    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-    &V1
-}
-
-#[pg_guard]
-#[no_mangle]
-pub unsafe extern "C-unwind" fn etc_batch_drain_job(
-    fcinfo: pg_sys::FunctionCallInfo,
-) -> pg_sys::Datum {
-    // The result row is built where the caller will read it: the memory context current
-    // at entry, which outlives the commits (SPI's own contexts do not).
-    let caller_context = pg_sys::CurrentMemoryContext;
-    let drained = drain_job(fcinfo).or_raise();
-    pg_sys::MemoryContextSwitchTo(caller_context);
-    result_row(fcinfo, drained)
-}
-
-unsafe fn drain_job(fcinfo: pg_sys::FunctionCallInfo) -> Result<drain::Drained> {
-    let mut tx = TxnLoop::begin(fcinfo, "etc_batch.drain_job")?;
-    let job_id: String = required(pg_getarg(fcinfo, 0), "job_id")?;
-    let max_chunks: Option<i32> = pg_getarg(fcinfo, 1);
-    let fence = Fence::from_args(
-        pg_getarg(fcinfo, 2),
-        pg_getarg(fcinfo, 3),
-        pg_getarg(fcinfo, 4),
-    )?;
-    let drained = drain::drain(&mut tx, &job_id, max_chunks, fence)?;
-    tx.finish();
-    Ok(drained)
-}
-
-unsafe fn result_row(fcinfo: pg_sys::FunctionCallInfo, drained: drain::Drained) -> pg_sys::Datum {
-    let mut tupdesc: pg_sys::TupleDesc = std::ptr::null_mut();
-    if pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut tupdesc)
-        != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE
-    {
-        BatchError::Internal("drain_job was not declared with INOUT parameters".into()).raise();
+c_procedure!(
+    etc_batch_drain_job,
+    pg_finfo_etc_batch_drain_job,
+    DRAIN_JOB,
+    |args, tx| {
+        let job_id: String = args.required("job_id")?;
+        let fence = Fence::from_args(
+            args.get("lease_name")?,
+            args.get("lease_holder")?,
+            args.get("lease_generation")?,
+        )?;
+        let drained = drain::drain(tx, &job_id, args.get("max_chunks")?, fence)?;
+        Ok((drained.keys, drained.chunks, drained.status.as_str()))
     }
-    let tupdesc = pg_sys::BlessTupleDesc(tupdesc);
-    let mut values = [
-        drained.keys.into_datum().unwrap_or(pg_sys::Datum::from(0)),
-        drained
-            .chunks
-            .into_datum()
-            .unwrap_or(pg_sys::Datum::from(0)),
-        drained
-            .status
-            .into_datum()
-            .unwrap_or(pg_sys::Datum::from(0)),
-    ];
-    let mut nulls = [false; 3];
-    let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
-    pg_sys::heap_copy_tuple_as_datum(tuple, tupdesc)
-}
+);

@@ -1,5 +1,5 @@
 //! Leases: acquire_lease, release_lease, check_lease. The lock helpers (lock_key,
-//! try_xact_lock, xact_lock) and the views leases and locks are SQL, in sql/finalize.sql.
+//! try_xact_lock, xact_lock) and the views leases and locks are SQL, in sql/leases.sql and sql/locks.sql.
 
 use crate::error::{required, OrRaise};
 use crate::lease::{self, Fence};

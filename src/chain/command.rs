@@ -1,7 +1,7 @@
 //! Checks a step's SQL when it is added, so that a chain never stops at night on a
 //! command that could never have run.
 
-use crate::error::{BatchError, Result};
+use crate::error::{capitalize, BatchError, Result};
 use crate::txn;
 use pgrx::pg_sys;
 use pgrx::PgList;
@@ -48,26 +48,5 @@ pub fn check(command: &str) -> Result<()> {
             detail: NO_TRANSACTION_CONTROL.into(),
         }),
         Ok(_) => Ok(()),
-    }
-}
-
-/// A PostgreSQL message as the first sentence of a detail: its first letter upper case.
-pub fn capitalize(message: &str) -> String {
-    let mut chars = message.chars();
-    match chars.next() {
-        Some(first) => first.to_uppercase().chain(chars).collect(),
-        None => String::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn capitalize_first_letter_only() {
-        assert_eq!(
-            super::capitalize("syntax error at or near \"SELEC\""),
-            "Syntax error at or near \"SELEC\""
-        );
-        assert_eq!(super::capitalize(""), "");
     }
 }

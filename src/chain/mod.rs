@@ -2,10 +2,12 @@
 //!
 //! - `step`    the rules: what a runner does with a step in each status (pure Rust).
 //! - `command` checks a step's SQL when it is added.
-//! - `sql`     every statement the runner and the chain functions send, in one place.
+//! - `steps`   add_step, reset_batch, retry_step.
 //! - `runner`  the commit loop: lock, re-check, run, record, COMMIT, next.
+//! - `sql`     every statement the runner and the chain functions send, in one place.
 
 pub mod command;
 pub mod runner;
 pub mod sql;
 pub mod step;
+pub mod steps;

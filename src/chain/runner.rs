@@ -7,14 +7,15 @@
 //! second runner waits on the same step and then reads the status the first committed.
 
 use super::sql;
-use super::step::{action_for, classify_failure, Action, FailureKind, StepStatus};
+use super::step::{action_for, Action, StepStatus};
 use crate::activity::Activity;
-use crate::clock::now;
-use crate::error::{BatchError, OrRaise, Result};
+use crate::error::{retry_step_hint, BatchError, OrRaise, Result};
+use crate::installed;
 use crate::lease::Fence;
 use crate::query;
-use crate::roles::{as_author, as_role, current_user, extension_owner};
-use crate::txn::{subtransaction, TxnLoop};
+use crate::roles::{as_author, as_role, current_user};
+use crate::txn::{subtransaction, FailureKind, TxnLoop};
+use pgrx::datum::clock_timestamp as now;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -58,7 +59,7 @@ pub fn exec_batch_from_id(
     wait: bool,
     fence: Option<Fence>,
 ) -> Result<()> {
-    let bookkeeper = extension_owner()?;
+    let bookkeeper = installed::owner()?;
     let batch = as_role(bookkeeper, || {
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
     })?
@@ -165,15 +166,13 @@ impl Runner {
                         })?;
                         Ok(Flow::Ran(next))
                     }
-                    Err(failure) if classify_failure(failure.code) == FailureKind::Interrupted => {
+                    Err(failure) if failure.kind() == FailureKind::Interrupted => {
                         // Nothing is recorded: the whole transaction rolls back and the
                         // step stays pending for the next run.
-                        let report = failure.into_report(
+                        failure.raise(
                             format!("Step {id} of batch \"{}\" was interrupted and is still pending.", self.batch),
                             format!("Run \"CALL etc_batch.exec_batch_from_id({id})\" to continue the chain."),
-                        );
-                        report.report(PgLogLevel::ERROR);
-                        unreachable!()
+                        )
                     }
                     Err(failure) => {
                         let mut args = times();
@@ -184,18 +183,13 @@ impl Runner {
                         })?
                         .unwrap_or_default();
                         tx.commit();
-                        let report = failure.into_report(
+                        failure.raise(
                             format!(
                                 "Step {id} of batch \"{}\" failed on attempt {attempt}.",
                                 self.batch
                             ),
-                            format!(
-                                "Fix the cause, then run \"SELECT etc_batch.retry_step({id})\" and \
-                                 \"CALL etc_batch.exec_batch_from_id({id})\"."
-                            ),
-                        );
-                        report.report(PgLogLevel::ERROR);
-                        unreachable!()
+                            retry_step_hint(id),
+                        )
                     }
                 }
             }

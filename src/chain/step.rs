@@ -1,35 +1,7 @@
 //! What a runner does with a step, decided from the status it reads after the lock.
 
-use crate::error::{BatchError, Result};
-use pgrx::PgSqlErrorCode;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepStatus {
-    Pending,
-    Done,
-    Failed,
-}
-
-impl StepStatus {
-    pub fn parse(text: &str) -> Result<Self> {
-        match text {
-            "pending" => Ok(StepStatus::Pending),
-            "done" => Ok(StepStatus::Done),
-            "failed" => Ok(StepStatus::Failed),
-            other => Err(BatchError::Internal(format!(
-                "unknown step status \"{other}\""
-            ))),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::Pending => "pending",
-            StepStatus::Done => "done",
-            StepStatus::Failed => "failed",
-        }
-    }
-}
+use crate::error::{non_empty, Result};
+pub use crate::status::StepStatus;
 
 /// The runner's move for one step, given what it saw once the step's lock was granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,30 +22,18 @@ pub fn action_for(status: StepStatus) -> Action {
     }
 }
 
-/// How an error raised by a step's command is treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// The step itself failed: record it as failed and raise the error.
-    StepFailed,
-    /// The caller interrupted the run (pg_cancel_backend, statement_timeout): the step
-    /// did nothing wrong, so it stays pending and the whole transaction rolls back.
-    Interrupted,
-}
-
-pub fn classify_failure(code: PgSqlErrorCode) -> FailureKind {
-    match code {
-        PgSqlErrorCode::ERRCODE_QUERY_CANCELED => FailureKind::Interrupted,
-        _ => FailureKind::StepFailed,
-    }
-}
-
 /// A batch name as given to add_step or reset_batch.
 pub fn check_batch_name(batch: &str) -> Result<()> {
-    if batch.trim().is_empty() {
-        return Err(BatchError::InvalidArgument {
-            message: "batch name must not be empty".into(),
-            detail: None,
-        });
+    non_empty(batch, "batch name")
+}
+
+/// A step id given to add_step.
+pub fn check_step_id(id: i64) -> Result<()> {
+    if id < 1 {
+        return Err(crate::error::BatchError::invalid_because(
+            format!("step id {id} is out of range"),
+            "Step ids are positive.",
+        ));
     }
     Ok(())
 }
@@ -83,14 +43,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_round_trips() {
-        for s in [StepStatus::Pending, StepStatus::Done, StepStatus::Failed] {
-            assert_eq!(StepStatus::parse(s.as_str()).unwrap(), s);
-        }
-        assert!(StepStatus::parse("running").is_err());
-    }
-
-    #[test]
     fn only_pending_steps_run() {
         assert_eq!(action_for(StepStatus::Pending), Action::Run);
         assert_eq!(action_for(StepStatus::Done), Action::Skip);
@@ -98,25 +50,16 @@ mod tests {
     }
 
     #[test]
-    fn cancellation_is_not_a_step_failure() {
-        assert_eq!(
-            classify_failure(PgSqlErrorCode::ERRCODE_QUERY_CANCELED),
-            FailureKind::Interrupted
-        );
-        assert_eq!(
-            classify_failure(PgSqlErrorCode::ERRCODE_DIVISION_BY_ZERO),
-            FailureKind::StepFailed
-        );
-        assert_eq!(
-            classify_failure(PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION),
-            FailureKind::StepFailed
-        );
-    }
-
-    #[test]
     fn empty_batch_names_are_rejected() {
         assert!(check_batch_name("").is_err());
         assert!(check_batch_name("  ").is_err());
         assert!(check_batch_name("nightly").is_ok());
+    }
+
+    #[test]
+    fn step_ids_are_positive() {
+        assert!(check_step_id(0).is_err());
+        assert!(check_step_id(-3).is_err());
+        assert!(check_step_id(1).is_ok());
     }
 }

@@ -8,78 +8,12 @@
 //! guards in column-name order. Two registrations are the same request exactly when
 //! their normal forms are equal, whatever order the caller listed the items in.
 
+use super::columns::{is_integer, json_kind, parse_uuid, Kind, Shape};
 use crate::error::{BatchError, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-
-/// What a column accepts, as far as a JSON value can be checked without a database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Int {
-        min: i64,
-        max: i64,
-    },
-    Numeric,
-    Text,
-    Bool,
-    Uuid,
-    /// Anything else (dates, enums, ...): a string or a number, checked by a cast in SQL.
-    Other,
-}
-
-impl Kind {
-    pub fn for_type(type_name: &str) -> Kind {
-        match type_name {
-            "int2" => Kind::Int {
-                min: i16::MIN as i64,
-                max: i16::MAX as i64,
-            },
-            "int4" => Kind::Int {
-                min: i32::MIN as i64,
-                max: i32::MAX as i64,
-            },
-            "int8" => Kind::Int {
-                min: i64::MIN,
-                max: i64::MAX,
-            },
-            "numeric" | "float4" | "float8" => Kind::Numeric,
-            "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
-            "bool" => Kind::Bool,
-            "uuid" => Kind::Uuid,
-            _ => Kind::Other,
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Kind::Int { .. } => "an integer",
-            Kind::Numeric => "a number",
-            Kind::Text => "a string",
-            Kind::Bool => "true or false",
-            Kind::Uuid => "a uuid string",
-            Kind::Other => "a string or a number",
-        }
-    }
-}
-
-/// A column of the target table.
-#[derive(Debug, Clone)]
-pub struct Column {
-    pub name: String,
-    pub type_name: String,
-    pub kind: Kind,
-}
-
-/// What the approval is checked against: the target's columns and the roles they play.
-#[derive(Debug, Clone)]
-pub struct Shape {
-    pub columns: HashMap<String, Column>,
-    pub key_column: String,
-    pub tenant_column: String,
-    pub revision_column: String,
-}
 
 /// A key in the key column's own type; the derived order is that type's order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -131,66 +65,11 @@ pub struct Item {
     pub guards: BTreeMap<String, Value>,
 }
 
-fn invalid(message: impl Into<String>, detail: impl Into<String>) -> BatchError {
-    BatchError::InvalidArgument {
-        message: message.into(),
-        detail: Some(detail.into()),
-    }
-}
-
 impl Shape {
-    pub fn column(&self, name: &str) -> Result<&Column> {
-        self.columns
-            .get(name)
-            .ok_or_else(|| BatchError::UndefinedColumn {
-                column: name.to_string(),
-            })
-    }
-
-    /// Checks the roles of the named columns: three different columns, the key of a
-    /// supported type and the revision an integer.
-    pub fn check_roles(&self) -> Result<()> {
-        // One column in two roles would let the job's revision increment change the key,
-        // or make the tenant a key.
-        let roles = [
-            ("key", &self.key_column),
-            ("tenant", &self.tenant_column),
-            ("revision", &self.revision_column),
-        ];
-        for (i, (role, column)) in roles.iter().enumerate() {
-            if let Some((other, _)) = roles[i + 1..].iter().find(|(_, c)| c == column) {
-                return Err(invalid(
-                    format!("column \"{column}\" cannot be both the {role} and the {other} column"),
-                    "The key, tenant and revision columns must be three different columns.",
-                ));
-            }
-        }
-        let key = self.column(&self.key_column)?;
-        if !matches!(key.kind, Kind::Int { .. } | Kind::Text | Kind::Uuid) {
-            return Err(BatchError::Unsupported {
-                message: format!("key column \"{}\" has type {}", key.name, key.type_name),
-                detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
-                    .into(),
-            });
-        }
-        self.column(&self.tenant_column)?;
-        let revision = self.column(&self.revision_column)?;
-        if !matches!(revision.kind, Kind::Int { .. }) {
-            return Err(invalid(
-                format!(
-                    "revision column \"{}\" must be an integer column",
-                    revision.name
-                ),
-                format!("It has type {}.", revision.type_name),
-            ));
-        }
-        Ok(())
-    }
-
     fn key_of(&self, value: &Value, position: usize) -> Result<Key> {
         let column = self.column(&self.key_column)?;
         let wrong = || {
-            invalid(
+            BatchError::invalid_because(
                 format!("item {position} has a key of the wrong type"),
                 format!(
                     "Key column \"{}\" is {}, so the key must be {}, not {}.",
@@ -205,7 +84,7 @@ impl Shape {
             Kind::Int { min, max } => match value.as_i64() {
                 Some(i) if i >= min && i <= max => Ok(Key::Int(i)),
                 // Beyond i64 too (a u64): still an integer, so say it is out of range.
-                _ if is_integer(value) => Err(invalid(
+                _ if is_integer(value) => Err(BatchError::invalid_because(
                     format!("item {position} has a key out of range"),
                     format!(
                         "{value} does not fit key column \"{}\" of type {}.",
@@ -222,48 +101,11 @@ impl Shape {
         }
     }
 
-    /// Checks a value meant for `column` (a guard, an expectation, a value to set).
-    pub fn check_value(&self, column: &str, value: &Value, context: &str) -> Result<Value> {
-        let column = self.column(column)?;
-        let ok = match (column.kind, value) {
-            (_, Value::Null) => true,
-            (Kind::Int { min, max }, v) => v.as_i64().is_some_and(|i| i >= min && i <= max),
-            (Kind::Numeric, Value::Number(_)) => true,
-            (Kind::Text, Value::String(_)) => true,
-            (Kind::Bool, Value::Bool(_)) => true,
-            (Kind::Uuid, Value::String(s)) => parse_uuid(s).is_some(),
-            (Kind::Other, Value::String(_) | Value::Number(_)) => true,
-            _ => false,
-        };
-        if !ok && matches!(column.kind, Kind::Int { .. }) && is_integer(value) {
-            return Err(invalid(
-                format!(
-                    "{context} has a value out of range for column \"{}\"",
-                    column.name
-                ),
-                format!(
-                    "{value} does not fit column \"{}\" of type {}.",
-                    column.name, column.type_name
-                ),
-            ));
-        }
-        if !ok {
-            return Err(invalid(
-                format!(
-                    "{context} has a value of the wrong type for column \"{}\"",
-                    column.name
-                ),
-                format!(
-                    "Column \"{}\" is {}, so the value must be {}, not {}.",
-                    column.name,
-                    column.type_name,
-                    column.kind.describe(),
-                    json_kind(value)
-                ),
-            ));
-        }
+    /// A value meant for `column`, checked, in its one spelling: numbers canonical, so
+    /// that 2.0 and 2 are the same approval.
+    fn normal_value(&self, column: &str, value: &Value, context: &str) -> Result<Value> {
+        self.check_value(column, value, context)?;
         Ok(match value {
-            // one spelling per value, so that 2.0 and 2 are the same approval
             Value::Number(n) => serde_json::from_str(&canonical_number(&n.to_string()))
                 .unwrap_or_else(|_| value.clone()),
             _ => value.clone(),
@@ -278,33 +120,33 @@ impl Shape {
         value: &Value,
     ) -> Result<BTreeMap<String, Value>> {
         let object = value.as_object().ok_or_else(|| {
-            invalid(
+            BatchError::invalid_because(
                 format!("{what} must be a JSON object"),
                 format!("It is {}.", json_kind(value)),
             )
         })?;
         object
             .iter()
-            .map(|(column, v)| Ok((column.clone(), self.check_value(column, v, what)?)))
+            .map(|(column, v)| Ok((column.clone(), self.normal_value(column, v, what)?)))
             .collect()
     }
 
     /// Parses, checks and normalizes the approved list.
     pub fn normalize(&self, items: &Value) -> Result<Vec<Item>> {
         let list = items.as_array().ok_or_else(|| {
-            invalid(
+            BatchError::invalid_because(
                 "items must be a JSON array",
                 format!("It is {}.", json_kind(items)),
             )
         })?;
         if list.is_empty() {
-            return Err(invalid(
+            return Err(BatchError::invalid_because(
                 "items must not be empty",
                 "An approval names at least one item.",
             ));
         }
         if list.len() > i32::MAX as usize {
-            return Err(invalid(
+            return Err(BatchError::invalid_because(
                 "too many items",
                 "An approval holds at most 2147483647 items.",
             ));
@@ -314,13 +156,13 @@ impl Shape {
         for (index, entry) in list.iter().enumerate() {
             let position = index + 1;
             let object = entry.as_object().ok_or_else(|| {
-                invalid(
+                BatchError::invalid_because(
                     format!("item {position} is not a JSON object"),
                     format!("It is {}.", json_kind(entry)),
                 )
             })?;
             let key_value = object.get(&self.key_column).ok_or_else(|| {
-                invalid(
+                BatchError::invalid_because(
                     format!("item {position} has no key"),
                     format!("It has no field \"{}\".", self.key_column),
                 )
@@ -329,7 +171,7 @@ impl Shape {
             let revision = object
                 .get(&self.revision_column)
                 .ok_or_else(|| {
-                    invalid(
+                    BatchError::invalid_because(
                         format!("item {position} has no revision"),
                         format!("It has no field \"{}\".", self.revision_column),
                     )
@@ -339,7 +181,7 @@ impl Shape {
                     matches!(revision_column.kind, Kind::Int { min, max } if *r >= min && *r <= max)
                 })
                 .ok_or_else(|| {
-                    invalid(
+                    BatchError::invalid_because(
                         format!("item {position} has a revision of the wrong type"),
                         format!(
                             "Revision column \"{}\" is {}, so the revision must be an integer in its range.",
@@ -353,12 +195,12 @@ impl Shape {
                     continue;
                 }
                 if field == &self.tenant_column {
-                    return Err(invalid(
+                    return Err(BatchError::invalid_because(
                         format!("item {position} names the tenant column \"{field}\""),
                         "The tenant is given once for the whole job, not per item.",
                     ));
                 }
-                let value = self.check_value(field, value, &format!("item {position}"))?;
+                let value = self.normal_value(field, value, &format!("item {position}"))?;
                 guards.insert(field.clone(), value);
             }
             normalized.push(Item {
@@ -369,7 +211,7 @@ impl Shape {
         }
         normalized.sort_by(|a, b| a.key.cmp(&b.key));
         if let Some(pair) = normalized.windows(2).find(|w| w[0].key == w[1].key) {
-            return Err(invalid(
+            return Err(BatchError::invalid_because(
                 "items contain a duplicate key",
                 format!("Key {} appears more than once.", pair[0].key.text()),
             ));
@@ -390,17 +232,25 @@ pub fn read_json(what: &str, text: &str) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| {
         let reason = e.to_string();
         if reason.starts_with("recursion limit exceeded") {
-            invalid(
+            BatchError::invalid_because(
                 format!("{what} is nested too deeply"),
                 format!("Arrays and objects may be nested at most {MAX_DEPTH} levels deep."),
             )
         } else {
-            invalid(
+            BatchError::invalid_because(
                 format!("{what} is not valid JSON"),
                 format!("The JSON parser says: {reason}."),
             )
         }
     })
+}
+
+/// A JSON object stored by etc_batch itself (guards, set_values, expect), read back.
+pub fn parse_object(text: &str) -> BTreeMap<String, Value> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => m.into_iter().collect(),
+        _ => BTreeMap::new(),
+    }
 }
 
 /// What a job does to each item.
@@ -623,39 +473,6 @@ pub fn canonical_number(text: &str) -> String {
     out
 }
 
-fn is_integer(v: &Value) -> bool {
-    v.is_i64() || v.is_u64()
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// Parses a uuid the way PostgreSQL's uuid_in accepts it in its usual forms.
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let s = s
-        .strip_prefix('{')
-        .and_then(|s| s.strip_suffix('}'))
-        .unwrap_or(s);
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod fuzz;
 
@@ -690,6 +507,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::job::columns::Column;
     use serde_json::json;
 
     fn shape(key_type: &str) -> Shape {

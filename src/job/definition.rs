@@ -1,6 +1,7 @@
 //! A job as registered: read once per call, since registration never changes it.
 
-use super::register::parse_object;
+use super::approval::{parse_object, Action, Approval, Item, Key};
+use super::columns::{Kind, Shape};
 use super::sql;
 use super::target::Target;
 use crate::error::{BatchError, Result};
@@ -78,6 +79,51 @@ impl Definition {
                 handler_dropped: r.get::<bool>(16)?.unwrap_or(false)
                     && r.get::<String>(8)?.is_none(),
             })
+        })
+    }
+
+    /// The approval as stored, in normal form, read back from the frozen list: what a
+    /// new registration under the same job id is compared with, and what verify_job
+    /// fingerprints again.
+    pub fn approval(&self, shape: &Shape) -> Result<Approval> {
+        let (keys, revisions, guards) =
+            query::row(sql::JOB_ITEMS, &[self.job_id.as_str().into()], |r| {
+                Ok((
+                    r.get::<Vec<String>>(1)?.unwrap_or_default(),
+                    r.get::<Vec<i64>>(2)?.unwrap_or_default(),
+                    r.get::<Vec<String>>(3)?.unwrap_or_default(),
+                ))
+            })?
+            .unwrap_or_default();
+        let key_kind = shape
+            .columns
+            .get(&self.key_column)
+            .map(|c| c.kind)
+            .unwrap_or(Kind::Text);
+        let items = keys
+            .into_iter()
+            .zip(revisions)
+            .zip(guards)
+            .map(|((key, revision), guards)| Item {
+                key: Key::from_text(key_kind, &key),
+                revision,
+                guards: parse_object(&guards),
+            })
+            .collect();
+        Ok(Approval {
+            tenant: self.tenant.clone(),
+            target: self.target_name.clone(),
+            key_column: self.key_column.clone(),
+            tenant_column: self.tenant_column.clone(),
+            revision_column: self.revision_column.clone(),
+            chunk_size: self.chunk_size,
+            action: match (&self.set_values, &self.handler) {
+                (Some(values), _) => Action::Set(values.clone()),
+                (None, Some(handler)) => Action::Handler(handler.clone()),
+                (None, None) => Action::Set(BTreeMap::new()),
+            },
+            expect: self.expect.clone(),
+            items,
         })
     }
 }

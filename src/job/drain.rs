@@ -8,7 +8,7 @@
 //! in which any item no longer matches is rolled back whole and the job stops in
 //! `conflict`. Conflicts and corrupt progress are recorded and raised, never retried.
 
-use super::approval;
+use super::approval::{self, parse_object};
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
@@ -16,12 +16,13 @@ use super::progress::Progress;
 use super::sql;
 use super::target::Target;
 use crate::activity::Activity;
-use crate::chain::step::{classify_failure, FailureKind};
 use crate::error::{BatchError, Result};
+use crate::installed;
 use crate::lease::Fence;
 use crate::query;
-use crate::roles::{as_author, as_role, extension_owner};
-use crate::txn::{subtransaction_unless, TxnLoop};
+use crate::roles::{as_author, as_role};
+use crate::status::JobStatus;
+use crate::txn::{subtransaction_unless, FailureKind, TxnLoop};
 use pgrx::datum::JsonB;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -30,11 +31,11 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// What one CALL did: the keys and chunks it committed, and the job's status after it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Drained {
     pub keys: Vec<String>,
     pub chunks: i32,
-    pub status: String,
+    pub status: JobStatus,
 }
 
 /// The statements of one job, built once per call.
@@ -53,7 +54,8 @@ struct Job {
 }
 
 enum Chunk {
-    Committed(Vec<String>),
+    /// The keys it committed, and whether it was the job's last chunk.
+    Committed { keys: Vec<String>, last: bool },
     /// Nothing left to do: the job is done.
     Finished,
 }
@@ -88,7 +90,7 @@ struct Changed {
 
 /// The job's row, locked, as the chunk's transaction found it.
 struct Locked {
-    status: String,
+    status: JobStatus,
     progress: Progress,
     audit_changes: i64,
     item_changes: i64,
@@ -132,12 +134,12 @@ pub fn drain(
     fence: Option<Fence>,
 ) -> Result<Drained> {
     if let Some(max) = max_chunks.filter(|m| *m < 0) {
-        return Err(BatchError::InvalidArgument {
-            message: format!("max_chunks {max} is out of range"),
-            detail: Some("Give the number of chunks to attempt, or NULL for all of them.".into()),
-        });
+        return Err(BatchError::invalid_because(
+            format!("max_chunks {max} is out of range"),
+            "Give the number of chunks to attempt, or NULL for all of them.",
+        ));
     }
-    let bookkeeper = extension_owner()?;
+    let bookkeeper = installed::owner()?;
     let def = as_role(bookkeeper, || Definition::require(job_id))?;
     if def.handler_dropped {
         return Err(BatchError::HandlerMissing {
@@ -170,23 +172,37 @@ pub fn drain(
         caller: crate::roles::current_user(),
     };
 
-    let mut drained = Drained::default();
-    while max_chunks.is_none_or(|max| drained.chunks < max) {
+    let mut drained = Drained {
+        keys: Vec::new(),
+        chunks: 0,
+        status: JobStatus::Pending,
+    };
+    let mut finished = false;
+    while !finished && max_chunks.is_none_or(|max| drained.chunks < max) {
         match tx.item(|tx| job.next_chunk(tx))? {
-            Chunk::Committed(keys) => {
+            Chunk::Committed { keys, last } => {
                 drained.keys.extend(keys);
                 drained.chunks += 1;
+                finished = last;
             }
-            Chunk::Finished => break,
+            Chunk::Finished => finished = true,
         }
     }
-    drained.status = as_role(bookkeeper, || {
-        query::one::<String>(
-            "SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1",
-            &[job_id.into()],
-        )
-    })?
-    .unwrap_or_default();
+    drained.status = if finished {
+        JobStatus::Done
+    } else if drained.chunks > 0 {
+        // the loop stopped at max_chunks, after a chunk that was not the last
+        JobStatus::Pending
+    } else {
+        // max_chunks 0: the job was not even looked at
+        let status = as_role(bookkeeper, || {
+            query::one::<String>(sql::JOB_STATUS, &[job_id.into()])
+        })?
+        .ok_or_else(|| BatchError::UnknownJob {
+            job: job_id.to_string(),
+        })?;
+        JobStatus::parse(&status)?
+    };
     Ok(drained)
 }
 
@@ -206,7 +222,7 @@ impl Job {
         let locked = self.owner(|| {
             query::row(sql::LOCK_JOB, &[self.id().into()], |r| {
                 Ok(Locked {
-                    status: r.get::<String>(1)?.unwrap_or_default(),
+                    status: JobStatus::parse(&r.get::<String>(1)?.unwrap_or_default())?,
                     progress: Progress {
                         next_index: r.get::<i32>(2)?.unwrap_or(0),
                         item_count: r.get::<i32>(5)?.unwrap_or(0),
@@ -224,13 +240,13 @@ impl Job {
                 job: self.id().to_string(),
             });
         };
-        match locked.status.as_str() {
-            "pending" => {}
-            "done" => return Ok(Chunk::Finished),
-            status => return Err(self.stopped(status)?),
+        match locked.status {
+            JobStatus::Pending => {}
+            JobStatus::Done => return Ok(Chunk::Finished),
+            stopped => return Err(self.stopped(stopped)?),
         }
         if let Some(reason) = locked.untrusted() {
-            return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
+            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
         }
         let progress = locked.progress;
         let Some(range) = progress.next_chunk() else {
@@ -238,7 +254,7 @@ impl Job {
                 "The checkpoint is at the end of the {} approved items, but the job is not done.",
                 progress.item_count
             );
-            return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
+            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
         };
         let items = self.items(range.start, range.end)?;
         if items.count as usize != range.len() {
@@ -249,7 +265,7 @@ impl Job {
                 range.len(),
                 items.count
             );
-            return Err(self.record_problem(tx, "corrupt", &reason, Value::Null)?);
+            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
         }
         let (number, total) = progress.chunk_number();
         self.activity.report(&format!(
@@ -271,7 +287,7 @@ impl Job {
             Ok(Ok(changed)) => changed,
             Ok(Err(position)) => return Err(self.conflict(tx, position, progress.item_count)?),
             Err(failure) => {
-                let interrupted = classify_failure(failure.code) == FailureKind::Interrupted;
+                let interrupted = failure.kind() == FailureKind::Interrupted;
                 let detail = format!(
                     "Chunk {number} of job \"{}\" was rolled back{}; the job is still pending.",
                     self.id(),
@@ -286,8 +302,7 @@ impl Job {
                     "Fix the cause and call etc_batch.drain_job({}) again.",
                     quote_literal(self.id())
                 );
-                failure.into_report(detail, hint).report(PgLogLevel::ERROR);
-                unreachable!()
+                failure.raise(detail, hint)
             }
         };
         crash::reached(Point::AfterChange);
@@ -303,7 +318,7 @@ impl Job {
                     changed.revisions.into(),
                     range.start.into(),
                     number.into(),
-                    crate::clock::now().into(),
+                    pgrx::datum::clock_timestamp().into(),
                 ],
             )
         })?;
@@ -320,7 +335,10 @@ impl Job {
             items.first_key,
             items.last_key
         );
-        Ok(Chunk::Committed(changed.keys))
+        Ok(Chunk::Committed {
+            keys: changed.keys,
+            last: range.end == progress.item_count,
+        })
     }
 
     fn items(&self, start: i32, end: i32) -> Result<Items> {
@@ -405,16 +423,13 @@ impl Job {
             match by_position.remove(&position) {
                 Some((revision, true, key)) => {
                     let Some(revision) = revision else {
-                        BatchError::InvalidArgument {
-                            message: format!(
+                        BatchError::invalid_because(
+                            format!(
                                 "handler result for item {key} has no integer \"{}\"",
                                 self.def.revision_column
                             ),
-                            detail: Some(
-                                "A handler returns the new state of the row, revision included, or NULL for a conflict."
-                                    .into(),
-                            ),
-                        }
+                            "A handler returns the new state of the row, revision included, or NULL for a conflict.",
+                        )
                         .raise();
                     };
                     changed.keys.push(key);
@@ -452,7 +467,7 @@ impl Job {
                 )
             },
         )?;
-        let guards = super::register::parse_object(&guards);
+        let guards = parse_object(&guards);
         let expected = Expected {
             key: &key,
             position,
@@ -467,7 +482,7 @@ impl Job {
         // reported as its text, so that the conflict is still recorded.
         let row = row.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
         let (detail, problem) = conflict::describe(&expected, row.as_ref());
-        self.record_problem(tx, "conflict", &detail, problem)
+        self.record_problem(tx, JobStatus::Conflict, &detail, problem)
     }
 
     /// Puts the job into `status` with `reason`, commits that, and returns the error to
@@ -475,7 +490,7 @@ impl Job {
     fn record_problem(
         &self,
         tx: &mut TxnLoop,
-        status: &str,
+        status: JobStatus,
         reason: &str,
         problem: Value,
     ) -> Result<BatchError> {
@@ -489,39 +504,36 @@ impl Job {
                 sql::SET_PROBLEM,
                 &[
                     self.id().into(),
-                    status.into(),
+                    status.as_str().into(),
                     problem.to_string().into(),
                     reason.into(),
                 ],
             )
         })?;
         tx.commit();
-        Ok(match status {
-            "conflict" => BatchError::JobConflict {
-                job: self.id().to_string(),
-                detail: reason.to_string(),
-            },
-            _ => BatchError::JobCorrupt {
-                job: self.id().to_string(),
-                detail: reason.to_string(),
-            },
-        })
+        Ok(stopped_error(self.id(), status, Some(reason.to_string())))
     }
 
     /// The error for a job that is stopped for good.
-    fn stopped(&self, status: &str) -> Result<BatchError> {
-        let reason = self.owner(|| {
-            query::one::<String>(
-                "SELECT j.status_reason FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1",
-                &[self.id().into()],
-            )
-        })?;
-        let job = self.id().to_string();
-        let detail = reason.clone().unwrap_or_default();
-        Ok(match status {
-            "conflict" => BatchError::JobConflict { job, detail },
-            "corrupt" => BatchError::JobCorrupt { job, detail },
-            _ => BatchError::JobAborted { job, reason },
-        })
+    fn stopped(&self, status: JobStatus) -> Result<BatchError> {
+        let reason =
+            self.owner(|| query::one::<String>(sql::JOB_STATUS_REASON, &[self.id().into()]))?;
+        Ok(stopped_error(self.id(), status, reason))
+    }
+}
+
+/// The error a call raises for a job stopped in `status`, with the reason recorded.
+fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchError {
+    let job = job.to_string();
+    match status {
+        JobStatus::Conflict => BatchError::JobConflict {
+            job,
+            detail: reason.unwrap_or_default(),
+        },
+        JobStatus::Corrupt => BatchError::JobCorrupt {
+            job,
+            detail: reason.unwrap_or_default(),
+        },
+        _ => BatchError::JobAborted { job, reason },
     }
 }

@@ -1,18 +1,22 @@
 //! Checkpointed jobs: a frozen, approved list of items, changed chunk by chunk by
 //! `CALL etc_batch.drain_job(job_id, max_chunks)`.
 //!
+//! - `columns`    the target's columns: what each accepts, the roles they play (pure Rust).
 //! - `approval`   parsing, checking and normalizing the approved list (pure Rust).
 //! - `progress`   what a checkpoint promises and the arithmetic of chunks (pure Rust).
 //! - `conflict`   saying what a conflict is (pure Rust).
-//! - `target`     the business table: its columns and the statements built for it.
+//! - `target`     the business table: its columns from the catalog, the statements built for it.
 //! - `register`   register_job.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
-//! - `report`     job_report, job_summary, verify_job, abort_job.
-//! - `crash`      the test aid etc_batch.crash_at.
+//! - `report`     job_report, job_summary, verify_job.
+//! - `abort`      abort_job.
+//! - `crash`      the crash_at test aid, in test builds only.
 //! - `sql`        the fixed statements.
 
+pub mod abort;
 pub mod approval;
+pub mod columns;
 pub mod conflict;
 pub mod crash;
 pub mod definition;

@@ -14,6 +14,7 @@
 //! - no audit row and no approved item was updated, deleted or truncated since it was
 //!   written: triggers on job_audit and job_item count every such change on the job's
 //!   row, and the count must be zero (one column).
+//!
 //! Together these are exact for every change made through SQL that does not forge the
 //! seal. A superuser who disables the triggers, or recomputes the seal, can hide a
 //! change from the per-chunk check; `etc_batch.verify_job` compares every row and finds
@@ -43,8 +44,10 @@ impl Progress {
 
     /// 1-based number of the chunk starting at next_index, and how many chunks there are.
     pub fn chunk_number(&self) -> (i32, i32) {
-        let chunks = (self.item_count as i64 + self.chunk_size as i64 - 1) / self.chunk_size as i64;
-        (self.next_index / self.chunk_size + 1, chunks as i32)
+        (
+            self.next_index / self.chunk_size + 1,
+            chunk_count(self.item_count, self.chunk_size),
+        )
     }
 
     /// The arithmetic part of the check.
@@ -65,6 +68,11 @@ impl Progress {
     }
 }
 
+/// How many chunks `items` approved items make at `chunk_size` (the last may be short).
+pub fn chunk_count(items: i32, chunk_size: i32) -> i32 {
+    ((items as i64 + chunk_size as i64 - 1) / chunk_size as i64) as i32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +91,9 @@ mod tests {
         assert_eq!(p(20).next_chunk(), Some(20..25));
         assert_eq!(p(25).next_chunk(), None);
         assert_eq!(p(20).chunk_number(), (3, 3));
+        assert_eq!(chunk_count(25, 10), 3);
+        assert_eq!(chunk_count(30, 10), 3);
+        assert_eq!(chunk_count(1, 10), 1);
     }
 
     #[test]

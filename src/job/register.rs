@@ -1,10 +1,13 @@
 //! register_job: check an approval against its target, normalize it, and freeze it as
 //! rows; or recognise the same request, or name how a different one differs.
 
-use super::approval::{Action, Approval, Item, Key, Kind, Shape};
+use super::approval::{canonical_object, Action, Approval, Item};
+use super::columns::{Kind, Shape};
+use super::definition::Definition;
+use super::progress::chunk_count;
 use super::sql;
 use super::target::Target;
-use crate::error::{BatchError, Result};
+use crate::error::{capitalize, non_empty, BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
 use crate::txn::subtransaction;
@@ -34,13 +37,11 @@ pub struct Registered {
 }
 
 pub fn register(mut req: Request) -> Result<Registered> {
-    if req.job_id.trim().is_empty() {
-        return Err(invalid("job id must not be empty", None));
-    }
+    non_empty(&req.job_id, "job id")?;
     if req.chunk_size < 1 {
-        return Err(invalid(
+        return Err(BatchError::invalid_because(
             format!("chunk size {} is out of range", req.chunk_size),
-            Some("A chunk holds at least one item."),
+            "A chunk holds at least one item.",
         ));
     }
     let target = Target::load(
@@ -57,9 +58,9 @@ pub fn register(mut req: Request) -> Result<Registered> {
         (Some(values), None) => Action::Set(check_set_values(shape, values)?),
         (None, Some(handler)) => Action::Handler(check_handler(handler)?),
         _ => {
-            return Err(invalid(
+            return Err(BatchError::invalid_because(
                 "a job needs either set_values or a handler",
-                Some("Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both."),
+                "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both.",
             ))
         }
     };
@@ -84,13 +85,13 @@ pub fn register(mut req: Request) -> Result<Registered> {
     };
     let fingerprint = approval.fingerprint();
     let item_count = approval.items.len() as i32;
-    let chunks = ((item_count as i64 + req.chunk_size as i64 - 1) / req.chunk_size as i64) as i32;
+    let chunks = chunk_count(item_count, req.chunk_size);
     let registrant = current_user();
 
     let registered = as_owner(|| {
         query::run(sql::LOCK_JOB_ID, &[req.job_id.clone().into()])?;
-        if let Some(stored) = load_approval(&req.job_id, shape)? {
-            if stored.1 == fingerprint {
+        if let Some(stored) = Definition::load(&req.job_id)? {
+            if stored.fingerprint == fingerprint {
                 notice!(
                     "job \"{}\" is already registered with the same approval; nothing changed",
                     req.job_id
@@ -101,7 +102,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
                     chunks,
                 });
             }
-            let detail = stored.0.difference(&approval).unwrap_or_else(|| {
+            let detail = stored.approval(shape)?.difference(&approval).unwrap_or_else(|| {
                 "The approval differs from the registered one, though no single field names how.".into()
             });
             return Err(BatchError::JobMismatch {
@@ -137,17 +138,12 @@ fn release_free_memory() {
     }
 }
 
-fn invalid(message: impl Into<String>, detail: Option<&str>) -> BatchError {
-    BatchError::InvalidArgument {
-        message: message.into(),
-        detail: detail.map(str::to_string),
-    }
-}
-
 fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Value>> {
     let values = shape.check_columns_object("set_values", values)?;
     if values.is_empty() {
-        return Err(invalid("set_values must name at least one column", None));
+        return Err(BatchError::invalid(
+            "set_values must name at least one column",
+        ));
     }
     for protected in [
         &shape.key_column,
@@ -155,9 +151,9 @@ fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Va
         &shape.revision_column,
     ] {
         if values.contains_key(protected.as_str()) {
-            return Err(invalid(
+            return Err(BatchError::invalid_because(
                 format!("set_values must not assign column \"{protected}\""),
-                Some("The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch."),
+                "The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch.",
             ));
         }
     }
@@ -166,27 +162,18 @@ fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Va
 
 /// A handler is a function (jsonb) RETURNS jsonb; returns its regprocedure text.
 fn check_handler(handler: pg_sys::Oid) -> Result<String> {
-    let row = query::row(
-        "SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
-                  OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname),
-                p.prokind OPERATOR(pg_catalog.=) 'f'
-                AND p.pronargs OPERATOR(pg_catalog.=) 1
-                AND p.proargtypes[0] OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
-                AND p.prorettype OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
-                AND NOT p.proretset
-           FROM pg_catalog.pg_proc p
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-          WHERE p.oid OPERATOR(pg_catalog.=) $1",
-        &[handler.into()],
-        |r| Ok((r.get::<String>(1)?, r.get::<bool>(2)?)),
-    )?;
+    let row = query::row(sql::HANDLER, &[handler.into()], |r| {
+        Ok((r.get::<String>(1)?, r.get::<bool>(2)?))
+    })?;
     match row {
         Some((Some(name), Some(true))) => Ok(name),
-        Some((Some(name), _)) => Err(invalid(
+        Some((Some(name), _)) => Err(BatchError::invalid_because(
             format!("handler {name} must take one jsonb argument and return jsonb"),
-            Some("It is called once per item with the item as jsonb, and returns the new state of the row, or NULL for a conflict."),
+            "It is called once per item with the item as jsonb, and returns the new state of the row, or NULL for a conflict.",
         )),
-        _ => Err(invalid(format!("function with OID {} does not exist", handler.to_u32()), None)),
+        _ => Err(BatchError::UnknownFunction {
+            oid: handler.to_u32(),
+        }),
     }
 }
 
@@ -231,29 +218,12 @@ fn check_casts(
     for (column, value) in expect {
         add(column, value);
     }
-    // A number is read as the column itself reads input, type modifier included
-    // (numeric(6,2)), through a record of the target's row type; anything else is cast
-    // to the column's type as the chunk's statement casts it.
-    let as_column = format!(
-        "SELECT pg_catalog.count(pg_catalog.jsonb_populate_record(NULL::{}, \
-                pg_catalog.jsonb_build_object($2::pg_catalog.text, v))) \
-           FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
-        target.sql_name
-    );
     for (column, texts) in values {
         let checked = subtransaction(|| {
-            match target.shape.columns[column].kind {
-            Kind::Numeric => {
-                query::run(&as_column, &[texts.clone().into(), column.to_string().into()])
-            }
-            _ => query::run(
-                &format!(
-                    "SELECT pg_catalog.count(v::{}) FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
-                    target.types[column]
-                ),
-                &[texts.clone().into()],
-            ),
-        }
+            query::run(
+                &target.read_values_sql(column),
+                &[texts.clone().into(), column.into()],
+            )
         });
         if let Err(failure) = checked
             .map_err(|f| f.message)
@@ -264,12 +234,12 @@ fn check_casts(
             } else {
                 "a value"
             };
-            return Err(invalid(
+            return Err(BatchError::invalid_because(
                 format!(
                     "{role} for column \"{column}\" is not a valid {}",
                     target.shape.columns[column].type_name
                 ),
-                Some(&format!("{}.", crate::chain::command::capitalize(&failure))),
+                format!("{}.", capitalize(&failure)),
             ));
         }
     }
@@ -293,10 +263,7 @@ fn check_privileges(
     handler: Option<(pg_sys::Oid, &str)>,
 ) -> Result<()> {
     let (select, update, execute) = query::row(
-        "SELECT pg_catalog.has_table_privilege($1, 'SELECT'),
-                pg_catalog.has_table_privilege($1, 'UPDATE'),
-                $2::pg_catalog.oid IS NULL
-                OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')",
+        sql::PRIVILEGES,
         &[target.into(), handler.map(|(oid, _)| oid).into()],
         |r| Ok((r.get::<bool>(1)?, r.get::<bool>(2)?, r.get::<bool>(3)?)),
     )?
@@ -322,59 +289,6 @@ fn check_privileges(
     Ok(())
 }
 
-/// The stored approval of a job and its fingerprint, or None for an unknown job id.
-pub fn load_approval(job_id: &str, shape: &Shape) -> Result<Option<(Approval, String)>> {
-    let Some(def) = super::definition::Definition::load(job_id)? else {
-        return Ok(None);
-    };
-    let (keys, revisions, guards) = query::row(sql::JOB_ITEMS, &[job_id.into()], |r| {
-        Ok((
-            r.get::<Vec<String>>(1)?.unwrap_or_default(),
-            r.get::<Vec<i64>>(2)?.unwrap_or_default(),
-            r.get::<Vec<String>>(3)?.unwrap_or_default(),
-        ))
-    })?
-    .unwrap_or_default();
-    let key_kind = shape
-        .columns
-        .get(&def.key_column)
-        .map(|c| c.kind)
-        .unwrap_or(Kind::Text);
-    let items = keys
-        .into_iter()
-        .zip(revisions)
-        .zip(guards)
-        .map(|((key, revision), guards)| Item {
-            key: Key::from_text(key_kind, &key),
-            revision,
-            guards: parse_object(&guards),
-        })
-        .collect();
-    let approval = Approval {
-        tenant: def.tenant.clone(),
-        target: def.target_name.clone(),
-        key_column: def.key_column.clone(),
-        tenant_column: def.tenant_column.clone(),
-        revision_column: def.revision_column.clone(),
-        chunk_size: def.chunk_size,
-        action: match (&def.set_values, &def.handler) {
-            (Some(values), _) => Action::Set(values.clone()),
-            (None, Some(handler)) => Action::Handler(handler.clone()),
-            (None, None) => Action::Set(BTreeMap::new()),
-        },
-        expect: def.expect.clone(),
-        items,
-    };
-    Ok(Some((approval, def.fingerprint)))
-}
-
-pub fn parse_object(text: &str) -> BTreeMap<String, Value> {
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(m)) => m.into_iter().collect(),
-        _ => BTreeMap::new(),
-    }
-}
-
 fn insert(
     job_id: &str,
     a: &Approval,
@@ -389,7 +303,7 @@ fn insert(
         .flat_map(|i| i.guards.keys().cloned())
         .collect();
     let set_values = match &a.action {
-        Action::Set(values) => Some(super::approval::canonical_object(values)),
+        Action::Set(values) => Some(canonical_object(values)),
         Action::Handler(_) => None,
     };
     query::run(
@@ -404,7 +318,7 @@ fn insert(
             a.chunk_size.into(),
             set_values.into(),
             handler_oid.into(),
-            super::approval::canonical_object(&a.expect).into(),
+            canonical_object(&a.expect).into(),
             guard_columns.into_iter().collect::<Vec<_>>().into(),
             (a.items.len() as i32).into(),
             fingerprint.into(),
@@ -416,7 +330,7 @@ fn insert(
     let guards: Vec<String> = a
         .items
         .iter()
-        .map(|i| super::approval::canonical_object(&i.guards))
+        .map(|i| canonical_object(&i.guards))
         .collect();
     query::run(
         sql::INSERT_ITEMS,

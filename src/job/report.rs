@@ -1,12 +1,13 @@
-//! Reading a job back: job_report, job_summary, verify_job; and abort_job.
+//! Reading a job back: job_report, job_summary, verify_job (which marks a pending job
+//! that fails it corrupt).
 
 use super::definition::Definition;
 use super::progress::Progress;
-use super::register::load_approval;
 use super::sql;
 use crate::error::{BatchError, Result};
 use crate::query;
-use crate::roles::{as_owner, current_user};
+use crate::roles::as_owner;
+use crate::status::JobStatus;
 use pgrx::prelude::*;
 
 pub struct ReportRow {
@@ -45,11 +46,13 @@ pub struct Summary {
 }
 
 pub fn summary(job_id: &str) -> Result<Summary> {
-    let status = query::row(
-        "SELECT j.status, j.item_count, j.next_index FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1",
-        &[job_id.into()],
-        |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<i32>(2)?.unwrap_or(0), r.get::<i32>(3)?.unwrap_or(0))),
-    )?
+    let status = query::row(sql::JOB_COUNTS, &[job_id.into()], |r| {
+        Ok((
+            r.get::<String>(1)?.unwrap_or_default(),
+            r.get::<i32>(2)?.unwrap_or(0),
+            r.get::<i32>(3)?.unwrap_or(0),
+        ))
+    })?
     .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
     let rows = report(job_id)?;
     let count = |state: &str| rows.iter().filter(|r| r.state == state).count() as i32;
@@ -76,20 +79,16 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
     as_owner(|| {
         let def = Definition::load(job_id)?
             .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-        let (status, next_index, audit_changes, item_changes) = query::row(
-            "SELECT j.status, j.next_index, j.audit_changes, j.item_changes FROM etc_batch.job j
-              WHERE j.job_id OPERATOR(pg_catalog.=) $1",
-            &[job_id.into()],
-            |r| {
+        let (status, next_index, audit_changes, item_changes) =
+            query::row(sql::JOB_CHECKPOINT, &[job_id.into()], |r| {
                 Ok((
                     r.get::<String>(1)?.unwrap_or_default(),
                     r.get::<i32>(2)?.unwrap_or(0),
                     r.get::<i64>(3)?.unwrap_or(0),
                     r.get::<i64>(4)?.unwrap_or(0),
                 ))
-            },
-        )?
-        .unwrap_or_default();
+            })?
+            .unwrap_or_default();
         let p = Progress {
             next_index,
             item_count: def.item_count,
@@ -128,8 +127,7 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
             ),
         );
         let target = def.target()?;
-        let fingerprint_ok = load_approval(job_id, &target.shape)?
-            .is_some_and(|(a, stored)| a.fingerprint() == stored);
+        let fingerprint_ok = def.approval(&target.shape)?.fingerprint() == def.fingerprint;
         check(
             "approval fingerprint",
             fingerprint_ok,
@@ -163,7 +161,7 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
         );
 
         let failed: Vec<&Check> = checks.iter().filter(|c| !c.ok).collect();
-        if status == "pending" && !failed.is_empty() {
+        if status == JobStatus::Pending.as_str() && !failed.is_empty() {
             let reason = failed
                 .iter()
                 .map(|c| c.detail.as_str())
@@ -173,7 +171,7 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 sql::SET_PROBLEM,
                 &[
                     job_id.into(),
-                    "corrupt".into(),
+                    JobStatus::Corrupt.as_str().into(),
                     serde_json::json!({"reason": reason}).to_string().into(),
                     reason.into(),
                 ],
@@ -181,36 +179,6 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
             warning!("job \"{job_id}\" failed verification and is now corrupt");
         }
         Ok(checks)
-    })
-}
-
-/// Stops a job for good, keeping its history.
-pub fn abort(job_id: &str, reason: &str) -> Result<()> {
-    let by = current_user();
-    as_owner(|| {
-        let status = query::one::<String>(
-            "SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-            &[job_id.into()],
-        )?
-        .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-        match status.as_str() {
-            "done" => Err(BatchError::InvalidArgument {
-                message: format!("job \"{job_id}\" is already done"),
-                detail: Some("A finished job has nothing left to stop.".into()),
-            }),
-            "aborted" => {
-                notice!("job \"{job_id}\" was already aborted; nothing changed");
-                Ok(())
-            }
-            _ => query::run(
-                "UPDATE etc_batch.job
-                    SET status = 'aborted', status_reason = $2, finished_at = pg_catalog.now(),
-                        problem = pg_catalog.jsonb_build_object('aborted_by', $3::pg_catalog.regrole::pg_catalog.text,
-                                                               'previous_status', status, 'previous_problem', problem)
-                  WHERE job_id OPERATOR(pg_catalog.=) $1",
-                &[job_id.into(), reason.into(), by.into()],
-            ),
-        }
     })
 }
 

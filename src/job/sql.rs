@@ -175,3 +175,96 @@ SELECT (SELECT pg_catalog.count(*) FROM etc_batch.job_item i
        (SELECT pg_catalog.count(*) FROM etc_batch.job_audit a
          WHERE a.job_id OPERATOR(pg_catalog.=) $1
            AND a.position OPERATOR(pg_catalog.>=) $2)::pg_catalog.int8";
+
+/// A job's status. $1 job.
+pub const JOB_STATUS: &str = "\
+SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+
+/// Why a job stopped. $1 job.
+pub const JOB_STATUS_REASON: &str = "\
+SELECT j.status_reason FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+
+/// A handler: its callable name, and whether it is a function (jsonb) RETURNS jsonb.
+/// $1 the function.
+pub const HANDLER: &str = "\
+SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname),
+       p.prokind OPERATOR(pg_catalog.=) 'f'
+       AND p.pronargs OPERATOR(pg_catalog.=) 1
+       AND p.proargtypes[0] OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
+       AND p.prorettype OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
+       AND NOT p.proretset
+  FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+ WHERE p.oid OPERATOR(pg_catalog.=) $1";
+
+/// What the registering role may do: SELECT and UPDATE the target, EXECUTE the handler
+/// (true when there is none). $1 the target, $2 the handler or NULL.
+pub const PRIVILEGES: &str = "\
+SELECT pg_catalog.has_table_privilege($1, 'SELECT'),
+       pg_catalog.has_table_privilege($1, 'UPDATE'),
+       $2::pg_catalog.oid IS NULL
+       OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')";
+
+/// A job's target: its kind, its quoted name, and its name as regclass prints it.
+pub const RELATION: &str = "\
+SELECT c.relkind::pg_catalog.text,
+       pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname),
+       c.oid::pg_catalog.regclass::pg_catalog.text
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+ WHERE c.oid OPERATOR(pg_catalog.=) $1";
+
+/// The target's columns, their type names and their quoted, qualified types.
+pub const COLUMNS: &str = "\
+SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum),
+       pg_catalog.array_agg(t.typname::pg_catalog.text ORDER BY a.attnum),
+       pg_catalog.array_agg(pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) ORDER BY a.attnum)
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+  JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace
+ WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
+   AND NOT a.attisdropped";
+
+/// Whether some plain unique index has no column but the key and tenant columns, so that
+/// one (tenant, key) names at most one row. The names are compared one by one, never as
+/// a joined list: a column name may contain any character, a comma included.
+/// $1 the table, $2 the key column, $3 the tenant column.
+pub const UNIQUE_KEY: &str = "\
+SELECT EXISTS (
+  SELECT FROM pg_catalog.pg_index i
+   WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique
+     AND i.indpred IS NULL AND i.indexprs IS NULL
+     AND NOT EXISTS (
+           SELECT FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) AS k(attnum)
+             JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                           AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+            WHERE a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $2
+              AND a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $3))";
+
+/// A job's status and counts, for job_summary. $1 job.
+pub const JOB_COUNTS: &str = "\
+SELECT j.status, j.item_count, j.next_index
+  FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+
+/// A job's checkpoint and the counters of changes made outside etc_batch, for the full
+/// check. $1 job.
+pub const JOB_CHECKPOINT: &str = "\
+SELECT j.status, j.next_index, j.audit_changes, j.item_changes
+  FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+
+/// A job's status, its row locked against a drainer committing meanwhile. $1 job.
+pub const LOCK_JOB_STATUS: &str = "\
+SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1 FOR UPDATE";
+
+/// Aborts a job, recording who did it and what it was before.
+/// $1 job, $2 reason, $3 the aborting role.
+pub const ABORT_JOB: &str = "\
+UPDATE etc_batch.job
+   SET status = 'aborted', status_reason = $2, finished_at = pg_catalog.now(),
+       problem = pg_catalog.jsonb_build_object(
+                   'aborted_by', $3::pg_catalog.regrole::pg_catalog.text,
+                   'previous_status', status, 'previous_problem', problem)
+ WHERE job_id OPERATOR(pg_catalog.=) $1";

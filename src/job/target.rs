@@ -5,7 +5,8 @@
 //! OPERATOR(pg_catalog.x), and every value is a bound parameter: nothing a caller
 //! supplies is ever spliced into SQL as text.
 
-use super::approval::{Column, Kind, Shape};
+use super::columns::{Column, Kind, Shape};
+use super::sql::{COLUMNS, RELATION, UNIQUE_KEY};
 use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::pg_sys;
@@ -23,42 +24,6 @@ pub struct Target {
     pub types: HashMap<String, String>,
 }
 
-const RELATION: &str = "\
-SELECT c.relkind::pg_catalog.text,
-       pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname),
-       c.oid::pg_catalog.regclass::pg_catalog.text
-  FROM pg_catalog.pg_class c
-  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
- WHERE c.oid OPERATOR(pg_catalog.=) $1";
-
-const COLUMNS: &str = "\
-SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum),
-       pg_catalog.array_agg(t.typname::pg_catalog.text ORDER BY a.attnum),
-       pg_catalog.array_agg(pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) ORDER BY a.attnum)
-  FROM pg_catalog.pg_attribute a
-  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
-  JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace
- WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
-   AND NOT a.attisdropped";
-
-/// Whether some plain unique index has no column but the key and tenant columns, so that
-/// one (tenant, key) names at most one row. The names are compared one by one, never as
-/// a joined list: a column name may contain any character, a comma included.
-/// $1 the table, $2 the key column, $3 the tenant column.
-const UNIQUE_KEY: &str = "\
-SELECT EXISTS (
-  SELECT FROM pg_catalog.pg_index i
-   WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique
-     AND i.indpred IS NULL AND i.indexprs IS NULL
-     AND NOT EXISTS (
-           SELECT FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) AS k(attnum)
-             JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
-                                           AND a.attnum OPERATOR(pg_catalog.=) k.attnum
-            WHERE a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $2
-              AND a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $3))";
-
 impl Target {
     pub fn load(
         oid: pg_sys::Oid,
@@ -73,16 +38,13 @@ impl Target {
                 r.get::<String>(3)?,
             ))
         })?
-        .ok_or_else(|| BatchError::InvalidArgument {
-            message: format!("relation with OID {} does not exist", oid.to_u32()),
-            detail: None,
-        })?;
+        .ok_or_else(|| BatchError::UnknownRelation { oid: oid.to_u32() })?;
         let (sql_name, display) = (sql_name.unwrap_or_default(), display.unwrap_or_default());
         if !matches!(kind.as_deref(), Some("r") | Some("p")) {
-            return Err(BatchError::InvalidArgument {
-                message: format!("target \"{display}\" is not a table"),
-                detail: Some("A job changes rows of a table or a partitioned table.".into()),
-            });
+            return Err(BatchError::invalid_because(
+                format!("target \"{display}\" is not a table"),
+                "A job changes rows of a table or a partitioned table.",
+            ));
         }
         let (names, type_names, qualified) = query::row(COLUMNS, &[oid.into()], |r| {
             Ok((
@@ -141,13 +103,13 @@ impl Target {
         if covered {
             return Ok(());
         }
-        Err(BatchError::InvalidArgument {
-            message: format!(
+        Err(BatchError::invalid_because(
+            format!(
                 "target \"{}\" has no unique index on ({tenant}, {key})",
                 self.display
             ),
-            detail: Some("Each approved item must match exactly one row of its tenant.".into()),
-        })
+            "Each approved item must match exactly one row of its tenant.",
+        ))
     }
 
     fn col(&self, name: &str) -> String {
@@ -284,6 +246,27 @@ impl Target {
             conditions.push(self.matches_constant("$7", e));
         }
         conditions.join("\n   AND ")
+    }
+
+    /// Reads the values in $1 (text[]) as column $2 of the target reads them (the
+    /// column's name is bound whether or not the statement needs it), to refuse
+    /// at registration what every chunk would fail on. A number is read through a record
+    /// of the target's row type, as the column reads input, type modifier included
+    /// (numeric(6,2)); anything else is cast to the column's type as the chunk's
+    /// statement casts it.
+    pub fn read_values_sql(&self, column: &str) -> String {
+        match self.shape.columns.get(column).map(|c| c.kind) {
+            Some(Kind::Numeric) => format!(
+                "SELECT pg_catalog.count(pg_catalog.jsonb_populate_record(NULL::{}, \
+                        pg_catalog.jsonb_build_object($2::pg_catalog.text, v))) \
+                   FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
+                self.sql_name
+            ),
+            _ => format!(
+                "SELECT pg_catalog.count(v::{}) FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
+                self.types[column]
+            ),
+        }
     }
 
     /// The guarded change of one chunk, one statement: tenant, key, revision, every

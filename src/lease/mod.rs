@@ -9,8 +9,9 @@
 
 pub mod sql;
 
-use crate::error::{BatchError, Result};
+use crate::error::{non_empty, BatchError, Result};
 use crate::query;
+use pgrx::datum::clock_timestamp;
 
 /// A holder's claim, as a process passes it along with its work.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,12 +39,10 @@ impl Fence {
                     generation,
                 }))
             }
-            _ => Err(BatchError::InvalidArgument {
-                message:
-                    "a lease is named by lease_name, lease_holder and lease_generation together"
-                        .into(),
-                detail: Some("Give all three, or none to run without fencing.".into()),
-            }),
+            _ => Err(BatchError::invalid_because(
+                "a lease is named by lease_name, lease_holder and lease_generation together",
+                "Give all three, or none to run without fencing.",
+            )),
         }
     }
 
@@ -85,30 +84,7 @@ impl Fence {
 
 /// Lease names and holders are non-empty.
 pub fn check_name(argument: &'static str, value: &str) -> Result<()> {
-    if value.trim().is_empty() {
-        return Err(BatchError::InvalidArgument {
-            message: format!("{argument} must not be empty"),
-            detail: None,
-        });
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fences_come_whole_or_not_at_all() {
-        assert_eq!(Fence::from_args(None, None, None), Ok(None));
-        let f = Fence::from_args(Some("leader".into()), Some("w1".into()), Some(3))
-            .unwrap()
-            .unwrap();
-        assert_eq!(f.generation, 3);
-        assert!(Fence::from_args(Some("leader".into()), None, Some(3)).is_err());
-        assert!(Fence::from_args(Some("".into()), Some("w1".into()), Some(3)).is_err());
-        assert!(Fence::from_args(Some("leader".into()), Some(" ".into()), Some(3)).is_err());
-    }
+    non_empty(value, argument)
 }
 
 /// What acquire_lease returns.
@@ -132,17 +108,17 @@ pub fn acquire(name: &str, holder: &str, ttl: pgrx::datum::Interval) -> Result<A
     check_name("name", name)?;
     check_name("holder", holder)?;
     if query::one::<bool>(sql::TTL_IS_POSITIVE, &[ttl.into()])? != Some(true) {
-        return Err(BatchError::InvalidArgument {
-            message: "ttl must be a positive interval".into(),
-            detail: Some("A lease lives for ttl after each renewal.".into()),
-        });
+        return Err(BatchError::invalid_because(
+            "ttl must be a positive interval",
+            "A lease lives for ttl after each renewal.",
+        ));
     }
     crate::roles::as_owner(|| {
         let args = [
             name.into(),
             holder.into(),
             ttl.into(),
-            crate::clock::now().into(),
+            clock_timestamp().into(),
         ];
         let (acquired, row) = match query::row(sql::ACQUIRE, &args, lease_row)? {
             Some(row) => (true, row),
@@ -172,7 +148,7 @@ pub fn release(name: &str, holder: &str) -> Result<bool> {
     crate::roles::as_owner(|| {
         if query::one::<i64>(
             sql::RELEASE,
-            &[name.into(), holder.into(), crate::clock::now().into()],
+            &[name.into(), holder.into(), clock_timestamp().into()],
         )?
         .is_some()
         {
@@ -190,4 +166,21 @@ pub fn release(name: &str, holder: &str) -> Result<bool> {
             }),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_come_whole_or_not_at_all() {
+        assert_eq!(Fence::from_args(None, None, None), Ok(None));
+        let f = Fence::from_args(Some("leader".into()), Some("w1".into()), Some(3))
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.generation, 3);
+        assert!(Fence::from_args(Some("leader".into()), None, Some(3)).is_err());
+        assert!(Fence::from_args(Some("".into()), Some("w1".into()), Some(3)).is_err());
+        assert!(Fence::from_args(Some("leader".into()), Some(" ".into()), Some(3)).is_err());
+    }
 }

@@ -1,6 +1,6 @@
 //! The lease statements. As everywhere in etc_batch: schema-qualified names,
-//! OPERATOR(pg_catalog.x), bound values, and the server's wall clock (clock::now(), the
-//! clock clock_timestamp() reads) as the only clock, read once per statement.
+//! OPERATOR(pg_catalog.x), bound values, and the server's wall clock (pgrx's clock_timestamp(),
+//! the clock SQL's clock_timestamp() reads) as the only clock, read once per statement.
 
 /// Takes a free or expired lease (generation + 1), or renews the caller's own (same
 /// generation). A lease held by someone else and unexpired is left alone, but its row is

@@ -411,12 +411,14 @@ CASES = [
     ("chunk_size beyond integer", {"chunk_size": 2**31}, {"22003"}),
     ("chunk_size null", {"chunk_size": None}, NULL),
     ("target null", {"target": None}, NULL),
-    ("target oid 0", {"target": "0"}, INVALID),
-    ("target unknown oid", {"target": "4000000000"}, INVALID),
+    ("target oid 0", {"target": "0"}, {"42P01"}),  # undefined_table
+    ("target unknown oid", {"target": "4000000000"}, {"42P01"}),
     ("target unknown name", {"target": "no_such_table_hostile"}, {"42P01"}),
     ("target name injection", {"target": "x; DROP TABLE y"}, {"42602"}),
     ("handler with the wrong signature",
      {"set_values": None, "handler": "pg_catalog.abs(integer)"}, INVALID),
+    # a regprocedure given as a number names no function: undefined_function
+    ("handler unknown oid", {"set_values": None, "handler": "4000000000"}, {"42883"}),
 ]
 
 

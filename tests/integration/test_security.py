@@ -52,7 +52,7 @@ def quote_literal(db, value):
 
 
 def documented_lock_key(db, namespace, key):
-    """lock_key as the README defines it."""
+    """lock_key as docs/leases-and-locks.md defines it."""
     return db.admin.execute(
         "SELECT hashtextextended(octet_length(%s::text)::text || ':' || %s::text || %s::text, 0)"
         " AS k", (namespace, namespace, key)).fetchone()["k"]
@@ -811,7 +811,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     assert job_state(db, job4)["status"] == "corrupt"
 
     # stopped by a person, unless it is done
-    with pytest.raises(errors.InvalidParameterValue):
+    with pytest.raises(errors.ObjectNotInPrerequisiteState):
         caller.run("SELECT etc_batch.abort_job(%s, %s)", (job, "too late"))
     job5 = f"sec abort {tag}"
     caller.row(register_sql(), (job5, "B", target, Jsonb(world.items("B", [3, 4])), 1,
@@ -1250,7 +1250,7 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
 
 # 3. privileges --------------------------------------------------------------------------
 
-# What PUBLIC may execute, as the README documents it.
+# What PUBLIC may execute, as docs/security.md documents it.
 PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(text,text)",
                    "etc_batch.xact_lock(text,text)"}
 

@@ -1,4 +1,4 @@
-"""examples/lease_worker.py, the worker loop the README shows, run as three processes
+"""examples/lease_worker.py, the worker loop docs/leases-and-locks.md shows, run as three processes
 through PgBouncer against one job: the job is done, every key was changed once, and one
 worker, the lease holder, committed every chunk."""
 

@@ -447,7 +447,7 @@ def prepare_app_role(pg, role):
             "GRANT EXECUTE ON FUNCTION etc_batch.doctor(), etc_batch.add_step(text, text, bigint) TO {}"
         ).format(ident)
     )
-    # the doctor reads etc_batch's tables with the caller's privileges (README, Privileges)
+    # the doctor reads etc_batch's tables with the caller's privileges (docs/security.md, Privileges)
     pg.admin.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA etc_batch TO {}").format(ident))
     pg.admin.execute(sql.SQL("ALTER ROLE {} RESET statement_timeout").format(ident))
     with pg.direct(user=role) as conn:

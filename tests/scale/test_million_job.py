@@ -1,7 +1,7 @@
 """A 1,000,000-item job drained one chunk per call (bench/million_job.py): it finishes
 with every item audited once, and the draining backend's private memory does not grow
 from the first chunk to the last. The times are printed and kept in
-target/million_job.json for the README; they are reported, never asserted."""
+target/million_job.json for docs/jobs.md; they are reported, never asserted."""
 
 import json
 import os

@@ -13,11 +13,13 @@
 //! it to.
 
 use super::*;
+use crate::job::columns::Column;
 use proptest::collection::{btree_set, vec};
 use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Map};
+use std::collections::HashMap;
 
 /// `cases` per property, or PROPTEST_CASES for a longer run.
 fn config(cases: u32) -> ProptestConfig {

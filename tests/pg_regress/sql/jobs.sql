@@ -147,6 +147,9 @@ SELECT etc_batch.abort_job('to-abort', 'customer changed their mind');
 CALL etc_batch.drain_job('to-abort');
 \echo :LAST_ERROR_SQLSTATE
 SELECT status, status_reason, problem->>'previous_status' AS was FROM etc_batch.job WHERE job_id = 'to-abort';
+-- a job that is done has nothing left to stop
+SELECT etc_batch.abort_job('festival-rest', 'too late');
+\echo :LAST_ERROR_SQLSTATE
 
 -- Bad registrations: a clear error, nothing stored.
 SELECT * FROM etc_batch.register_job('bad', 'X', 'orders', '[]', 5, '{"status": "x"}');

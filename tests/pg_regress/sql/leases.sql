@@ -95,6 +95,12 @@ SELECT status, hint FROM etc_batch.doctor() WHERE check_name = 'statement_timeou
 SELECT check_name, status, detail FROM etc_batch.doctor() WHERE check_name LIKE 'job %' OR check_name LIKE 'chain %';
 SELECT count(*) FILTER (WHERE status NOT IN ('ok', 'warn', 'fail')) AS unknown_statuses FROM etc_batch.doctor();
 
+-- The library users install has no test aid: the setting is refused, as is any
+-- etc_batch.* name the library does not define.
+SET etc_batch.crash_at = 'after_change';
+SET etc_batch.chunk_size_typo = '10';
+SELECT check_name, status, detail FROM etc_batch.doctor() WHERE check_name = 'etc_batch.crash_at';
+
 -- The doctor names work that stopped half-way or cannot go on.
 SELECT created FROM etc_batch.register_job('j2', 'X', 'orders',
     (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders), 2, '{"status": "shipped"}');

@@ -1,0 +1,42 @@
+-- Loaded last, after the functions declared in Rust (src/api): their comments and
+-- privileges. Who may change and run chains, register and drain jobs, and hold leases
+-- is the administrator's decision, as with pg_cron: nothing here is granted to PUBLIC.
+
+-- Chains
+COMMENT ON FUNCTION etc_batch.add_step(text, text, bigint) IS
+    'Adds a step to a batch and returns its id; the step will run with the privileges of the role that adds it.';
+COMMENT ON FUNCTION etc_batch.reset_batch(text) IS
+    'Puts every step of a batch back to pending for its next run and returns how many; step_audit keeps the history.';
+COMMENT ON FUNCTION etc_batch.retry_step(bigint) IS
+    'Puts a failed step back to pending.';
+REVOKE ALL ON FUNCTION etc_batch.add_step(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.reset_batch(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.retry_step(bigint) FROM PUBLIC;
+
+-- Jobs
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure) IS
+    'Freezes an approved list of items for a job; the same request again changes nothing, a different one under the same job id is refused.';
+COMMENT ON FUNCTION etc_batch.job_report(text) IS
+    'Every approved item of a job: unprocessed, or committed and now matching, drifted or missing.';
+COMMENT ON FUNCTION etc_batch.job_summary(text) IS
+    'A job''s status and its items counted by state.';
+COMMENT ON FUNCTION etc_batch.verify_job(text) IS
+    'Compares every audit row of a job with its approved list; a pending job that fails becomes corrupt.';
+COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
+    'Stops a job for good, keeping its approval, audit and checkpoint.';
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.job_report(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.abort_job(text, text) FROM PUBLIC;
+
+-- Leases
+COMMENT ON FUNCTION etc_batch.acquire_lease(text, text, interval) IS
+    'Takes a free or expired lease (generation + 1), renews the caller''s own (same generation), or returns acquired = false with the current holder.';
+COMMENT ON FUNCTION etc_batch.release_lease(text, text) IS
+    'Ends the caller''s lease now; the generation stays.';
+COMMENT ON FUNCTION etc_batch.check_lease(text, text, bigint) IS
+    'Raises SQLSTATE 0B000 unless the holder still holds that generation, unexpired; the lease then cannot change hands until the calling transaction ends.';
+REVOKE ALL ON FUNCTION etc_batch.acquire_lease(text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.release_lease(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.check_lease(text, text, bigint) FROM PUBLIC;

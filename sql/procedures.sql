@@ -1,0 +1,35 @@
+-- The procedures that commit: C functions declared by hand as procedures, since
+-- #[pg_extern] declares functions, which always run atomically. Their arguments are
+-- also described in Rust (the Signature beside each in src/api), and a test compares
+-- the two; change both together.
+--
+-- Who may run chains and drain jobs is the administrator's decision, as with pg_cron.
+
+CREATE PROCEDURE etc_batch.exec_batch_from_id(
+    p_id bigint,
+    wait boolean DEFAULT true,
+    lease_name text DEFAULT NULL,
+    lease_holder text DEFAULT NULL,
+    lease_generation bigint DEFAULT NULL)
+LANGUAGE c AS 'MODULE_PATHNAME', 'etc_batch_exec_batch_from_id';
+
+COMMENT ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint) IS
+    'Runs step p_id and every later step of its batch, each exactly once in a transaction of its own; wait => false returns at once when another runner holds the step.';
+
+REVOKE ALL ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint) FROM PUBLIC;
+
+CREATE PROCEDURE etc_batch.drain_job(
+    job_id text,
+    max_chunks integer DEFAULT NULL,
+    lease_name text DEFAULT NULL,
+    lease_holder text DEFAULT NULL,
+    lease_generation bigint DEFAULT NULL,
+    INOUT committed_keys text[] DEFAULT NULL,
+    INOUT committed_chunks integer DEFAULT NULL,
+    INOUT status text DEFAULT NULL)
+LANGUAGE c AS 'MODULE_PATHNAME', 'etc_batch_drain_job';
+
+COMMENT ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, text[], integer, text) IS
+    'Commits the next chunks of a registered job, each in a transaction of its own with its audit rows and checkpoint; returns the keys and chunks this call committed and the job''s status.';
+
+REVOKE ALL ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, text[], integer, text) FROM PUBLIC;

@@ -1,0 +1,60 @@
+//! Managing a chain's steps: add_step, reset_batch, retry_step. Each runs as the
+//! extension's owner, who alone writes batch_log, so that `added_by` is always the role
+//! that really called add_step.
+
+use super::{command, sql, step};
+use crate::error::{BatchError, Result};
+use crate::query;
+use crate::roles::{as_owner, current_user};
+
+/// Adds a pending step that will run as the calling role; returns its id, `id` or the
+/// one after the highest.
+pub fn add(batch: &str, command: &str, id: Option<i64>) -> Result<i64> {
+    step::check_batch_name(batch)?;
+    if let Some(id) = id {
+        step::check_step_id(id)?;
+    }
+    command::check(command)?;
+    let adder = current_user();
+    as_owner(|| {
+        query::run(sql::LOCK_STEP_IDS, &[])?;
+        let id = match id {
+            Some(id) => {
+                if let Some(batch) = query::one::<String>(sql::STEP_BATCH, &[id.into()])? {
+                    return Err(BatchError::StepExists { id, batch });
+                }
+                id
+            }
+            None => query::one::<i64>(sql::NEXT_FREE_ID, &[])?.unwrap_or(0) + 1,
+        };
+        query::one::<i64>(
+            sql::INSERT_STEP,
+            &[id.into(), batch.into(), command.into(), adder.into()],
+        )?
+        .ok_or_else(|| BatchError::Internal("INSERT ... RETURNING returned no row".into()))
+    })
+}
+
+/// Puts every step of a batch back to pending; returns how many.
+pub fn reset(batch: &str) -> Result<i32> {
+    let reset = as_owner(|| query::one::<i32>(sql::RESET_BATCH, &[batch.into()]))?;
+    match reset.unwrap_or(0) {
+        0 => Err(BatchError::UnknownBatch {
+            batch: batch.to_string(),
+        }),
+        n => Ok(n),
+    }
+}
+
+/// Puts a failed step back to pending.
+pub fn retry(id: i64) -> Result<()> {
+    as_owner(|| {
+        if query::one::<i64>(sql::RETRY_STEP, &[id.into()])?.is_some() {
+            return Ok(());
+        }
+        match query::one::<String>(sql::STEP_STATUS, &[id.into()])? {
+            None => Err(BatchError::UnknownStep { id }),
+            Some(status) => Err(BatchError::StepNotFailed { id, status }),
+        }
+    })
+}

@@ -1,0 +1,26 @@
+//! abort_job: stop a job for good, keeping its approval, audit and checkpoint.
+
+use super::sql;
+use crate::error::{BatchError, Result};
+use crate::query;
+use crate::roles::{as_owner, current_user};
+use crate::status::JobStatus;
+use pgrx::prelude::*;
+
+pub fn abort(job_id: &str, reason: &str) -> Result<()> {
+    let by = current_user();
+    as_owner(|| {
+        let status = query::one::<String>(sql::LOCK_JOB_STATUS, &[job_id.into()])?
+            .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+        match JobStatus::parse(&status)? {
+            JobStatus::Done => Err(BatchError::JobFinished { job: job_id.into() }),
+            JobStatus::Aborted => {
+                notice!("job \"{job_id}\" was already aborted; nothing changed");
+                Ok(())
+            }
+            JobStatus::Pending | JobStatus::Conflict | JobStatus::Corrupt => {
+                query::run(sql::ABORT_JOB, &[job_id.into(), reason.into(), by.into()])
+            }
+        }
+    })
+}

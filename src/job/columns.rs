@@ -1,0 +1,201 @@
+//! The target table's columns as a job sees them: what each accepts, as far as a JSON
+//! value can be checked without a database, and the roles (key, tenant, revision) the
+//! job gives them. Pure Rust, read from the catalog by `target`.
+
+use crate::error::{BatchError, Result};
+use serde_json::Value;
+use std::collections::HashMap;
+
+/// What a column accepts, as far as a JSON value can be checked without a database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Int {
+        min: i64,
+        max: i64,
+    },
+    Numeric,
+    Text,
+    Bool,
+    Uuid,
+    /// Anything else (dates, enums, ...): a string or a number, checked by a cast in SQL.
+    Other,
+}
+
+impl Kind {
+    pub fn for_type(type_name: &str) -> Kind {
+        match type_name {
+            "int2" => Kind::Int {
+                min: i16::MIN as i64,
+                max: i16::MAX as i64,
+            },
+            "int4" => Kind::Int {
+                min: i32::MIN as i64,
+                max: i32::MAX as i64,
+            },
+            "int8" => Kind::Int {
+                min: i64::MIN,
+                max: i64::MAX,
+            },
+            "numeric" | "float4" | "float8" => Kind::Numeric,
+            "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
+            "bool" => Kind::Bool,
+            "uuid" => Kind::Uuid,
+            _ => Kind::Other,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::Int { .. } => "an integer",
+            Kind::Numeric => "a number",
+            Kind::Text => "a string",
+            Kind::Bool => "true or false",
+            Kind::Uuid => "a uuid string",
+            Kind::Other => "a string or a number",
+        }
+    }
+}
+
+/// A column of the target table.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    pub type_name: String,
+    pub kind: Kind,
+}
+
+/// What the approval is checked against: the target's columns and the roles they play.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub columns: HashMap<String, Column>,
+    pub key_column: String,
+    pub tenant_column: String,
+    pub revision_column: String,
+}
+
+impl Shape {
+    pub fn column(&self, name: &str) -> Result<&Column> {
+        self.columns
+            .get(name)
+            .ok_or_else(|| BatchError::UndefinedColumn {
+                column: name.to_string(),
+            })
+    }
+
+    /// Checks the roles of the named columns: three different columns, the key of a
+    /// supported type and the revision an integer.
+    pub fn check_roles(&self) -> Result<()> {
+        // One column in two roles would let the job's revision increment change the key,
+        // or make the tenant a key.
+        let roles = [
+            ("key", &self.key_column),
+            ("tenant", &self.tenant_column),
+            ("revision", &self.revision_column),
+        ];
+        for (i, (role, column)) in roles.iter().enumerate() {
+            if let Some((other, _)) = roles[i + 1..].iter().find(|(_, c)| c == column) {
+                return Err(BatchError::invalid_because(
+                    format!("column \"{column}\" cannot be both the {role} and the {other} column"),
+                    "The key, tenant and revision columns must be three different columns.",
+                ));
+            }
+        }
+        let key = self.column(&self.key_column)?;
+        if !matches!(key.kind, Kind::Int { .. } | Kind::Text | Kind::Uuid) {
+            return Err(BatchError::Unsupported {
+                message: format!("key column \"{}\" has type {}", key.name, key.type_name),
+                detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
+                    .into(),
+            });
+        }
+        self.column(&self.tenant_column)?;
+        let revision = self.column(&self.revision_column)?;
+        if !matches!(revision.kind, Kind::Int { .. }) {
+            return Err(BatchError::invalid_because(
+                format!(
+                    "revision column \"{}\" must be an integer column",
+                    revision.name
+                ),
+                format!("It has type {}.", revision.type_name),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a value meant for `column` (a guard, an expectation, a value to set)
+    /// against what the column accepts.
+    pub fn check_value(&self, column: &str, value: &Value, context: &str) -> Result<()> {
+        let column = self.column(column)?;
+        let ok = match (column.kind, value) {
+            (_, Value::Null) => true,
+            (Kind::Int { min, max }, v) => v.as_i64().is_some_and(|i| i >= min && i <= max),
+            (Kind::Numeric, Value::Number(_)) => true,
+            (Kind::Text, Value::String(_)) => true,
+            (Kind::Bool, Value::Bool(_)) => true,
+            (Kind::Uuid, Value::String(s)) => parse_uuid(s).is_some(),
+            (Kind::Other, Value::String(_) | Value::Number(_)) => true,
+            _ => false,
+        };
+        if !ok && matches!(column.kind, Kind::Int { .. }) && is_integer(value) {
+            return Err(BatchError::invalid_because(
+                format!(
+                    "{context} has a value out of range for column \"{}\"",
+                    column.name
+                ),
+                format!(
+                    "{value} does not fit column \"{}\" of type {}.",
+                    column.name, column.type_name
+                ),
+            ));
+        }
+        if !ok {
+            return Err(BatchError::invalid_because(
+                format!(
+                    "{context} has a value of the wrong type for column \"{}\"",
+                    column.name
+                ),
+                format!(
+                    "Column \"{}\" is {}, so the value must be {}, not {}.",
+                    column.name,
+                    column.type_name,
+                    column.kind.describe(),
+                    json_kind(value)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub fn is_integer(v: &Value) -> bool {
+    v.is_i64() || v.is_u64()
+}
+
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parses a uuid the way PostgreSQL's uuid_in accepts it in its usual forms.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let s = s
+        .strip_prefix('{')
+        .and_then(|s| s.strip_suffix('}'))
+        .unwrap_or(s);
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
