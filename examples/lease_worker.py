@@ -29,7 +29,7 @@ def work(dsn, me, job, lease=None, ttl="30 seconds", tick=5.0, max_ticks=None):
             ).fetchone()
             if acquired:
                 try:
-                    _keys, chunks, status = conn.execute(
+                    chunks, _items, _first, _last, status = conn.execute(
                         "CALL etc_batch.drain_job(%s, 1, lease_name => %s, lease_holder => %s,"
                         " lease_generation => %s)",
                         (job, lease, me, generation),

@@ -91,9 +91,13 @@ install_released() {
     dir="$ROOT/target/released/$version"
     rm -rf "$dir" && mkdir -p "$dir"
     git -C "$ROOT" archive "$commit" | tar -x -C "$dir"
+    # The files carry the commit's times: newer times make cargo build them again in the
+    # target directory all released versions share, instead of taking another version's
+    # library as up to date.
+    find "$dir" -type f -exec touch {} +
     log "building and installing etc_batch $version from $commit"
-    # A target directory of its own: in the shared one, cargo would take the older
-    # sources (older file times) as up to date and install the current library.
+    # A target directory of their own for the released versions: in the current build's,
+    # cargo would build them with its features and replace its library.
     set_library_aside
     (cd "$dir" && CARGO_TARGET_DIR="$ROOT/target/released-build" \
         cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)

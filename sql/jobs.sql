@@ -4,6 +4,11 @@
 -- approved item (job_item) below it has been changed and audited (job_audit), in the same
 -- transaction, and nothing at or beyond it has. Like the chain tables, they belong to the
 -- extension's owner and only etc_batch's functions write them.
+--
+-- job_item and job_audit are partitioned by job: each job has a partition of each,
+-- job_item_<job_number> and job_audit_<job_number>, created when it is registered and
+-- dropped whole when its history is pruned, so that neither a chunk's statements nor
+-- pruning ever depend on how many other jobs there are.
 
 CREATE TABLE etc_batch.job (
     job_id           text        PRIMARY KEY,
@@ -32,7 +37,8 @@ CREATE TABLE etc_batch.job (
     started_at       timestamptz,
     last_commit_at   timestamptz,
     finished_at      timestamptz,
-    search_path      text        NOT NULL
+    search_path      text        NOT NULL,
+    job_number       bigint      GENERATED ALWAYS AS IDENTITY UNIQUE
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -44,18 +50,19 @@ COMMENT ON COLUMN etc_batch.job.item_changes IS 'Updates, deletes and truncates 
 COMMENT ON COLUMN etc_batch.job.search_path IS
     'The search_path of the session that registered the job. The change, its handler and the target''s triggers run with it, never with the caller''s.';
 COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';
+COMMENT ON COLUMN etc_batch.job.job_number IS
+    'Names the job''s partitions of job_item and job_audit: job_item_<job_number>, job_audit_<job_number>.';
 
 CREATE TABLE etc_batch.job_item (
     job_id   text    NOT NULL,
     position integer NOT NULL CHECK (position >= 0),
     item_key text    NOT NULL,
     revision bigint  NOT NULL,
-    guards   jsonb   NOT NULL,
-    PRIMARY KEY (job_id, position)
-);
+    guards   jsonb   NOT NULL
+) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_item IS
-    'The approved list, frozen at registration in key order: position, key, the revision the operator saw, and the guard values that must still hold.';
+    'The approved list, frozen at registration in key order: position, key, the revision the operator saw, and the guard values that must still hold. One partition per job, job_item_<job_number>, keyed by position.';
 
 CREATE TABLE etc_batch.job_audit (
     job_id          text        NOT NULL,
@@ -66,22 +73,25 @@ CREATE TABLE etc_batch.job_audit (
     guards          jsonb       NOT NULL,
     chunk           integer     NOT NULL,
     txid            bigint      NOT NULL,
-    committed_at    timestamptz NOT NULL,
-    PRIMARY KEY (job_id, position)
-);
+    committed_at    timestamptz NOT NULL
+) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_audit IS
-    'One row per changed item, written in the same transaction as the change and the checkpoint.';
+    'One row per changed item, written in the same transaction as the change and the checkpoint. One partition per job, job_audit_<job_number>, keyed by position.';
 
 -- Counting changes to what must never change: the per-chunk check reads one number
--- instead of comparing a million rows (see src/job/progress.rs).
+-- instead of comparing a million rows (see src/job/progress.rs). A partition's own
+-- TRUNCATE trigger names its job (TG_ARGV[1]); one on the parent counts for every job.
 CREATE FUNCTION etc_batch.count_job_changes() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     counter text := TG_ARGV[0];
 BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
+    IF TG_OP = 'TRUNCATE' AND TG_NARGS > 1 THEN
+        EXECUTE format('UPDATE etc_batch.job SET %I = %I + 1 WHERE job_id = $1', counter, counter)
+            USING TG_ARGV[1];
+    ELSIF TG_OP = 'TRUNCATE' THEN
         EXECUTE format('UPDATE etc_batch.job SET %I = %I + 1', counter, counter);
     ELSIF TG_OP = 'DELETE' THEN
         EXECUTE format('UPDATE etc_batch.job SET %I = %I + 1 WHERE job_id = $1', counter, counter)
@@ -94,6 +104,7 @@ BEGIN
 END
 $$;
 
+-- Row triggers on the parents are cloned onto every partition as it is attached.
 CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
 CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit
@@ -103,9 +114,52 @@ CREATE TRIGGER job_item_changed AFTER UPDATE OR DELETE ON etc_batch.job_item
 CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item
     FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
 
+-- A job's two partitions, made as tables of their own that registration fills, and
+-- attached when it is done: attaching takes a SHARE UPDATE EXCLUSIVE lock on the
+-- parents, which readers never wait for, and only for the end of the registering
+-- transaction; a CHECK on the job id spares it the scan of the rows. The registering
+-- role may read its job's frozen list (a chunk's change reads it, as that role) and
+-- nothing else of etc_batch's.
+CREATE FUNCTION etc_batch.create_job_tables(job_number bigint, job_id text, registrant regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    items text := 'job_item_' || job_number;
+    audit text := 'job_audit_' || job_number;
+BEGIN
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (position))', audit, job_id);
+    EXECUTE format('CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
+                   items, 'item_changes', job_id);
+    EXECUTE format('CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
+                   audit, 'audit_changes', job_id);
+    EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', items, registrant);
+END
+$$;
+
+CREATE FUNCTION etc_batch.attach_job_tables(job_number bigint, job_id text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format('ALTER TABLE etc_batch.job_item ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                   'job_item_' || job_number, job_id);
+    EXECUTE format('ALTER TABLE etc_batch.job_audit ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                   'job_audit_' || job_number, job_id);
+END
+$$;
+
+-- The job rows and their numbers; a job's partitions are tables of their own, which
+-- pg_dump keeps with their rows (see docs/upgrading.md, "Backups").
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job', '');
-SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_item', '');
-SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_audit', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_job_number_seq', '');
 
 REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;

@@ -24,12 +24,14 @@ CREATE PROCEDURE etc_batch.drain_job(
     lease_name text DEFAULT NULL,
     lease_holder text DEFAULT NULL,
     lease_generation bigint DEFAULT NULL,
-    INOUT committed_keys text[] DEFAULT NULL,
     INOUT committed_chunks integer DEFAULT NULL,
+    INOUT committed_items bigint DEFAULT NULL,
+    INOUT first_key text DEFAULT NULL,
+    INOUT last_key text DEFAULT NULL,
     INOUT status text DEFAULT NULL)
 LANGUAGE c AS 'MODULE_PATHNAME', 'etc_batch_drain_job';
 
-COMMENT ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, text[], integer, text) IS
-    'Commits the next chunks of a registered job, each in a transaction of its own with its audit rows and checkpoint; returns the keys and chunks this call committed and the job''s status.';
+COMMENT ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, text, text) IS
+    'Commits the next chunks of a registered job, each in a transaction of its own with its audit rows and checkpoint; returns how many chunks and items this call committed, the first and last key of them, and the job''s status.';
 
-REVOKE ALL ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, text[], integer, text) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, text, text) FROM PUBLIC;

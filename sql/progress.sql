@@ -64,13 +64,18 @@ COMMENT ON VIEW etc_batch.chain_progress IS
 REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
 
 -- Pruning history. step_audit and job_audit only grow; pg_dump keeps them. A DBA who
--- wants them shorter asks for it, by age, and never for work that is still open.
+-- wants them shorter asks for it, by age, and never for work that is still open. A job
+-- goes with its partitions, dropped whole: no DELETE of its rows, no bloat, no WAL but
+-- the catalog's, in the same time for ten items as for ten million. Dropping a
+-- partition takes a brief ACCESS EXCLUSIVE lock on the parent (etc_batch.job_item or
+-- etc_batch.job_audit); chunks and reports read a job's own partitions, never the parent.
 CREATE FUNCTION etc_batch.prune_history(older_than interval)
 RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cutoff timestamptz;
+    gone record;
 BEGIN
     IF older_than IS NULL OR older_than <= interval '0' THEN
         RAISE EXCEPTION 'older_than must be a positive interval'
@@ -83,13 +88,16 @@ BEGIN
     GET DIAGNOSTICS step_audit_rows = ROW_COUNT;
     -- whole jobs that ended (done or aborted) before the cutoff: approval, audit and
     -- checkpoint together; a job in conflict or corrupt waits for a person
-    WITH gone AS (
+    jobs_forgotten := 0;
+    FOR gone IN
         DELETE FROM etc_batch.job j
          WHERE j.status IN ('done', 'aborted') AND j.finished_at < cutoff
-        RETURNING j.job_id),
-    items AS (DELETE FROM etc_batch.job_item i USING gone g WHERE i.job_id = g.job_id),
-    audit AS (DELETE FROM etc_batch.job_audit a USING gone g WHERE a.job_id = g.job_id)
-    SELECT count(*) INTO jobs_forgotten FROM gone;
+        RETURNING j.job_number
+    LOOP
+        EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
+                       'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
+        jobs_forgotten := jobs_forgotten + 1;
+    END LOOP;
     RETURN NEXT;
 END
 $$;

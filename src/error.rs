@@ -31,8 +31,14 @@ pub enum BatchError {
     InvalidCommand {
         detail: String,
     },
-    /// A step command that does not parse.
-    CommandSyntax {
+    /// SQL given as an argument (a step command, an items query) that does not parse.
+    Syntax {
+        what: &'static str,
+        detail: String,
+    },
+    /// A value of one type where a column of another takes it.
+    TypeMismatch {
+        message: String,
         detail: String,
     },
     UnknownStep {
@@ -241,8 +247,11 @@ impl BatchError {
             InvalidCommand { detail } => {
                 report(Code::ERRCODE_INVALID_PARAMETER_VALUE, "invalid step command").detail(detail)
             }
-            CommandSyntax { detail } => {
-                report(Code::ERRCODE_SYNTAX_ERROR, "step command has a syntax error").detail(detail)
+            Syntax { what, detail } => {
+                report(Code::ERRCODE_SYNTAX_ERROR, format!("{what} has a syntax error")).detail(detail)
+            }
+            TypeMismatch { message, detail } => {
+                report(Code::ERRCODE_DATATYPE_MISMATCH, message).detail(detail)
             }
             UnknownStep { id } => {
                 report(Code::ERRCODE_UNDEFINED_OBJECT, format!("step {id} does not exist"))
@@ -552,8 +561,13 @@ mod tests {
             InvalidCommand {
                 detail: "The command is empty.".into(),
             },
-            CommandSyntax {
+            Syntax {
+                what: "step command",
                 detail: "Syntax error at or near \"SELEC\".".into(),
+            },
+            TypeMismatch {
+                message: "column \"qty\" of items_query has type text, which does not fit column \"qty\" of type int4".into(),
+                detail: "A value of the items query must be one INSERT would take for the column; cast it in the query.".into(),
             },
             UnknownStep { id: 7 },
             UnknownBatch {
@@ -652,7 +666,8 @@ mod tests {
                 NullArgument { .. } => 1,
                 InvalidArgument { .. } => 2,
                 InvalidCommand { .. } => 3,
-                CommandSyntax { .. } => 4,
+                Syntax { .. } => 4,
+                TypeMismatch { .. } => 29,
                 UnknownStep { .. } => 5,
                 UnknownBatch { .. } => 6,
                 StepExists { .. } => 7,
@@ -679,7 +694,7 @@ mod tests {
                 Internal(_) => 28,
             })
             .collect();
-        assert_eq!(covered, (0..=28).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=29).collect(), "every variant has an example");
         all
     }
 

@@ -13,7 +13,8 @@
 //! procedure  a C-language procedure that commits: arguments by name, INOUT results.
 //! txn        the one place that talks to SPI in non-atomic mode, commits, and opens
 //!            subtransactions.
-//! query      every statement etc_batch sends: kept plans, rows read in place.
+//! query      every statement etc_batch sends: kept plans, rows read in place, cursors.
+//! memory     a memory context reset for every round of a loop.
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
@@ -29,6 +30,7 @@ pub mod error;
 pub mod installed;
 pub mod job;
 pub mod lease;
+pub mod memory;
 pub mod procedure;
 pub mod query;
 pub mod roles;

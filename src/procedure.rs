@@ -109,12 +109,16 @@ impl Results for () {
     }
 }
 
-impl<A: IntoDatum, B: IntoDatum, C: IntoDatum> Results for (A, B, C) {
+impl<A: IntoDatum, B: IntoDatum, C: IntoDatum, D: IntoDatum, E: IntoDatum> Results
+    for (A, B, C, D, E)
+{
     fn datums(self) -> Vec<Option<pg_sys::Datum>> {
         vec![
             self.0.into_datum(),
             self.1.into_datum(),
             self.2.into_datum(),
+            self.3.into_datum(),
+            self.4.into_datum(),
         ]
     }
 }
@@ -137,6 +141,9 @@ pub unsafe fn run<R: Results>(
     let results = (|| {
         let declared = (*fcinfo).nargs as usize;
         if declared != signature.args.len() {
+            // Declared otherwise than the library reads it: the database's etc_batch is
+            // of another version (the gate says so), or the declaration is wrong.
+            crate::installed::owner()?;
             return Err(BatchError::Internal(format!(
                 "{} was called with {declared} arguments, but the library reads {}",
                 signature.name,

@@ -39,8 +39,8 @@ impl Row {
             if is_null {
                 return Ok(None);
             }
-            let attr = &*(*self.desc).attrs.as_ptr().add(n - 1);
-            let datum = pg_sys::SPI_datumTransfer(datum, attr.attbyval, attr.attlen as i32);
+            let (byval, len) = attribute(self.desc, n - 1, |a| (a.attbyval, a.attlen));
+            let datum = pg_sys::SPI_datumTransfer(datum, byval, len as i32);
             Ok(Some(Opaque { datum, oid }))
         }
     }
@@ -65,6 +65,21 @@ impl Row {
             Ok(T::from_polymorphic_datum(datum, is_null, type_oid))
         }
     }
+}
+
+/// Reads attribute `i` (0-based) of a tuple descriptor. The one place that knows how a
+/// descriptor lays out its attributes, which PostgreSQL 18 changed; pgrx's PgTupleDesc
+/// reads it the same way on every version.
+///
+/// # Safety
+/// `desc` must be a valid tuple descriptor with more than `i` attributes.
+unsafe fn attribute<R>(
+    desc: pg_sys::TupleDesc,
+    i: usize,
+    read: impl FnOnce(&pg_sys::FormData_pg_attribute) -> R,
+) -> R {
+    let desc = pgrx::tupdesc::PgTupleDesc::from_pg_unchecked(desc);
+    read(desc.get(i).expect("the attribute exists"))
 }
 
 thread_local! {
@@ -246,4 +261,143 @@ pub fn one<T: FromDatum + IntoDatum>(sql: &str, args: &[DatumWithOid]) -> Result
 /// Runs a statement for its effect.
 pub fn run(sql: &str, args: &[DatumWithOid]) -> Result<()> {
     rows(sql, args, 0, |_| Ok(())).map(|_| ())
+}
+
+/// A column of a statement's result, as `describe` finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultColumn {
+    pub name: String,
+    pub type_oid: pg_sys::Oid,
+    pub typmod: i32,
+}
+
+/// The columns `sql` returns, read from its result without fetching a row (the caller
+/// makes it return none, with LIMIT 0). It runs as the current user, so a privilege the
+/// user lacks fails here.
+pub fn describe(sql: &str) -> Result<Vec<ResultColumn>> {
+    let text = CString::new(sql)
+        .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
+    // SAFETY: a plain atomic SPI connection, finished before returning; the tuple
+    // descriptor is read before SPI_finish frees it.
+    unsafe {
+        pg_sys::SPI_connect();
+        let rc = pg_sys::SPI_execute(text.as_ptr(), false, 0);
+        let out = if rc < 0 || pg_sys::SPI_tuptable.is_null() {
+            Err(BatchError::Internal(format!("SPI_execute returned {rc}")))
+        } else {
+            let desc = (*pg_sys::SPI_tuptable).tupdesc;
+            let natts = (*desc).natts as usize;
+            Ok((0..natts)
+                .map(|i| {
+                    attribute(desc, i, |a| ResultColumn {
+                        name: std::ffi::CStr::from_ptr(a.attname.data.as_ptr())
+                            .to_string_lossy()
+                            .into_owned(),
+                        type_oid: a.atttypid,
+                        typmod: a.atttypmod,
+                    })
+                })
+                .collect())
+        };
+        pg_sys::SPI_finish();
+        out
+    }
+}
+
+/// A cursor over the rows of one statement, fetched a batch at a time so that a
+/// statement of any size is read in the memory of one batch. It runs in one snapshot,
+/// the one it was opened with, and lives until it is closed or the transaction ends.
+/// Functions the statement calls run as whoever fetches; privileges were checked, as
+/// whoever opened it, when it was opened.
+pub struct Cursor {
+    name: CString,
+}
+
+impl Cursor {
+    pub fn open(sql: &str, args: &[DatumWithOid]) -> Result<Cursor> {
+        let text = CString::new(sql)
+            .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
+        let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
+        let mut values: Vec<pg_sys::Datum> = args
+            .iter()
+            .map(|a| {
+                a.datum()
+                    .map(|d| d.sans_lifetime())
+                    .unwrap_or(pg_sys::Datum::from(0usize))
+            })
+            .collect();
+        let nulls: Vec<c_char> = args
+            .iter()
+            .map(|a| (if a.datum().is_some() { b' ' } else { b'n' }) as c_char)
+            .collect();
+        // SAFETY: an atomic SPI connection, finished before returning; the portal the
+        // cursor opens copies the plan and the parameter values, and belongs to the
+        // transaction, not to the connection.
+        unsafe {
+            pg_sys::SPI_connect();
+            let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            if plan.is_null() {
+                let code = pg_sys::SPI_result;
+                pg_sys::SPI_finish();
+                return Err(BatchError::Internal(format!(
+                    "SPI_prepare failed with {code}"
+                )));
+            }
+            let portal = pg_sys::SPI_cursor_open(
+                std::ptr::null(),
+                plan,
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                false,
+            );
+            let name = std::ffi::CStr::from_ptr((*portal).name).to_owned();
+            pg_sys::SPI_freeplan(plan);
+            pg_sys::SPI_finish();
+            Ok(Cursor { name })
+        }
+    }
+
+    /// The next `count` rows (fewer at the end, none after it), read with `read`.
+    pub fn fetch<R>(&self, count: i64, mut read: impl FnMut(&Row) -> Result<R>) -> Result<Vec<R>> {
+        // SAFETY: as in `rows`; the portal is found by name, since SPI hands out no
+        // pointer that outlives a connection.
+        unsafe {
+            pg_sys::SPI_connect();
+            let portal = pg_sys::SPI_cursor_find(self.name.as_ptr());
+            if portal.is_null() {
+                pg_sys::SPI_finish();
+                return Err(BatchError::Internal(
+                    "a cursor vanished while it was read".into(),
+                ));
+            }
+            pg_sys::SPI_cursor_fetch(portal, true, count as std::os::raw::c_long);
+            let mut out = Vec::with_capacity(pg_sys::SPI_processed as usize);
+            let result = if pg_sys::SPI_tuptable.is_null() {
+                Ok(())
+            } else {
+                let table = &*pg_sys::SPI_tuptable;
+                (0..pg_sys::SPI_processed as usize).try_for_each(|i| {
+                    out.push(read(&Row {
+                        tuple: *table.vals.add(i),
+                        desc: table.tupdesc,
+                    })?);
+                    Ok(())
+                })
+            };
+            pg_sys::SPI_finish();
+            result.map(|()| out)
+        }
+    }
+
+    pub fn close(self) {
+        // SAFETY: as in fetch.
+        unsafe {
+            pg_sys::SPI_connect();
+            let portal = pg_sys::SPI_cursor_find(self.name.as_ptr());
+            if !portal.is_null() {
+                pg_sys::SPI_cursor_close(portal);
+            }
+            pg_sys::SPI_finish();
+        }
+    }
 }

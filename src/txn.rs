@@ -14,6 +14,7 @@
 //! included), so the only cleanup owed here is on the success path.
 
 use crate::error::{BatchError, Result};
+use crate::memory::Scratch;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::{CaughtError, ErrorReport, ErrorReportWithLevel};
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
@@ -23,7 +24,7 @@ pub struct TxnLoop {
     finished: bool,
     /// Reset before every item, so a loop over a million items uses the memory of one.
     /// A child of SPI's procedure context, which lives until SPI_finish, across commits.
-    scratch: pg_sys::MemoryContext,
+    scratch: Scratch,
 }
 
 impl TxnLoop {
@@ -44,31 +45,17 @@ impl TxnLoop {
                 "SPI_connect_ext returned {rc}"
             )));
         }
-        let scratch = pg_sys::AllocSetContextCreateExtended(
-            pg_sys::CurrentMemoryContext,
-            c"etc_batch item".as_ptr(),
-            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
-            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
-            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
-        );
         Ok(TxnLoop {
             finished: false,
-            scratch,
+            scratch: Scratch::new(c"etc_batch item"),
         })
     }
 
     /// Runs one item of the loop (a step, a chunk) with a fresh scratch memory context
     /// as the current one; whatever PostgreSQL allocated for the previous item is freed.
     pub fn item<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
-        // SAFETY: scratch is a live context (see the field); SPI_commit inside `work`
-        // comes back to the context that was current when it was called.
-        let previous = unsafe {
-            pg_sys::MemoryContextReset(self.scratch);
-            pg_sys::MemoryContextSwitchTo(self.scratch)
-        };
-        let result = work(self);
-        unsafe { pg_sys::MemoryContextSwitchTo(previous) };
-        result
+        let scratch = self.scratch;
+        scratch.round(|| work(self))
     }
 
     /// A procedure may commit only when ExecuteCallStmt handed it a CallContext with
@@ -93,6 +80,12 @@ impl TxnLoop {
         // connection opened by pgrx's Spi has been finished again by the time control
         // comes back here, so SPI_commit sees our own connection on top.
         unsafe { pg_sys::SPI_commit() }
+    }
+
+    /// Rolls the current transaction back, locks and all, and starts the next one.
+    pub fn rollback(&mut self) {
+        // SAFETY: as in commit.
+        unsafe { pg_sys::SPI_rollback() }
     }
 
     /// Disconnects SPI after the last commit.
@@ -201,6 +194,18 @@ impl Failure {
                 .set_detail(self.detail.unwrap_or(detail))
                 .set_hint(self.hint.unwrap_or(hint)),
         )
+    }
+}
+
+impl From<BatchError> for Failure {
+    fn from(e: BatchError) -> Self {
+        let report = e.report();
+        Failure {
+            code: report.code,
+            message: report.message,
+            detail: report.detail,
+            hint: report.hint,
+        }
     }
 }
 

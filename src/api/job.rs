@@ -1,5 +1,5 @@
-//! Checkpointed jobs: register_job, drain_job, job_report, job_summary, verify_job,
-//! abort_job.
+//! Checkpointed jobs: register_job, register_job_from_query, drain_job, job_report,
+//! job_summary, verify_job, abort_job.
 
 use crate::error::{required, BatchError, OrRaise, Result};
 use crate::job::{abort, approval, drain, register, report};
@@ -10,6 +10,18 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
 
+type Registration = TableIterator<
+    'static,
+    (
+        name!(job_id, String),
+        name!(created, bool),
+        name!(items, i32),
+        name!(chunks, i32),
+    ),
+>;
+
+// pgrx reads the return type of a #[pg_extern] as written, so the two registrations
+// spell it out; the helper below them names it.
 /// The approval's columns are `name`s and its target a `regclass`, as a DBA would write
 /// them, so the declaration is written out here rather than derived from Rust types.
 #[allow(clippy::too_many_arguments)]
@@ -48,13 +60,104 @@ fn register_job(
         name!(chunks, i32),
     ),
 > {
+    register(
+        || {
+            Ok(register::Items::Json(required(
+                jsonb_arg(items, "items")?,
+                "items",
+            )?))
+        },
+        job_id,
+        tenant,
+        target,
+        chunk_size,
+        set_values,
+        expect,
+        [key_column, tenant_column, revision_column],
+        handler,
+    )
+}
+
+/// As register_job, with the items the rows of a SELECT, read set-based in key order.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION etc_batch.register_job_from_query(
+    job_id text, tenant text, target regclass, items_query text, chunk_size integer,
+    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT 'id',
+    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+    handler regprocedure DEFAULT NULL)
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
+"#
+)]
+fn register_job_from_query(
+    job_id: Option<String>,
+    tenant: Option<String>,
+    target: Option<pg_sys::Oid>,
+    items_query: Option<String>,
+    chunk_size: Option<i32>,
+    set_values: Option<Internal>,
+    expect: Option<Internal>,
+    key_column: Option<&CStr>,
+    tenant_column: Option<&CStr>,
+    revision_column: Option<&CStr>,
+    handler: Option<pg_sys::Oid>,
+) -> TableIterator<
+    'static,
+    (
+        name!(job_id, String),
+        name!(created, bool),
+        name!(items, i32),
+        name!(chunks, i32),
+    ),
+> {
+    register(
+        || {
+            Ok(register::Items::Query(required(
+                items_query,
+                "items_query",
+            )?))
+        },
+        job_id,
+        tenant,
+        target,
+        chunk_size,
+        set_values,
+        expect,
+        [key_column, tenant_column, revision_column],
+        handler,
+    )
+}
+
+/// Both registrations, once their items are read: the arguments checked in the order
+/// they are declared, the job registered, its one row returned.
+#[allow(clippy::too_many_arguments)]
+fn register(
+    items: impl FnOnce() -> Result<register::Items>,
+    job_id: Option<String>,
+    tenant: Option<String>,
+    target: Option<pg_sys::Oid>,
+    chunk_size: Option<i32>,
+    set_values: Option<Internal>,
+    expect: Option<Internal>,
+    [key_column, tenant_column, revision_column]: [Option<&CStr>; 3],
+    handler: Option<pg_sys::Oid>,
+) -> Registration {
     let name = |v: Option<&CStr>, arg| required(v, arg).map(|c| c.to_string_lossy().into_owned());
     let request = (|| -> Result<register::Request> {
+        let job_id = required(job_id, "job_id")?;
+        let tenant = required(tenant, "tenant")?;
+        let target = required(target, "target")?;
+        let items = items()?;
         Ok(register::Request {
-            job_id: required(job_id, "job_id")?,
-            tenant: required(tenant, "tenant")?,
-            target: required(target, "target")?,
-            items: required(jsonb_arg(items, "items")?, "items")?,
+            job_id,
+            tenant,
+            target,
+            items,
             chunk_size: required(chunk_size, "chunk_size")?,
             set_values: jsonb_arg(set_values, "set_values")?.filter(|v| !v.is_null()),
             expect: required(jsonb_arg(expect, "expect")?, "expect")?,
@@ -220,15 +323,27 @@ pub const DRAIN_JOB: Signature = Signature {
             mode: Mode::In,
         },
         Arg {
-            name: "committed_keys",
-            sql_type: "text[]",
-            default: Some("NULL::text[]"),
-            mode: Mode::InOut,
-        },
-        Arg {
             name: "committed_chunks",
             sql_type: "integer",
             default: Some("NULL::integer"),
+            mode: Mode::InOut,
+        },
+        Arg {
+            name: "committed_items",
+            sql_type: "bigint",
+            default: Some("NULL::bigint"),
+            mode: Mode::InOut,
+        },
+        Arg {
+            name: "first_key",
+            sql_type: "text",
+            default: Some("NULL::text"),
+            mode: Mode::InOut,
+        },
+        Arg {
+            name: "last_key",
+            sql_type: "text",
+            default: Some("NULL::text"),
             mode: Mode::InOut,
         },
         Arg {
@@ -251,7 +366,13 @@ c_procedure!(
             args.get("lease_holder")?,
             args.get("lease_generation")?,
         )?;
-        let drained = drain::drain(tx, &job_id, args.get("max_chunks")?, fence)?;
-        Ok((drained.keys, drained.chunks, drained.status.as_str()))
+        let d = drain::drain(tx, &job_id, args.get("max_chunks")?, fence)?;
+        Ok((
+            d.chunks,
+            d.items,
+            d.first_key,
+            d.last_key,
+            d.status.as_str(),
+        ))
     }
 );

@@ -38,7 +38,8 @@ pub fn check(command: &str) -> Result<()> {
     });
 
     match parsed {
-        Err(failure) => Err(BatchError::CommandSyntax {
+        Err(failure) => Err(BatchError::Syntax {
+            what: "step command",
             detail: format!("{}.", capitalize(&failure.message)),
         }),
         Ok((0, _)) => Err(BatchError::InvalidCommand {

@@ -12,7 +12,7 @@ use super::columns::{is_integer, json_kind, parse_uuid, Kind, Shape};
 use crate::error::{BatchError, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// A key in the key column's own type; the derived order is that type's order.
@@ -260,9 +260,10 @@ pub enum Action {
     Handler(String),
 }
 
-/// A whole registration in normal form: what two registrations are compared on.
+/// What a registration approves besides its items: compared first when the same job id
+/// comes again, and hashed first into its fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Approval {
+pub struct Terms {
     pub tenant: String,
     pub target: String,
     pub key_column: String,
@@ -271,44 +272,65 @@ pub struct Approval {
     pub chunk_size: i32,
     pub action: Action,
     pub expect: BTreeMap<String, Value>,
+}
+
+/// A whole registration in normal form: what two registrations are compared on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    pub terms: Terms,
     pub items: Vec<Item>,
 }
 
-impl Approval {
-    /// A SHA-256 of the normal form: equal for the same request in any item order.
-    pub fn fingerprint(&self) -> String {
-        let mut h = Sha256::new();
-        let mut field = |name: &str, value: &str| {
-            h.update(name.as_bytes());
-            h.update([0]);
-            h.update((value.len() as u64).to_le_bytes());
-            h.update(value.as_bytes());
-        };
-        field("tenant", &self.tenant);
-        field("target", &self.target);
-        field("key_column", &self.key_column);
-        field("tenant_column", &self.tenant_column);
-        field("revision_column", &self.revision_column);
-        field("chunk_size", &self.chunk_size.to_string());
-        match &self.action {
-            Action::Set(values) => field("set_values", &canonical_object(values)),
-            Action::Handler(name) => field("handler", name),
+/// A SHA-256 of the normal form, taken one item at a time in key order, so that a list of
+/// any size is hashed in the memory of one item: equal for the same request in any item
+/// order, whether it came as jsonb or from a query.
+pub struct Fingerprint(Sha256);
+
+impl Fingerprint {
+    pub fn begin(terms: &Terms) -> Fingerprint {
+        let mut f = Fingerprint(Sha256::new());
+        f.field("tenant", &terms.tenant);
+        f.field("target", &terms.target);
+        f.field("key_column", &terms.key_column);
+        f.field("tenant_column", &terms.tenant_column);
+        f.field("revision_column", &terms.revision_column);
+        f.field("chunk_size", &terms.chunk_size.to_string());
+        match &terms.action {
+            Action::Set(values) => f.field("set_values", &canonical_object(values)),
+            Action::Handler(name) => f.field("handler", name),
         }
-        field("expect", &canonical_object(&self.expect));
-        for item in &self.items {
-            field("key", &item.key.text());
-            field("revision", &item.revision.to_string());
-            field("guards", &canonical_object(&item.guards));
-        }
-        let digest = h.finalize();
-        digest.iter().fold(String::with_capacity(64), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+        f.field("expect", &canonical_object(&terms.expect));
+        f
     }
 
-    /// Names the first thing in which `other` differs from this registration.
-    pub fn difference(&self, other: &Approval) -> Option<String> {
+    /// The next item, in key order; `guards` in its canonical text.
+    pub fn item(&mut self, key: &str, revision: i64, guards: &str) {
+        self.field("key", key);
+        self.field("revision", &revision.to_string());
+        self.field("guards", guards);
+    }
+
+    pub fn finish(self) -> String {
+        self.0
+            .finalize()
+            .iter()
+            .fold(String::with_capacity(64), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            })
+    }
+
+    fn field(&mut self, name: &str, value: &str) {
+        self.0.update(name.as_bytes());
+        self.0.update([0]);
+        self.0.update((value.len() as u64).to_le_bytes());
+        self.0.update(value.as_bytes());
+    }
+}
+
+impl Terms {
+    /// Names the first term in which `other` differs from these.
+    pub fn difference(&self, other: &Terms) -> Option<String> {
         let scalar = [
             ("tenant", &self.tenant, &other.tenant),
             ("target", &self.target, &other.target),
@@ -345,40 +367,89 @@ impl Approval {
                 canonical_object(&other.expect)
             ));
         }
-        let old: BTreeMap<&Key, &Item> = self.items.iter().map(|i| (&i.key, i)).collect();
-        let new: BTreeMap<&Key, &Item> = other.items.iter().map(|i| (&i.key, i)).collect();
-        let keys: BTreeSet<&Key> = old.keys().chain(new.keys()).copied().collect();
-        for key in keys {
-            match (old.get(key), new.get(key)) {
-                (Some(_), None) => {
-                    return Some(format!(
-                        "Item {} was approved and is missing now.",
-                        key.text()
-                    ))
-                }
-                (None, Some(_)) => {
-                    return Some(format!("Item {} was not in the approval.", key.text()))
-                }
-                (Some(a), Some(b)) if a.revision != b.revision => {
-                    return Some(format!(
+        None
+    }
+}
+
+impl Approval {
+    pub fn fingerprint(&self) -> String {
+        let mut f = Fingerprint::begin(&self.terms);
+        for item in &self.items {
+            f.item(
+                &item.key.text(),
+                item.revision,
+                &canonical_object(&item.guards),
+            );
+        }
+        f.finish()
+    }
+
+    /// Names the first thing in which `other` differs from this registration.
+    pub fn difference(&self, other: &Approval) -> Option<String> {
+        self.terms.difference(&other.terms).or_else(|| {
+            first_difference(
+                self.items
+                    .iter()
+                    .cloned()
+                    .map(Ok::<Item, std::convert::Infallible>),
+                other.items.iter().cloned().map(Ok),
+            )
+            .unwrap_or_else(|never| match never {})
+        })
+    }
+}
+
+/// The first item, in key order, in which two lists in key order differ: one that was
+/// approved and is missing now, one that was not approved, or one with another revision
+/// or other guards. Walks both once, side by side, so lists of any size compare in the
+/// memory of one item each.
+pub fn first_difference<E>(
+    old: impl Iterator<Item = std::result::Result<Item, E>>,
+    new: impl Iterator<Item = std::result::Result<Item, E>>,
+) -> std::result::Result<Option<String>, E> {
+    let (mut old, mut new) = (old.peekable(), new.peekable());
+    loop {
+        let a = old.peek().map(|r| r.as_ref().map(|i| i.key.clone()));
+        let b = new.peek().map(|r| r.as_ref().map(|i| i.key.clone()));
+        match (a, b) {
+            (None, None) => return Ok(None),
+            (Some(Err(_)), _) => return Err(old.next().unwrap().err().unwrap()),
+            (_, Some(Err(_))) => return Err(new.next().unwrap().err().unwrap()),
+            (Some(Ok(a)), Some(Ok(b))) if a == b => {
+                let (a, b) = (old.next().unwrap()?, new.next().unwrap()?);
+                if a.revision != b.revision {
+                    return Ok(Some(format!(
                         "Item {} was approved at revision {} and is now given revision {}.",
-                        key.text(),
+                        a.key.text(),
                         a.revision,
                         b.revision
-                    ))
+                    )));
                 }
-                (Some(a), Some(b)) if a.guards != b.guards => {
-                    return Some(format!(
+                if a.guards != b.guards {
+                    return Ok(Some(format!(
                         "Item {} was approved with {} and is now given {}.",
-                        key.text(),
+                        a.key.text(),
                         canonical_object(&a.guards),
                         canonical_object(&b.guards)
-                    ))
+                    )));
                 }
-                _ => {}
+            }
+            (Some(Ok(a)), Some(Ok(b))) if a < b => {
+                return Ok(Some(format!(
+                    "Item {} was approved and is missing now.",
+                    a.text()
+                )))
+            }
+            (Some(Ok(a)), None) => {
+                return Ok(Some(format!(
+                    "Item {} was approved and is missing now.",
+                    a.text()
+                )))
+            }
+            (_, Some(Ok(b))) => {
+                return Ok(Some(format!("Item {} was not in the approval.", b.text())))
             }
         }
-        None
     }
 }
 
@@ -541,14 +612,16 @@ mod tests {
 
     fn approval(items: Vec<Item>) -> Approval {
         Approval {
-            tenant: "x".into(),
-            target: "public.orders".into(),
-            key_column: "id".into(),
-            tenant_column: "tenant".into(),
-            revision_column: "revision".into(),
-            chunk_size: 10,
-            action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
-            expect: BTreeMap::new(),
+            terms: Terms {
+                tenant: "x".into(),
+                target: "public.orders".into(),
+                key_column: "id".into(),
+                tenant_column: "tenant".into(),
+                revision_column: "revision".into(),
+                chunk_size: 10,
+                action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
+                expect: BTreeMap::new(),
+            },
             items,
         }
     }
@@ -595,19 +668,19 @@ mod tests {
         let items = s.normalize(&json!([{"id": 1, "revision": 3}])).unwrap();
         let a = approval(items.clone());
         let mut b = a.clone();
-        b.tenant = "y".into();
+        b.terms.tenant = "y".into();
         assert_eq!(
             a.difference(&b).unwrap(),
             "The tenant was \"x\" and is now \"y\"."
         );
         let mut b = a.clone();
-        b.chunk_size = 5;
+        b.terms.chunk_size = 5;
         assert_eq!(
             a.difference(&b).unwrap(),
             "The chunk size was 10 and is now 5."
         );
         let mut b = a.clone();
-        b.action = Action::Handler("public.cancel(jsonb)".into());
+        b.terms.action = Action::Handler("public.cancel(jsonb)".into());
         assert!(a
             .difference(&b)
             .unwrap()

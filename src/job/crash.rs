@@ -5,11 +5,11 @@
 //! library users install has neither the setting nor the points; `reached` is then
 //! nothing at all.
 
-/// The points, in the order a chunk reaches them.
+/// The points, in the order a chunk reaches them: after its change, after its audit
+/// rows and checkpoint (one statement), after its COMMIT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Point {
     AfterChange,
-    AfterAudit,
     AfterCheckpoint,
     AfterCommit,
 }
@@ -18,7 +18,6 @@ impl Point {
     pub fn name(self) -> &'static str {
         match self {
             Point::AfterChange => "after_change",
-            Point::AfterAudit => "after_audit",
             Point::AfterCheckpoint => "after_checkpoint",
             Point::AfterCommit => "after_commit",
         }
@@ -38,7 +37,7 @@ mod points {
         GucRegistry::define_string_guc(
             c"etc_batch.crash_at",
             c"Test aid: terminate the backend at this point of a job's chunk.",
-            c"One of after_change, after_audit, after_checkpoint, after_commit. Empty (the default) does nothing.",
+            c"One of after_change, after_checkpoint (the audit rows are written with it), after_commit. Empty (the default) does nothing.",
             &CRASH_AT,
             GucContext::Suset,
             GucFlags::NO_SHOW_ALL,

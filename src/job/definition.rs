@@ -1,8 +1,8 @@
 //! A job as registered: read once per call, since registration never changes it.
 
-use super::approval::{parse_object, Action, Approval, Item, Key};
-use super::columns::{Kind, Shape};
+use super::approval::{parse_object, Action, Terms};
 use super::sql;
+use super::tables::JobTables;
 use super::target::Target;
 use crate::error::{BatchError, Result};
 use crate::query;
@@ -34,6 +34,10 @@ pub struct Definition {
     /// A handler job whose handler was dropped: `handler` is None, but it is no
     /// set_values job, and must never be drained as one.
     pub handler_dropped: bool,
+    /// The job's own partitions of job_item and job_audit.
+    pub tables: JobTables,
+    /// Whether both partitions still exist: dropped by hand, the job's record is gone.
+    pub tables_present: bool,
 }
 
 impl Definition {
@@ -78,39 +82,15 @@ impl Definition {
                 search_path: r.get::<String>(15)?.unwrap_or_default(),
                 handler_dropped: r.get::<bool>(16)?.unwrap_or(false)
                     && r.get::<String>(8)?.is_none(),
+                tables: JobTables::of(r.get::<i64>(17)?.unwrap_or_default()),
+                tables_present: r.get::<bool>(18)?.unwrap_or(false),
             })
         })
     }
 
-    /// The approval as stored, in normal form, read back from the frozen list: what a
-    /// new registration under the same job id is compared with, and what verify_job
-    /// fingerprints again.
-    pub fn approval(&self, shape: &Shape) -> Result<Approval> {
-        let (keys, revisions, guards) =
-            query::row(sql::JOB_ITEMS, &[self.job_id.as_str().into()], |r| {
-                Ok((
-                    r.get::<Vec<String>>(1)?.unwrap_or_default(),
-                    r.get::<Vec<i64>>(2)?.unwrap_or_default(),
-                    r.get::<Vec<String>>(3)?.unwrap_or_default(),
-                ))
-            })?
-            .unwrap_or_default();
-        let key_kind = shape
-            .columns
-            .get(&self.key_column)
-            .map(|c| c.kind)
-            .unwrap_or(Kind::Text);
-        let items = keys
-            .into_iter()
-            .zip(revisions)
-            .zip(guards)
-            .map(|((key, revision), guards)| Item {
-                key: Key::from_text(key_kind, &key),
-                revision,
-                guards: parse_object(&guards),
-            })
-            .collect();
-        Ok(Approval {
+    /// What the job approved besides its items, in normal form.
+    pub fn terms(&self) -> Terms {
+        Terms {
             tenant: self.tenant.clone(),
             target: self.target_name.clone(),
             key_column: self.key_column.clone(),
@@ -123,7 +103,20 @@ impl Definition {
                 (None, None) => Action::Set(BTreeMap::new()),
             },
             expect: self.expect.clone(),
-            items,
+        }
+    }
+
+    /// The job's record of its frozen list is gone when a partition was dropped by hand.
+    pub fn require_tables(&self) -> Result<()> {
+        if self.tables_present {
+            return Ok(());
+        }
+        Err(BatchError::JobCorrupt {
+            job: self.job_id.clone(),
+            detail: format!(
+                "Its partitions etc_batch.job_item_{n} and etc_batch.job_audit_{n} do not both exist any more.",
+                n = self.tables.number
+            ),
         })
     }
 }

@@ -1,12 +1,18 @@
 //! The commit loop behind `CALL etc_batch.drain_job(job_id, max_chunks)`.
 //!
-//! One transaction per chunk:
-//!   lock the job's row -> check the progress -> take the next chunk of the frozen list
-//!   by next_index -> the guarded change, in a subtransaction, as the registering role ->
-//!   one audit row per item -> advance next_index -> COMMIT.
-//! The change, the audit rows and the checkpoint commit together or not at all; a chunk
-//! in which any item no longer matches is rolled back whole and the job stops in
-//! `conflict`. Conflicts and corrupt progress are recorded and raised, never retried.
+//! One transaction per chunk, of three statements and a COMMIT, as a hand-written
+//! PL/pgSQL loop would have:
+//!   1. lock the job's row and check the progress it records (seal, counters, one index
+//!      probe for an audit row beyond it), as the extension's owner;
+//!   2. the chunk's change, as the registering role: its items read from the job's own
+//!      partition, every one that still matches changed, the changed rows counted;
+//!   3. the chunk's audit rows and the checkpoint moved past it, in one statement, as the
+//!      owner; then COMMIT.
+//! The change, the audit rows and the checkpoint commit together or not at all. No
+//! subtransaction on that path: a chunk in which an item no longer matches is rolled
+//! back with its whole transaction, and the conflict is recorded in the next one, after
+//! the job's lock is taken again and the checkpoint is found where it was. Conflicts and
+//! corrupt progress stop the job and are raised, never retried.
 
 use super::approval::{self, parse_object};
 use super::conflict::{self, Expected};
@@ -14,7 +20,6 @@ use super::crash::{self, Point};
 use super::definition::Definition;
 use super::progress::Progress;
 use super::sql;
-use super::target::Target;
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
@@ -22,70 +27,58 @@ use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_author, as_role};
 use crate::status::JobStatus;
-use crate::txn::{subtransaction_unless, FailureKind, TxnLoop};
-use pgrx::datum::JsonB;
+use crate::txn::{Failure, FailureKind, TxnLoop};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::quote_literal;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::ops::Range;
 
-/// What one CALL did: the keys and chunks it committed, and the job's status after it.
+/// What one CALL did, in numbers that do not grow with the job: the chunks and items it
+/// committed, the first and last key of them, and the job's status after it. The keys
+/// themselves are in the audit.
 #[derive(Debug)]
 pub struct Drained {
-    pub keys: Vec<String>,
     pub chunks: i32,
+    pub items: i64,
+    pub first_key: Option<String>,
+    pub last_key: Option<String>,
     pub status: JobStatus,
 }
 
 /// The statements of one job, built once per call.
 struct Job {
-    /// The statement that reads a chunk's items (it depends on the guard columns).
-    items_sql: String,
     activity: Activity,
     def: Definition,
     /// The lease this drainer works under, checked again in every chunk's transaction.
     fence: Option<Fence>,
+    lock_sql: String,
     change_sql: String,
+    mismatch_sql: String,
+    audit_sql: String,
+    item_sql: String,
     row_sql: String,
+    /// set_values and expect, as the change binds them.
+    set_values: Option<String>,
+    expect: String,
     bookkeeper: pg_sys::Oid,
     /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
     caller: pg_sys::Oid,
 }
 
 enum Chunk {
-    /// The keys it committed, and whether it was the job's last chunk.
-    Committed { keys: Vec<String>, last: bool },
+    /// A chunk committed: its items, their first and last key, whether it was the last.
+    Committed {
+        items: i64,
+        first_key: String,
+        last_key: String,
+        last: bool,
+    },
+    /// Another drainer committed the chunk this one rolled back: go on with the next.
+    Again,
     /// Nothing left to do: the job is done.
     Finished,
-}
-
-/// The chunk's approved items, as the business statement takes them: arrays in
-/// position order, passed on without being read into Rust.
-struct Items {
-    count: i32,
-    keys: Option<query::Opaque>,
-    revisions: Option<query::Opaque>,
-    guards: Option<query::Opaque>,
-    first_key: String,
-    last_key: String,
-    /// For each guard column: whether each item has it (bool[]), its values (text[]).
-    guard_arrays: Vec<Option<query::Opaque>>,
-}
-
-impl Items {
-    fn arg(&self, array: &Option<query::Opaque>) -> pgrx::datum::DatumWithOid<'static> {
-        match array {
-            Some(array) => array.arg(),
-            None => pgrx::datum::DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
-        }
-    }
-}
-
-/// What the business change of a chunk did, in position order.
-struct Changed {
-    keys: Vec<String>,
-    revisions: Vec<i64>,
 }
 
 /// The job's row, locked, as the chunk's transaction found it.
@@ -96,6 +89,8 @@ struct Locked {
     item_changes: i64,
     sealed: bool,
     audit_beyond: Option<i32>,
+    first_key: String,
+    last_key: String,
 }
 
 impl Locked {
@@ -127,6 +122,17 @@ impl Locked {
     }
 }
 
+/// What the chunk's change did.
+enum Change {
+    /// Every item changed: the rows' revisions after, in position order.
+    Done(DatumWithOid<'static>),
+    /// Fewer rows changed than the chunk has items: the first one that did not, where it
+    /// is already known (a handler that returned NULL).
+    Conflict(Option<i32>),
+    /// The chunk's positions hold fewer approved items than they must.
+    ItemsMissing(i32),
+}
+
 pub fn drain(
     tx: &mut TxnLoop,
     job_id: &str,
@@ -146,45 +152,60 @@ pub fn drain(
             job: job_id.to_string(),
         });
     }
+    def.require_tables()?;
     let target = def.target()?;
+    let items = def.tables.items();
+    let expect_columns: Vec<String> = def.expect.keys().cloned().collect();
     let change_sql = match &def.handler {
-        Some(handler) => target.handler_sql(handler),
+        Some(handler) => target.handler_sql(items, handler),
         None => {
             let set: Vec<String> = def
                 .set_values
                 .iter()
                 .flat_map(|m| m.keys().cloned())
                 .collect();
-            let expect: Vec<String> = def.expect.keys().cloned().collect();
-            target.update_sql(&set, &def.guard_columns, &expect)
+            target.change_sql(items, &set, &def.guard_columns, &expect_columns)
         }
     };
-    let row_sql = target.current_row_sql();
-    let items_sql = Target::chunk_items_sql(&def.guard_columns);
     let job = Job {
-        items_sql,
         activity: Activity::begin(),
+        lock_sql: def.tables.sql(sql::LOCK_JOB),
+        change_sql,
+        mismatch_sql: target.first_mismatch_sql(items, &def.guard_columns, &expect_columns),
+        audit_sql: def.tables.sql(sql::AUDIT_AND_ADVANCE),
+        item_sql: def.tables.sql(sql::ITEM),
+        row_sql: target.current_row_sql(),
+        set_values: def.set_values.as_ref().map(approval::canonical_object),
+        expect: approval::canonical_object(&def.expect),
         def,
         fence,
-        change_sql,
-        row_sql,
         bookkeeper,
         caller: crate::roles::current_user(),
     };
 
     let mut drained = Drained {
-        keys: Vec::new(),
         chunks: 0,
+        items: 0,
+        first_key: None,
+        last_key: None,
         status: JobStatus::Pending,
     };
     let mut finished = false;
     while !finished && max_chunks.is_none_or(|max| drained.chunks < max) {
         match tx.item(|tx| job.next_chunk(tx))? {
-            Chunk::Committed { keys, last } => {
-                drained.keys.extend(keys);
+            Chunk::Committed {
+                items,
+                first_key,
+                last_key,
+                last,
+            } => {
                 drained.chunks += 1;
+                drained.items += items;
+                drained.first_key.get_or_insert(first_key);
+                drained.last_key = Some(last_key);
                 finished = last;
             }
+            Chunk::Again => {}
             Chunk::Finished => finished = true,
         }
     }
@@ -215,12 +236,13 @@ impl Job {
         &self.def.job_id
     }
 
-    fn next_chunk(&self, tx: &mut TxnLoop) -> Result<Chunk> {
+    /// Statement 1: the fence, then the job's row locked and its progress read.
+    fn lock(&self) -> Result<Locked> {
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
         let locked = self.owner(|| {
-            query::row(sql::LOCK_JOB, &[self.id().into()], |r| {
+            query::row(&self.lock_sql, &[self.id().into()], |r| {
                 Ok(Locked {
                     status: JobStatus::parse(&r.get::<String>(1)?.unwrap_or_default())?,
                     progress: Progress {
@@ -232,14 +254,18 @@ impl Job {
                     item_changes: r.get::<i64>(4)?.unwrap_or(0),
                     sealed: r.get::<bool>(7)?.unwrap_or(false),
                     audit_beyond: r.get::<i32>(8)?,
+                    first_key: r.get::<String>(10)?.unwrap_or_default(),
+                    last_key: r.get::<String>(11)?.unwrap_or_default(),
                 })
             })
         })?;
-        let Some(locked) = locked else {
-            return Err(BatchError::UnknownJob {
-                job: self.id().to_string(),
-            });
-        };
+        locked.ok_or_else(|| BatchError::UnknownJob {
+            job: self.id().to_string(),
+        })
+    }
+
+    fn next_chunk(&self, tx: &mut TxnLoop) -> Result<Chunk> {
+        let locked = self.lock()?;
         match locked.status {
             JobStatus::Pending => {}
             JobStatus::Done => return Ok(Chunk::Finished),
@@ -256,196 +282,250 @@ impl Job {
             );
             return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
         };
-        let items = self.items(range.start, range.end)?;
-        if items.count as usize != range.len() {
-            let reason = format!(
-                "Positions {} to {} should hold {} approved items, but {} were found.",
-                range.start,
-                range.end - 1,
-                range.len(),
-                items.count
-            );
-            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
-        }
         let (number, total) = progress.chunk_number();
         self.activity.report(&format!(
             "job \"{}\": chunk {number} of {total}, keys {} to {}",
             self.id(),
-            items.first_key,
-            items.last_key
+            locked.first_key,
+            locked.last_key
         ));
 
-        let changed = subtransaction_unless(|| {
-            as_author(
-                self.def.registered_by,
-                &self.def.search_path,
-                self.caller,
-                || self.change(&items, range.start, range.len()),
-            )
-        });
-        let changed = match changed {
-            Ok(Ok(changed)) => changed,
-            Ok(Err(position)) => return Err(self.conflict(tx, position, progress.item_count)?),
-            Err(failure) => {
-                let interrupted = failure.kind() == FailureKind::Interrupted;
-                let detail = format!(
-                    "Chunk {number} of job \"{}\" was rolled back{}; the job is still pending.",
-                    self.id(),
-                    if interrupted {
-                        " when the call was interrupted"
-                    } else {
-                        ""
-                    }
+        // Statement 2. Its error, a permission, a constraint, a cancel, rolls the chunk
+        // back with the transaction; it is raised again, saying so.
+        let revisions = match self.change(&range, number)? {
+            Change::Done(revisions) => revisions,
+            Change::ItemsMissing(found) => {
+                let reason = format!(
+                    "Positions {} to {} should hold {} approved items, but {} were found.",
+                    range.start,
+                    range.end - 1,
+                    range.len(),
+                    found
                 );
-                // A literal a person can paste, whatever characters the job id holds.
-                let hint = format!(
-                    "Fix the cause and call etc_batch.drain_job({}) again.",
-                    quote_literal(self.id())
-                );
-                failure.raise(detail, hint)
+                tx.rollback();
+                return self.after_rollback(tx, &range, |job, tx| {
+                    Err(job.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
+                });
+            }
+            Change::Conflict(known) => {
+                tx.rollback();
+                return self.after_rollback(tx, &range, |job, tx| {
+                    let position = match known {
+                        Some(position) => Some(position),
+                        None => job.first_mismatch(&range)?,
+                    };
+                    Err(job.conflict(tx, position, &range, progress.item_count)?)
+                });
             }
         };
         crash::reached(Point::AfterChange);
 
-        self.owner(|| {
-            query::run(
-                sql::INSERT_AUDIT,
-                &[
-                    self.id().into(),
-                    items.arg(&items.keys),
-                    items.arg(&items.revisions),
-                    items.arg(&items.guards),
-                    changed.revisions.into(),
-                    range.start.into(),
-                    number.into(),
-                    pgrx::datum::clock_timestamp().into(),
-                ],
-            )
-        })?;
-        crash::reached(Point::AfterAudit);
-        self.owner(|| query::run(sql::ADVANCE, &[self.id().into(), range.end.into()]))?;
+        // Statement 3.
+        let status = self
+            .owner(|| {
+                query::one::<String>(
+                    &self.audit_sql,
+                    &[
+                        self.id().into(),
+                        range.start.into(),
+                        range.end.into(),
+                        number.into(),
+                        pgrx::datum::clock_timestamp().into(),
+                        revisions,
+                    ],
+                )
+            })?
+            .ok_or_else(|| BatchError::Internal("the checkpoint did not move".into()))?;
+        // the audit rows and the checkpoint are one statement: one point after both
         crash::reached(Point::AfterCheckpoint);
         tx.commit();
         crash::reached(Point::AfterCommit);
 
-        notice!(
-            "chunk {number} of {total} committed: {} item{}, keys {} to {}",
-            range.len(),
-            if range.len() == 1 { "" } else { "s" },
-            items.first_key,
-            items.last_key
-        );
+        let len = range.len();
+        if notices_are_sent() {
+            notice!(
+                "chunk {number} of {total} committed: {len} item{}, keys {} to {}",
+                if len == 1 { "" } else { "s" },
+                locked.first_key,
+                locked.last_key
+            );
+        }
         Ok(Chunk::Committed {
-            keys: changed.keys,
-            last: range.end == progress.item_count,
+            items: len as i64,
+            first_key: locked.first_key,
+            last_key: locked.last_key,
+            last: JobStatus::parse(&status)? == JobStatus::Done,
         })
     }
 
-    fn items(&self, start: i32, end: i32) -> Result<Items> {
-        let row = self.owner(|| {
-            query::row(
-                &self.items_sql,
-                &[self.id().into(), start.into(), end.into()],
-                |r| {
-                    Ok(Items {
-                        count: r.get::<i32>(1)?.unwrap_or(0),
-                        keys: r.opaque(2)?,
-                        revisions: r.opaque(3)?,
-                        guards: r.opaque(4)?,
-                        first_key: r.get::<String>(5)?.unwrap_or_default(),
-                        last_key: r.get::<String>(6)?.unwrap_or_default(),
-                        guard_arrays: (0..2 * self.def.guard_columns.len())
-                            .map(|k| r.opaque(7 + k))
-                            .collect::<Result<Vec<_>>>()?,
-                    })
-                },
-            )
-        })?;
-        row.ok_or_else(|| BatchError::Internal("an aggregate returned no row".into()))
-    }
-
-    /// The business change of one chunk, run as the registering role. Ok: each item's
-    /// key and revision after the change, in position order. Err(position): that item
-    /// did not match, so the chunk must be rolled back.
-    fn change(&self, items: &Items, first: i32, len: usize) -> std::result::Result<Changed, i32> {
-        let mut args = vec![
-            items.arg(&items.keys),
-            items.arg(&items.revisions),
-            items.arg(&items.guards),
-            first.into(),
-            self.def.tenant.clone().into(),
+    /// The business change of one chunk, as the registering role.
+    fn change(&self, range: &Range<i32>, number: i32) -> Result<Change> {
+        let mut args: Vec<DatumWithOid> = vec![
+            range.start.into(),
+            range.end.into(),
+            self.def.tenant.as_str().into(),
         ];
         if self.def.handler.is_none() {
-            let set = self.def.set_values.clone().unwrap_or_default();
-            args.push(JsonB(Value::Object(set.into_iter().collect())).into());
-            args.push(JsonB(Value::Object(self.def.expect.clone().into_iter().collect())).into());
-            for (k, array) in items.guard_arrays.iter().enumerate() {
-                args.push(match array {
-                    Some(array) => array.arg(),
-                    None if k % 2 == 0 => pgrx::datum::DatumWithOid::null_oid(pg_sys::BOOLARRAYOID),
-                    None => pgrx::datum::DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
-                });
-            }
+            args.push(self.set_values.as_deref().into());
+            args.push(self.expect.as_str().into());
         }
-        let handler = self.def.handler.is_some();
-        let rows: Vec<(i32, Option<i64>, bool, String)> =
-            query::rows(&self.change_sql, &args, 0, |row| {
-                let position = row.get::<i32>(1)?.unwrap_or(-1);
-                let key = row.get::<String>(3)?.unwrap_or_default();
-                if !handler {
-                    return Ok((position, row.get::<i64>(2)?, true, key));
-                }
-                // read as text: jsonb that serde_json cannot hold is a clear error here,
-                // not an internal one
-                let result = row
-                    .get::<String>(2)?
-                    .map(|text| {
-                        approval::read_json(&format!("the handler's result for item {key}"), &text)
-                    })
-                    .transpose()?;
-                let revision = result
-                    .as_ref()
-                    .and_then(|j| j.get(&self.def.revision_column))
-                    .and_then(Value::as_i64);
-                Ok((position, revision, result.is_some(), key))
-            })
-            .unwrap_or_else(|e| e.raise());
-
-        let mut by_position: BTreeMap<i32, (Option<i64>, bool, String)> = rows
-            .into_iter()
-            .map(|(p, rev, ok, key)| (p, (rev, ok, key)))
-            .collect();
-        let mut changed = Changed {
-            keys: Vec::with_capacity(len),
-            revisions: Vec::with_capacity(len),
-        };
-        for position in first..first + len as i32 {
-            match by_position.remove(&position) {
-                Some((revision, true, key)) => {
-                    let Some(revision) = revision else {
-                        BatchError::invalid_because(
-                            format!(
-                                "handler result for item {key} has no integer \"{}\"",
-                                self.def.revision_column
-                            ),
-                            "A handler returns the new state of the row, revision included, or NULL for a conflict.",
-                        )
-                        .raise();
-                    };
-                    changed.keys.push(key);
-                    changed.revisions.push(revision);
-                }
-                _ => return Err(position),
-            }
-        }
-        Ok(changed)
+        let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+            as_author(
+                self.def.registered_by,
+                &self.def.search_path,
+                self.caller,
+                || match &self.def.handler {
+                    None => self.guarded_update(&args, range),
+                    Some(_) => self.handler_change(&args, range),
+                },
+            )
+        }))
+        .catch_others(|caught| self.raise_rolled_back(caught.into(), number))
+        .execute();
+        // etc_batch's own errors in the change (a handler's result it cannot read) say
+        // the same: the chunk is rolled back
+        outcome.or_else(|e| self.raise_rolled_back(e.into(), number))
     }
 
-    /// Records and returns the conflict of the item at `position`.
-    fn conflict(&self, tx: &mut TxnLoop, position: i32, item_count: i32) -> Result<BatchError> {
+    fn guarded_update(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
+        let (found, changed, revisions) = query::row(&self.change_sql, args, |r| {
+            Ok((
+                r.get::<i32>(1)?.unwrap_or(0),
+                r.get::<i32>(2)?.unwrap_or(0),
+                r.opaque(3)?,
+            ))
+        })?
+        .ok_or_else(|| BatchError::Internal("an aggregate returned no row".into()))?;
+        let len = range.len() as i32;
+        Ok(if found != len {
+            Change::ItemsMissing(found)
+        } else if changed != len {
+            Change::Conflict(None)
+        } else {
+            match revisions {
+                Some(revisions) => Change::Done(revisions.arg()),
+                None => Change::Conflict(None),
+            }
+        })
+    }
+
+    /// A handler job's chunk: each item's result, read as text (jsonb that serde_json
+    /// cannot hold is a clear error here, not an internal one); NULL is a conflict.
+    fn handler_change(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
+        let rows: Vec<(i32, Option<String>, String)> =
+            query::rows(&self.change_sql, args, 0, |row| {
+                Ok((
+                    row.get::<i32>(1)?.unwrap_or(-1),
+                    row.get::<String>(2)?,
+                    row.get::<String>(3)?.unwrap_or_default(),
+                ))
+            })?;
+        if rows.len() != range.len() {
+            return Ok(Change::ItemsMissing(rows.len() as i32));
+        }
+        let mut revisions = Vec::with_capacity(rows.len());
+        for (position, result, key) in rows {
+            let Some(text) = result else {
+                return Ok(Change::Conflict(Some(position)));
+            };
+            let result =
+                approval::read_json(&format!("the handler's result for item {key}"), &text)?;
+            let Some(revision) = result
+                .get(&self.def.revision_column)
+                .and_then(Value::as_i64)
+            else {
+                return Err(BatchError::invalid_because(
+                    format!(
+                        "handler result for item {key} has no integer \"{}\"",
+                        self.def.revision_column
+                    ),
+                    "A handler returns the new state of the row, revision included, or NULL for a conflict.",
+                ));
+            };
+            revisions.push(revision);
+        }
+        Ok(Change::Done(revisions.into()))
+    }
+
+    /// An error of the chunk's change, raised again with what it means for the job: the
+    /// chunk was rolled back with its transaction, and the job is still pending.
+    fn raise_rolled_back(&self, failure: Failure, number: i32) -> ! {
+        let interrupted = failure.kind() == FailureKind::Interrupted;
+        let detail = format!(
+            "Chunk {number} of job \"{}\" was rolled back{}; the job is still pending.",
+            self.id(),
+            if interrupted {
+                " when the call was interrupted"
+            } else {
+                ""
+            }
+        );
+        // A literal a person can paste, whatever characters the job id holds.
+        let hint = format!(
+            "Fix the cause and call etc_batch.drain_job({}) again.",
+            quote_literal(self.id())
+        );
+        failure.raise(detail, hint)
+    }
+
+    /// After a chunk was rolled back: takes the job's lock again and, if the checkpoint
+    /// is still where the chunk began, records what stopped it (`record`). If another
+    /// drainer committed the chunk meanwhile, this one goes on with the next; if another
+    /// stopped the job, its record stands.
+    fn after_rollback(
+        &self,
+        tx: &mut TxnLoop,
+        range: &Range<i32>,
+        record: impl FnOnce(&Job, &mut TxnLoop) -> Result<Chunk>,
+    ) -> Result<Chunk> {
+        let locked = self.lock()?;
+        match locked.status {
+            JobStatus::Pending if locked.progress.next_index == range.start => record(self, tx),
+            JobStatus::Pending | JobStatus::Done => {
+                tx.commit();
+                Ok(Chunk::Again)
+            }
+            stopped => Err(self.stopped(stopped)?),
+        }
+    }
+
+    /// The first item of the chunk whose row no longer matches it.
+    fn first_mismatch(&self, range: &Range<i32>) -> Result<Option<i32>> {
+        let args: Vec<DatumWithOid> = vec![
+            range.start.into(),
+            range.end.into(),
+            self.def.tenant.as_str().into(),
+            self.set_values.as_deref().into(),
+            self.expect.as_str().into(),
+        ];
+        as_author(
+            self.def.registered_by,
+            &self.def.search_path,
+            self.caller,
+            || query::one::<i32>(&self.mismatch_sql, &args),
+        )
+    }
+
+    /// Records and returns the conflict of the item at `position`, or of the chunk when
+    /// every item matches again by now.
+    fn conflict(
+        &self,
+        tx: &mut TxnLoop,
+        position: Option<i32>,
+        range: &Range<i32>,
+        item_count: i32,
+    ) -> Result<BatchError> {
+        let Some(position) = position else {
+            let detail = format!(
+                "Positions {} to {} did not all match while their chunk ran, and match again now: they changed concurrently.",
+                range.start,
+                range.end - 1
+            );
+            return self.record_problem(tx, JobStatus::Conflict, &detail, Value::Null);
+        };
         let (key, revision, guards) = self
             .owner(|| {
-                query::row(sql::ITEM, &[self.id().into(), position.into()], |r| {
+                query::row(&self.item_sql, &[position.into()], |r| {
                     Ok((
                         r.get::<String>(1)?.unwrap_or_default(),
                         r.get::<i64>(2)?.unwrap_or_default(),
@@ -536,4 +616,11 @@ fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchE
         },
         _ => BatchError::JobAborted { job, reason },
     }
+}
+
+/// Whether a NOTICE would reach anyone: the message of every chunk is not even put
+/// together when client_min_messages and log_min_messages are above it.
+fn notices_are_sent() -> bool {
+    // SAFETY: reads two settings.
+    unsafe { pg_sys::message_level_is_interesting(pg_sys::NOTICE as i32) }
 }

@@ -6,7 +6,10 @@
 //! - `progress`   what a checkpoint promises and the arithmetic of chunks (pure Rust).
 //! - `conflict`   saying what a conflict is (pure Rust).
 //! - `target`     the business table: its columns from the catalog, the statements built for it.
-//! - `register`   register_job.
+//! - `register`   register_job and register_job_from_query.
+//! - `items_query` the SELECT register_job_from_query reads the items from.
+//! - `freeze`     the frozen list written and read back a batch at a time, fingerprinted.
+//! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
 //! - `report`     job_report, job_summary, verify_job.
@@ -21,8 +24,11 @@ pub mod conflict;
 pub mod crash;
 pub mod definition;
 pub mod drain;
+pub mod freeze;
+pub mod items_query;
 pub mod progress;
 pub mod register;
 pub mod report;
 pub mod sql;
+pub mod tables;
 pub mod target;

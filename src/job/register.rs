@@ -1,26 +1,39 @@
-//! register_job: check an approval against its target, normalize it, and freeze it as
-//! rows; or recognise the same request, or name how a different one differs.
+//! register_job and register_job_from_query: check an approval against its target,
+//! normalize it, and freeze it as rows of the job's own partition; or recognise the same
+//! request, or name how a different one differs. Both end as the same kind of job.
 
-use super::approval::{canonical_object, Action, Approval, Item};
+use super::approval::{canonical_object, first_difference, Action, Item, Terms};
 use super::columns::{Kind, Shape};
 use super::definition::Definition;
+use super::freeze::{Frozen, ItemCursor, Writer};
+use super::items_query::ItemsQuery;
 use super::progress::chunk_count;
 use super::sql;
+use super::tables::JobTables;
 use super::target::Target;
 use crate::error::{capitalize, non_empty, BatchError, Result};
+use crate::installed;
 use crate::query;
-use crate::roles::{as_owner, current_user};
+use crate::roles::{as_role, current_user};
 use crate::txn::subtransaction;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+/// Where the approved items come from.
+pub enum Items {
+    /// register_job: a jsonb array of item objects.
+    Json(Value),
+    /// register_job_from_query: a SELECT whose rows are the items.
+    Query(String),
+}
 
 pub struct Request {
     pub job_id: String,
     pub tenant: String,
     pub target: pg_sys::Oid,
-    pub items: Value,
+    pub items: Items,
     pub chunk_size: i32,
     pub set_values: Option<Value>,
     pub expect: Value,
@@ -34,6 +47,24 @@ pub struct Registered {
     pub created: bool,
     pub items: i32,
     pub chunks: i32,
+}
+
+/// The approved items, checked, before they are frozen.
+enum Source {
+    /// Parsed and normalized in memory (a jsonb approval holds a few million at most).
+    List(Vec<Item>),
+    /// Read through a cursor, in key order, as the registering role.
+    Query(ItemsQuery),
+}
+
+impl Source {
+    /// The items in key order, one at a time.
+    fn items(&self, key_kind: Kind) -> Result<Box<dyn Iterator<Item = Result<Item>> + '_>> {
+        Ok(match self {
+            Source::List(items) => Box::new(items.iter().cloned().map(Ok)),
+            Source::Query(q) => Box::new(ItemCursor::query(&q.sql, key_kind)?),
+        })
+    }
 }
 
 pub fn register(mut req: Request) -> Result<Registered> {
@@ -51,9 +82,12 @@ pub fn register(mut req: Request) -> Result<Registered> {
         &req.revision_column,
     )?;
     let shape = &target.shape;
-    // The parsed JSON of a large approval weighs more than its normal form: let it go
-    // as soon as the normal form exists.
-    let items = shape.normalize(&std::mem::take(&mut req.items))?;
+    let source = match std::mem::replace(&mut req.items, Items::Json(Value::Null)) {
+        // The parsed JSON of a large approval weighs more than its normal form: let it
+        // go as soon as the normal form exists.
+        Items::Json(items) => Source::List(shape.normalize(&items)?),
+        Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
+    };
     let action = match (&req.set_values, req.handler) {
         (Some(values), None) => Action::Set(check_set_values(shape, values)?),
         (None, Some(handler)) => Action::Handler(check_handler(handler)?),
@@ -65,14 +99,19 @@ pub fn register(mut req: Request) -> Result<Registered> {
         }
     };
     let expect = shape.check_columns_object("expect", &req.expect)?;
-    check_casts(&target, &req.tenant, &items, &action, &expect)?;
+    let listed: &[Item] = match &source {
+        Source::List(items) => items,
+        // an items query's values were cast to the columns' types as they were read
+        Source::Query(_) => &[],
+    };
+    check_casts(&target, &req.tenant, listed, &action, &expect)?;
     let handler = match &action {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
         Action::Set(_) => None,
     };
     check_privileges(req.target, &target.display, handler)?;
 
-    let approval = Approval {
+    let terms = Terms {
         tenant: req.tenant.clone(),
         target: target.sql_name.clone(),
         key_column: req.key_column.clone(),
@@ -81,52 +120,77 @@ pub fn register(mut req: Request) -> Result<Registered> {
         chunk_size: req.chunk_size,
         action,
         expect,
-        items,
     };
-    let fingerprint = approval.fingerprint();
-    let item_count = approval.items.len() as i32;
-    let chunks = chunk_count(item_count, req.chunk_size);
+    let key_kind = shape.column(&shape.key_column)?.kind;
     let registrant = current_user();
+    let owner = installed::owner()?;
 
-    let registered = as_owner(|| {
-        query::run(sql::LOCK_JOB_ID, &[req.job_id.clone().into()])?;
-        if let Some(stored) = Definition::load(&req.job_id)? {
-            if stored.fingerprint == fingerprint {
-                notice!(
-                    "job \"{}\" is already registered with the same approval; nothing changed",
-                    req.job_id
-                );
-                return Ok(Registered {
-                    created: false,
-                    items: item_count,
-                    chunks,
-                });
+    as_role(owner, || {
+        query::run(sql::LOCK_JOB_ID, &[req.job_id.as_str().into()])
+    })?;
+    let registered = match as_role(owner, || Definition::load(&req.job_id))? {
+        Some(stored) => same_request(&req.job_id, &stored, &terms, &source, key_kind, owner)?,
+        None => {
+            let number = as_role(owner, || query::one::<i64>(sql::NEXT_JOB_NUMBER, &[]))?
+                .unwrap_or_default();
+            let tables = JobTables::of(number);
+            as_role(owner, || tables.create(&req.job_id, registrant))?;
+            let mut writer = Writer::new(&req.job_id, &tables, &terms, owner);
+            for item in source.items(key_kind)? {
+                writer.push(&item?)?;
             }
-            let detail = stored.approval(shape)?.difference(&approval).unwrap_or_else(|| {
-                "The approval differs from the registered one, though no single field names how.".into()
-            });
-            return Err(BatchError::JobMismatch {
-                job: req.job_id.clone(),
-                detail,
-            });
+            drop(source);
+            let frozen = writer.finish()?;
+            if frozen.count == 0 {
+                return Err(BatchError::invalid_because(
+                    "items must not be empty",
+                    "The items query returned no rows.",
+                ));
+            }
+            as_role(owner, || {
+                insert_job(&req, &terms, &frozen, registrant, number)?;
+                tables.attach(&req.job_id)
+            })?;
+            Registered {
+                created: true,
+                items: frozen.count,
+                chunks: chunk_count(frozen.count, req.chunk_size),
+            }
         }
-        insert(
-            &req.job_id,
-            &approval,
-            &fingerprint,
-            registrant,
-            req.target,
-            req.handler,
-        )?;
-        Ok(Registered {
-            created: true,
-            items: item_count,
-            chunks,
-        })
-    });
-    drop(approval);
+    };
     release_free_memory();
-    registered
+    Ok(registered)
+}
+
+/// The same job id again: the same request when every term and every item is the same,
+/// compared one item at a time against the frozen list; otherwise refused, naming the
+/// first difference.
+fn same_request(
+    job_id: &str,
+    stored: &Definition,
+    terms: &Terms,
+    source: &Source,
+    key_kind: Kind,
+    owner: pg_sys::Oid,
+) -> Result<Registered> {
+    let mismatch = |detail: String| BatchError::JobMismatch {
+        job: job_id.to_string(),
+        detail,
+    };
+    if let Some(detail) = stored.terms().difference(terms) {
+        return Err(mismatch(detail));
+    }
+    stored.require_tables()?;
+    let old = as_role(owner, || ItemCursor::stored(&stored.tables, key_kind))?;
+    if let Some(detail) = first_difference(old, source.items(key_kind)?)? {
+        return Err(mismatch(detail));
+    }
+    notice!("job \"{job_id}\" is already registered with the same approval; nothing changed");
+    Ok(Registered {
+        created: false,
+        items: stored.item_count,
+        chunks: chunk_count(stored.item_count, stored.chunk_size),
+    })
 }
 
 /// Hands memory freed by a large registration back to the operating system, instead of
@@ -289,51 +353,40 @@ fn check_privileges(
     Ok(())
 }
 
-fn insert(
-    job_id: &str,
-    a: &Approval,
-    fingerprint: &str,
+fn insert_job(
+    req: &Request,
+    terms: &Terms,
+    frozen: &Frozen,
     registrant: pg_sys::Oid,
-    target_oid: pg_sys::Oid,
-    handler_oid: Option<pg_sys::Oid>,
+    number: i64,
 ) -> Result<()> {
-    let guard_columns: BTreeSet<String> = a
-        .items
-        .iter()
-        .flat_map(|i| i.guards.keys().cloned())
-        .collect();
-    let set_values = match &a.action {
+    let set_values = match &terms.action {
         Action::Set(values) => Some(canonical_object(values)),
         Action::Handler(_) => None,
     };
     query::run(
         sql::INSERT_JOB,
         &[
-            job_id.into(),
-            a.tenant.clone().into(),
-            target_oid.into(),
-            a.key_column.clone().into(),
-            a.tenant_column.clone().into(),
-            a.revision_column.clone().into(),
-            a.chunk_size.into(),
+            req.job_id.as_str().into(),
+            terms.tenant.as_str().into(),
+            req.target.into(),
+            terms.key_column.as_str().into(),
+            terms.tenant_column.as_str().into(),
+            terms.revision_column.as_str().into(),
+            terms.chunk_size.into(),
             set_values.into(),
-            handler_oid.into(),
-            canonical_object(&a.expect).into(),
-            guard_columns.into_iter().collect::<Vec<_>>().into(),
-            (a.items.len() as i32).into(),
-            fingerprint.into(),
+            req.handler.into(),
+            canonical_object(&terms.expect).into(),
+            frozen
+                .guard_columns
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .into(),
+            frozen.count.into(),
+            frozen.fingerprint.as_str().into(),
             registrant.into(),
+            number.into(),
         ],
-    )?;
-    let keys: Vec<String> = a.items.iter().map(|i| i.key.text()).collect();
-    let revisions: Vec<i64> = a.items.iter().map(|i| i.revision).collect();
-    let guards: Vec<String> = a
-        .items
-        .iter()
-        .map(|i| canonical_object(&i.guards))
-        .collect();
-    query::run(
-        sql::INSERT_ITEMS,
-        &[job_id.into(), keys.into(), revisions.into(), guards.into()],
     )
 }

@@ -1,14 +1,18 @@
 //! Reading a job back: job_report, job_summary, verify_job (which marks a pending job
 //! that fails it corrupt).
 
+use super::approval::{canonical_object, Fingerprint};
 use super::definition::Definition;
+use super::freeze::{ItemCursor, BATCH};
 use super::progress::Progress;
 use super::sql;
-use crate::error::{BatchError, Result};
-use crate::query;
+use super::tables::JobTables;
+use crate::error::{BatchError, OrRaise, Result};
+use crate::query::{self, Cursor};
 use crate::roles::as_owner;
 use crate::status::JobStatus;
 use pgrx::prelude::*;
+use std::collections::VecDeque;
 
 pub struct ReportRow {
     pub position: i32,
@@ -19,20 +23,52 @@ pub struct ReportRow {
 }
 
 /// Every approved item with its state, from one statement (one snapshot), read with
-/// the caller's privileges.
-pub fn report(job_id: &str) -> Result<Vec<ReportRow>> {
+/// the caller's privileges, a batch at a time as the rows are asked for: a report of ten
+/// million items takes the memory of one batch.
+pub fn report(job_id: &str) -> Result<Report> {
     let def = Definition::require(job_id)?;
     let target = def.target()?;
-    let sql = target.report_sql();
-    query::rows(&sql, &[job_id.into(), def.tenant.clone().into()], 0, |r| {
-        Ok(ReportRow {
-            position: r.get::<i32>(1)?.unwrap_or(0),
-            item_key: r.get::<String>(2)?.unwrap_or_default(),
-            state: r.get::<String>(3)?.unwrap_or_default(),
-            revision_committed: r.get::<i64>(4)?,
-            revision_now: r.get::<i64>(5)?,
-        })
+    let cursor = Cursor::open(
+        &target.report_sql(),
+        &[job_id.into(), def.tenant.clone().into()],
+    )?;
+    Ok(Report {
+        cursor: Some(cursor),
+        batch: VecDeque::new(),
     })
+}
+
+/// The rows of job_report, fetched as they are read.
+pub struct Report {
+    cursor: Option<Cursor>,
+    batch: VecDeque<ReportRow>,
+}
+
+impl Iterator for Report {
+    type Item = ReportRow;
+
+    fn next(&mut self) -> Option<ReportRow> {
+        if self.batch.is_empty() {
+            let cursor = self.cursor.as_ref()?;
+            let rows = cursor
+                .fetch(BATCH as i64, |r| {
+                    Ok(ReportRow {
+                        position: r.get::<i32>(1)?.unwrap_or(0),
+                        item_key: r.get::<String>(2)?.unwrap_or_default(),
+                        state: r.get::<String>(3)?.unwrap_or_default(),
+                        revision_committed: r.get::<i64>(4)?,
+                        revision_now: r.get::<i64>(5)?,
+                    })
+                })
+                .or_raise();
+            if rows.is_empty() {
+                self.cursor.take().map(Cursor::close);
+                return None;
+            }
+            self.batch.extend(rows);
+        }
+        self.batch.pop_front()
+    }
 }
 
 pub struct Summary {
@@ -45,26 +81,27 @@ pub struct Summary {
     pub missing: i32,
 }
 
+/// The job's status and its items counted by state, in one statement: the report's,
+/// counted where it runs.
 pub fn summary(job_id: &str) -> Result<Summary> {
-    let status = query::row(sql::JOB_COUNTS, &[job_id.into()], |r| {
-        Ok((
-            r.get::<String>(1)?.unwrap_or_default(),
-            r.get::<i32>(2)?.unwrap_or(0),
-            r.get::<i32>(3)?.unwrap_or(0),
-        ))
-    })?
-    .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-    let rows = report(job_id)?;
-    let count = |state: &str| rows.iter().filter(|r| r.state == state).count() as i32;
-    Ok(Summary {
-        status: status.0,
-        approved: status.1,
-        committed: status.2,
-        unprocessed: count("unprocessed"),
-        matching: count("matching"),
-        drifted: count("drifted"),
-        missing: count("missing"),
-    })
+    let def = Definition::require(job_id)?;
+    let target = def.target()?;
+    query::row(
+        &target.summary_sql(),
+        &[job_id.into(), def.tenant.clone().into()],
+        |r| {
+            Ok(Summary {
+                status: r.get::<String>(1)?.unwrap_or_default(),
+                approved: r.get::<i32>(2)?.unwrap_or(0),
+                committed: r.get::<i32>(3)?.unwrap_or(0),
+                unprocessed: r.get::<i32>(4)?.unwrap_or(0),
+                matching: r.get::<i32>(5)?.unwrap_or(0),
+                drifted: r.get::<i32>(6)?.unwrap_or(0),
+                missing: r.get::<i32>(7)?.unwrap_or(0),
+            })
+        },
+    )?
+    .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })
 }
 
 pub struct Check {
@@ -109,15 +146,19 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
             }),
         );
 
-        let (items, audits, beyond) =
-            query::row(sql::FULL_COUNTS, &[job_id.into(), next_index.into()], |r| {
+        def.require_tables()?;
+        let (items, audits, beyond) = query::row(
+            &def.tables.sql(sql::FULL_COUNTS),
+            &[next_index.into()],
+            |r| {
                 Ok((
                     r.get::<i64>(1)?.unwrap_or(0),
                     r.get::<i64>(2)?.unwrap_or(0),
                     r.get::<i64>(3)?.unwrap_or(0),
                 ))
-            })?
-            .unwrap_or_default();
+            },
+        )?
+        .unwrap_or_default();
         check(
             "approved items",
             items == def.item_count as i64,
@@ -126,8 +167,7 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 def.item_count
             ),
         );
-        let target = def.target()?;
-        let fingerprint_ok = def.approval(&target.shape)?.fingerprint() == def.fingerprint;
+        let fingerprint_ok = fingerprint(&def)? == def.fingerprint;
         check(
             "approval fingerprint",
             fingerprint_ok,
@@ -144,7 +184,7 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 "{audits} audit rows for a checkpoint of {next_index}; {beyond} at or beyond it."
             ),
         );
-        let problems = audit_problems(job_id, &p, 0, 20)?;
+        let problems = audit_problems(&def.tables, &p, 0, 20)?;
         check(
             "audit matches approval",
             problems.is_empty(),
@@ -185,11 +225,16 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
 /// Disagreements between the audit and the approved list for positions
 /// [from, next_index), at most `limit` of them, plus any audit row at or beyond
 /// next_index.
-pub fn audit_problems(job_id: &str, p: &Progress, from: i32, limit: i64) -> Result<Vec<String>> {
+pub fn audit_problems(
+    tables: &JobTables,
+    p: &Progress,
+    from: i32,
+    limit: i64,
+) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     let beyond = query::row(
-        sql::AUDIT_BEYOND,
-        &[job_id.into(), p.next_index.into()],
+        &tables.sql(sql::AUDIT_BEYOND),
+        &[p.next_index.into()],
         |r| {
             Ok((
                 r.get::<i32>(1)?.unwrap_or(0),
@@ -204,13 +249,8 @@ pub fn audit_problems(job_id: &str, p: &Progress, from: i32, limit: i64) -> Resu
         ));
     }
     if p.next_index > from {
-        let args = [
-            job_id.into(),
-            from.into(),
-            p.next_index.into(),
-            limit.into(),
-        ];
-        problems.extend(query::rows(sql::AUDIT_MISMATCHES, &args, 0, |r| {
+        let args = [from.into(), p.next_index.into(), limit.into()];
+        problems.extend(query::rows(&tables.sql(sql::AUDIT_MISMATCHES), &args, 0, |r| {
             let position = r.get::<i32>(1)?.unwrap_or(0);
             let key = r.get::<String>(2)?.unwrap_or_default();
             Ok(match r.get::<String>(3)? {
@@ -232,4 +272,19 @@ pub fn audit_problems(job_id: &str, p: &Progress, from: i32, limit: i64) -> Resu
         })?);
     }
     Ok(problems)
+}
+
+/// The fingerprint of the frozen list as it is stored now, taken a batch at a time.
+fn fingerprint(def: &Definition) -> Result<String> {
+    let kind = def.target()?.shape.column(&def.key_column)?.kind;
+    let mut f = Fingerprint::begin(&def.terms());
+    for item in ItemCursor::stored(&def.tables, kind)? {
+        let item = item?;
+        f.item(
+            &item.key.text(),
+            item.revision,
+            &canonical_object(&item.guards),
+        );
+    }
+    Ok(f.finish())
 }

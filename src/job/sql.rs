@@ -1,6 +1,9 @@
 //! Every fixed statement the job functions send. As in `chain::sql`: schema-qualified
 //! names, OPERATOR(pg_catalog.x), values bound as parameters. The statements that name
-//! the business table are built per job in `target`.
+//! the business table are built per job in `target`; those that name a job's own
+//! partitions are templates here, with `{items}` and `{audit}` for the partitions'
+//! names (see `tables::JobTables::sql`): a chunk never reads a partitioned parent, so
+//! its statements cost the same however many jobs there are.
 
 /// Serializes registrations of one job id.
 pub const LOCK_JOB_ID: &str = "\
@@ -24,7 +27,9 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
           FROM pg_catalog.pg_class c
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
          WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
-       j.search_path, j.handler IS NOT NULL
+       j.search_path, j.handler IS NOT NULL, j.job_number,
+       pg_catalog.to_regclass('etc_batch.job_item_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
+       AND pg_catalog.to_regclass('etc_batch.job_audit_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -45,86 +50,94 @@ macro_rules! seal {
 }
 
 /// Locks the job's row, so that two drainers never pick the same next chunk, and reads
-/// the checkpoint as the last committed transaction left it: whether its seal holds, and
-/// the first audit row at or beyond it (there must be none; one index probe).
+/// the checkpoint as the last committed transaction left it: whether its seal holds, the
+/// first audit row at or beyond it (there must be none; one index probe), and the keys
+/// the next chunk starts and ends with (two more), for what pg_stat_activity shows.
+/// When the lock was waited for, PostgreSQL evaluates all of it again on the row's
+/// latest version.
 pub const LOCK_JOB: &str = concat!(
     "SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count, j.chunk_size,
        j.seal OPERATOR(pg_catalog.=) ",
     seal!("j.job_id", "j.next_index", "j.chunks_committed"),
     ",
-       (SELECT a.position FROM etc_batch.job_audit a
-         WHERE a.job_id OPERATOR(pg_catalog.=) j.job_id
-           AND a.position OPERATOR(pg_catalog.>=) j.next_index
+       (SELECT a.position FROM {audit} a
+         WHERE a.position OPERATOR(pg_catalog.>=) j.next_index
          ORDER BY a.position LIMIT 1),
-       j.chunks_committed
+       j.chunks_committed,
+       (SELECT i.item_key FROM {items} i WHERE i.position OPERATOR(pg_catalog.=) j.next_index),
+       (SELECT i.item_key FROM {items} i
+         WHERE i.position OPERATOR(pg_catalog.=)
+               (LEAST(j.next_index OPERATOR(pg_catalog.+) j.chunk_size, j.item_count)
+                OPERATOR(pg_catalog.-) 1))
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1
    FOR UPDATE OF j"
 );
 
-/// The first audit row at or beyond the checkpoint; there must be none.
+/// The first audit row at or beyond the checkpoint; there must be none. $1 next_index.
 pub const AUDIT_BEYOND: &str = "\
 SELECT a.position, a.item_key
-  FROM etc_batch.job_audit a
- WHERE a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.>=) $2
+  FROM {audit} a
+ WHERE a.position OPERATOR(pg_catalog.>=) $1
  ORDER BY a.position
  LIMIT 1";
 
-/// The approved items in [$2, $3) whose audit row is missing or differs, at most $4.
+/// The approved items in [$1, $2) whose audit row is missing or differs, at most $3.
 pub const AUDIT_MISMATCHES: &str = "\
 SELECT i.position, i.item_key, a.item_key, i.revision, a.revision_before,
        i.guards::pg_catalog.text, a.guards::pg_catalog.text
-  FROM etc_batch.job_item i
+  FROM {items} i
   -- One index probe per item. OFFSET 0 keeps the planner from turning this into a join
   -- whose plan depends on statistics that a freshly registered job does not have yet.
   LEFT JOIN LATERAL (
         SELECT a.position, a.item_key, a.revision_before, a.guards
-          FROM etc_batch.job_audit a
-         WHERE a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
+          FROM {audit} a
+         WHERE a.position OPERATOR(pg_catalog.=) i.position
         OFFSET 0) a ON true
- WHERE i.job_id OPERATOR(pg_catalog.=) $1
-   AND i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3
+ WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2
    AND (a.position IS NULL
         OR a.item_key OPERATOR(pg_catalog.<>) i.item_key
         OR a.revision_before OPERATOR(pg_catalog.<>) i.revision
         OR a.guards OPERATOR(pg_catalog.<>) i.guards)
  ORDER BY i.position
- LIMIT $4";
+ LIMIT $3";
 
-/// One approved item. $1 job, $2 position.
+/// One approved item. $1 position.
 pub const ITEM: &str = "\
 SELECT i.item_key, i.revision, i.guards::pg_catalog.text
-  FROM etc_batch.job_item i
- WHERE i.job_id OPERATOR(pg_catalog.=) $1 AND i.position OPERATOR(pg_catalog.=) $2";
+  FROM {items} i
+ WHERE i.position OPERATOR(pg_catalog.=) $1";
 
-/// One audit row per changed item, from the chunk's arrays as the drainer holds them
-/// (no second read of job_item) and the revisions the change returned, all in position
-/// order. $1 job, $2 keys, $3 revisions before, $4 guards, $5 revisions after, $6 the
-/// chunk's first position, $7 chunk, $8 the time, read once the job's lock was granted
-/// (now() would be the start of the transaction, before the wait).
-pub const INSERT_AUDIT: &str = "\
-INSERT INTO etc_batch.job_audit
-  (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
-SELECT $1, ($6 OPERATOR(pg_catalog.+) u.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1),
-       u.item_key, u.revision_before, u.revision_after, u.guards, $7,
-       pg_catalog.txid_current(), $8
-  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]),
-                  pg_catalog.unnest($4::pg_catalog.jsonb[]), pg_catalog.unnest($5::pg_catalog.int8[]))
-       WITH ORDINALITY AS u(item_key, revision_before, guards, revision_after, ord)";
-
-/// Moves the checkpoint past the chunk, with its new seal. $1 job, $2 new next_index.
-pub const ADVANCE: &str = concat!(
-    "UPDATE etc_batch.job
-   SET next_index = $2,
+/// The chunk's audit rows and its checkpoint, in one statement: one audit row per
+/// approved item of positions [$2, $3), read from the frozen list with the revision the
+/// change left it at ($6, in position order), and next_index moved past the chunk with
+/// its new seal. $1 job, $4 chunk number, $5 the time, read once the job's lock was
+/// granted (now() would be the start of the transaction, before the wait). Returns the
+/// job's status after it.
+pub const AUDIT_AND_ADVANCE: &str = concat!(
+    "WITH a AS (
+  INSERT INTO {audit}
+    (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
+  SELECT $1, i.position, i.item_key, i.revision, r.revision, i.guards, $4,
+         pg_catalog.txid_current(), $5
+    FROM {items} i
+    JOIN ROWS FROM (pg_catalog.unnest($6::pg_catalog.int8[])) WITH ORDINALITY AS r(revision, ord)
+      ON i.position OPERATOR(pg_catalog.=) ($2 OPERATOR(pg_catalog.+) r.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1)
+   WHERE i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3
+  RETURNING 1)
+UPDATE etc_batch.job
+   SET next_index = $3,
        chunks_committed = chunks_committed OPERATOR(pg_catalog.+) 1,
        seal = ",
-    seal!("job_id", "$2", "chunks_committed OPERATOR(pg_catalog.+) 1"),
+    seal!("job_id", "$3", "chunks_committed OPERATOR(pg_catalog.+) 1"),
     ",
        started_at = COALESCE(started_at, pg_catalog.now()),
        last_commit_at = pg_catalog.now(),
-       status = CASE WHEN $2 OPERATOR(pg_catalog.=) item_count THEN 'done' ELSE status END,
-       finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) item_count THEN pg_catalog.now() END
- WHERE job_id OPERATOR(pg_catalog.=) $1"
+       status = CASE WHEN $3 OPERATOR(pg_catalog.=) item_count THEN 'done' ELSE status END,
+       finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) item_count THEN pg_catalog.now() END
+ WHERE job_id OPERATOR(pg_catalog.=) $1
+   AND (SELECT pg_catalog.count(*) FROM a) OPERATOR(pg_catalog.=) ($3 OPERATOR(pg_catalog.-) $2)
+RETURNING status"
 );
 
 /// Puts a pending job into conflict, corrupt or aborted, with what was found.
@@ -135,46 +148,54 @@ UPDATE etc_batch.job
        finished_at = pg_catalog.now()
  WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'";
 
+/// A job's number, which names its partitions.
+pub const NEXT_JOB_NUMBER: &str = "\
+SELECT pg_catalog.nextval('etc_batch.job_job_number_seq'::pg_catalog.regclass)";
+
+/// A job's two partitions, as tables of their own. $1 job number, $2 job, $3 registrant.
+pub const CREATE_JOB_TABLES: &str = "\
+SELECT etc_batch.create_job_tables($1, $2, $3::pg_catalog.oid::pg_catalog.regrole)";
+
+/// The partitions attached, once filled. $1 job number, $2 job.
+pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2)";
+
 /// $1 job, $2 tenant, $3 target, $4 key column, $5 tenant column, $6 revision column,
 /// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
-/// $12 item count, $13 fingerprint, $14 registering role.
+/// $12 item count, $13 fingerprint, $14 registering role, $15 job number.
 pub const INSERT_JOB: &str = concat!(
     "INSERT INTO etc_batch.job
   (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
-   search_path, seal)
+   search_path, seal, job_number)
+OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
         $11, $12, $13, $14, pg_catalog.current_setting('search_path'), ",
     seal!("$1", "0", "0"),
-    ")"
+    ", $15)"
 );
 
-/// $1 job, $2 keys, $3 revisions, $4 guards, all in position order.
+/// A batch of approved items, from position $1 on: $2 keys, $3 revisions, $4 guards, in
+/// position order. $5 job.
 pub const INSERT_ITEMS: &str = "\
-INSERT INTO etc_batch.job_item (job_id, position, item_key, revision, guards)
-SELECT $1, (u.ord OPERATOR(pg_catalog.-) 1)::pg_catalog.int4, u.item_key, u.revision,
-       u.guards::pg_catalog.jsonb
+INSERT INTO {items} (job_id, position, item_key, revision, guards)
+SELECT $5, ($1 OPERATOR(pg_catalog.+) u.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1),
+       u.item_key, u.revision, u.guards::pg_catalog.jsonb
   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]),
                   pg_catalog.unnest($4::pg_catalog.text[]))
        WITH ORDINALITY AS u(item_key, revision, guards, ord)";
 
-/// The registered items, for naming how a new registration differs.
-pub const JOB_ITEMS: &str = "\
-SELECT pg_catalog.array_agg(i.item_key ORDER BY i.position),
-       pg_catalog.array_agg(i.revision ORDER BY i.position),
-       pg_catalog.array_agg(i.guards::pg_catalog.text ORDER BY i.position)
-  FROM etc_batch.job_item i
- WHERE i.job_id OPERATOR(pg_catalog.=) $1";
+/// The frozen list in key order, to compare and fingerprint it a batch at a time.
+pub const STORED_ITEMS: &str = "\
+SELECT i.item_key, i.revision, i.guards::pg_catalog.text
+  FROM {items} i
+ ORDER BY i.position";
 
-/// Counts that the full check compares with the checkpoint.
+/// Counts that the full check compares with the checkpoint. $1 next_index.
 pub const FULL_COUNTS: &str = "\
-SELECT (SELECT pg_catalog.count(*) FROM etc_batch.job_item i
-         WHERE i.job_id OPERATOR(pg_catalog.=) $1)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM etc_batch.job_audit a
-         WHERE a.job_id OPERATOR(pg_catalog.=) $1)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM etc_batch.job_audit a
-         WHERE a.job_id OPERATOR(pg_catalog.=) $1
-           AND a.position OPERATOR(pg_catalog.>=) $2)::pg_catalog.int8";
+SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {audit} a
+         WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8";
 
 /// A job's status. $1 job.
 pub const JOB_STATUS: &str = "\
@@ -221,7 +242,8 @@ pub const COLUMNS: &str = "\
 SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum),
        pg_catalog.array_agg(t.typname::pg_catalog.text ORDER BY a.attnum),
        pg_catalog.array_agg(pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) ORDER BY a.attnum)
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) ORDER BY a.attnum),
+       pg_catalog.array_agg(a.atttypid ORDER BY a.attnum)
   FROM pg_catalog.pg_attribute a
   JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
   JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace

@@ -3,7 +3,8 @@
 //!
 //! Identifiers are quoted, types are schema-qualified, operators are spelled
 //! OPERATOR(pg_catalog.x), and every value is a bound parameter: nothing a caller
-//! supplies is ever spliced into SQL as text.
+//! supplies is ever spliced into SQL as text (but an items query, which is SQL by its
+//! nature, run as the role that gave it: see items_query).
 
 use super::columns::{Column, Kind, Shape};
 use super::sql::{COLUMNS, RELATION, UNIQUE_KEY};
@@ -22,6 +23,8 @@ pub struct Target {
     pub shape: Shape,
     /// Column -> `"schema"."type"`, quoted for casts.
     pub types: HashMap<String, String>,
+    /// Column -> its type.
+    pub type_oids: HashMap<String, pg_sys::Oid>,
 }
 
 impl Target {
@@ -46,23 +49,18 @@ impl Target {
                 "A job changes rows of a table or a partitioned table.",
             ));
         }
-        let (names, type_names, qualified) = query::row(COLUMNS, &[oid.into()], |r| {
+        let (names, type_names, qualified, oids) = query::row(COLUMNS, &[oid.into()], |r| {
             Ok((
-                r.get::<Vec<String>>(1)?,
-                r.get::<Vec<String>>(2)?,
-                r.get::<Vec<String>>(3)?,
+                r.get::<Vec<String>>(1)?.unwrap_or_default(),
+                r.get::<Vec<String>>(2)?.unwrap_or_default(),
+                r.get::<Vec<String>>(3)?.unwrap_or_default(),
+                r.get::<Vec<pg_sys::Oid>>(4)?.unwrap_or_default(),
             ))
         })?
-        .map(|(a, b, c)| {
-            (
-                a.unwrap_or_default(),
-                b.unwrap_or_default(),
-                c.unwrap_or_default(),
-            )
-        })
         .unwrap_or_default();
         let mut columns = HashMap::new();
         let mut types = HashMap::new();
+        let type_oids: HashMap<String, pg_sys::Oid> = names.iter().cloned().zip(oids).collect();
         for ((name, type_name), sql_type) in names.into_iter().zip(type_names).zip(qualified) {
             let kind = Kind::for_type(&type_name);
             columns.insert(
@@ -87,6 +85,7 @@ impl Target {
             display,
             shape,
             types,
+            type_oids,
         };
         target.check_unique_key(oid)?;
         Ok(target)
@@ -120,132 +119,65 @@ impl Target {
         format!("({expr})::{}", self.types[column])
     }
 
-    /// `t.col` equals the value stored under `name` in the jsonb `source`, where a JSON
-    /// null means the column must be NULL.
-    /// `t.col` equals the value stored under `name` in the jsonb `source`, a value the
-    /// whole job shares ($7, expect), where a JSON null means the column must be NULL. The
+    /// `t.col` equals the value stored under `name` in the jsonb text `source`, a value
+    /// the whole job shares (expect), where a JSON null means the column must be NULL. The
     /// lookups are uncorrelated subqueries, which PostgreSQL evaluates once per statement
     /// rather than once per row.
     fn matches_constant(&self, source: &str, name: &str) -> String {
         let lit = quote_literal(name);
         let col = self.col(name);
         format!(
-            "(CASE WHEN (SELECT {source} OPERATOR(pg_catalog.->) {lit} OPERATOR(pg_catalog.=) 'null'::pg_catalog.jsonb) \
+            "(CASE WHEN (SELECT {source}::pg_catalog.jsonb OPERATOR(pg_catalog.->) {lit} OPERATOR(pg_catalog.=) 'null'::pg_catalog.jsonb) \
              THEN t.{col} IS NULL \
              ELSE t.{col} OPERATOR(pg_catalog.=) (SELECT {}) END)",
-            self.cast(&format!("{source} OPERATOR(pg_catalog.->>) {lit}"), name)
+            self.cast(&format!("{source}::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {lit}"), name)
         )
     }
 
-    /// The chunk's items as a relation `i(item_key, revision, guards, ord)`, from the
-    /// arrays $1 to $3 in position order; the position of an item is `$4 + ord - 1`.
-    const ITEMS: &'static str = "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
-         pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.jsonb[])) \
-         WITH ORDINALITY AS i(item_key, revision, guards, ord)";
-
-    /// The items relation of a set_values job: key and revision ($1, $2), and for guard k
-    /// the arrays $(8 + 2k) (has it) and $(9 + 2k) (its value as text), so that checking a
-    /// guard is a cast and a comparison per row, not a JSON lookup.
-    fn typed_items(guards: usize) -> String {
-        let mut functions = vec![
-            "pg_catalog.unnest($1::pg_catalog.text[])".to_string(),
-            "pg_catalog.unnest($2::pg_catalog.int8[])".to_string(),
-        ];
-        let mut names = vec!["item_key".to_string(), "revision".to_string()];
-        for k in 0..guards {
-            functions.push(format!(
-                "pg_catalog.unnest(${}::pg_catalog.bool[])",
-                8 + 2 * k
-            ));
-            functions.push(format!(
-                "pg_catalog.unnest(${}::pg_catalog.text[])",
-                9 + 2 * k
-            ));
-            names.push(format!("h_{k}"));
-            names.push(format!("v_{k}"));
-        }
-        names.push("ord".into());
+    /// The chunk's approved items, positions [$1, $2) of the job's item partition, as
+    /// `it(position, item_key, revision, guards)`. Materialized: the change reads it
+    /// twice, once as rows and once as the array of keys that makes its index condition.
+    fn chunk_items(items: &str) -> String {
         format!(
-            "ROWS FROM ({}) WITH ORDINALITY AS i({})",
-            functions.join(", "),
-            names.join(", ")
+            "it AS MATERIALIZED (\n  SELECT i.position, i.item_key, i.revision, i.guards\n    FROM {items} i\n   \
+             WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2)"
         )
     }
 
-    /// The approved items of positions [$2, $3) of job $1, as arrays in position order:
-    /// count, keys, revisions, guards (jsonb, for the audit and for handlers), the first
-    /// and last key, and for each guard column whether the item has it and its value.
-    pub fn chunk_items_sql(guard_columns: &[String]) -> String {
-        let mut columns = vec![
-            "pg_catalog.count(*)::pg_catalog.int4".to_string(),
-            "pg_catalog.array_agg(i.item_key)".to_string(),
-            "pg_catalog.array_agg(i.revision)".to_string(),
-            "pg_catalog.array_agg(i.guards)".to_string(),
-        ];
-        for g in guard_columns {
-            let lit = quote_literal(g);
-            columns.push(format!(
-                "pg_catalog.array_agg(i.guards OPERATOR(pg_catalog.?) {lit})"
-            ));
-            columns.push(format!(
-                "pg_catalog.array_agg(i.guards OPERATOR(pg_catalog.->>) {lit})"
-            ));
-        }
-        // The aggregates read the rows in the order of the subquery, which the primary
-        // key's index scan gives without sorting: one pass, every array aligned.
-        format!(
-            "SELECT a.c1, a.c2, a.c3, a.c4, a.c2[1], a.c2[pg_catalog.cardinality(a.c2)]{}\n  FROM (SELECT {}\n          \
-             FROM (SELECT * FROM etc_batch.job_item j\n                 WHERE j.job_id OPERATOR(pg_catalog.=) $1\n                   \
-             AND j.position OPERATOR(pg_catalog.>=) $2 AND j.position OPERATOR(pg_catalog.<) $3\n                 \
-             ORDER BY j.position) i) a(c1, c2, c3, c4{})",
-            (0..2 * guard_columns.len()).map(|k| format!(", a.g{k}")).collect::<String>(),
-            columns.join(",\n               "),
-            (0..2 * guard_columns.len()).map(|k| format!(", g{k}")).collect::<String>(),
-        )
-    }
-
-    const POSITION: &'static str =
-        "($4 OPERATOR(pg_catalog.+) i.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1)";
-
-    fn item_conditions(&self, guard_columns: &[String], expect_columns: &[String]) -> String {
+    /// Whether the target's row `t` is the one item `it` approved, as it was approved:
+    /// tenant, key, revision, every guard the item has and every expectation.
+    /// $3 tenant, $5 expect (jsonb text).
+    fn item_matches(&self, guard_columns: &[String], expect_columns: &[String]) -> String {
         let s = &self.shape;
         let mut conditions = vec![
             format!(
                 "t.{} OPERATOR(pg_catalog.=) {}",
                 self.col(&s.tenant_column),
-                self.cast("$5", &s.tenant_column)
+                self.cast("$3", &s.tenant_column)
             ),
             format!(
                 "t.{} OPERATOR(pg_catalog.=) {}",
                 self.col(&s.key_column),
-                self.cast("i.item_key", &s.key_column)
-            ),
-            // The same keys once more as an array: an index condition on the target, so
-            // the plan reads the chunk's rows by index whatever the statistics say.
-            format!(
-                "t.{} OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[]::{}[])",
-                self.col(&s.key_column),
-                self.types[&s.key_column]
+                self.cast("it.item_key", &s.key_column)
             ),
             format!(
-                "t.{} OPERATOR(pg_catalog.=) i.revision",
+                "t.{} OPERATOR(pg_catalog.=) it.revision",
                 self.col(&s.revision_column)
             ),
         ];
-        // Guard k comes as two columns of the items relation: whether the item has it
-        // (h_k), and its value as text (v_k, NULL for a JSON null). See chunk_items_sql.
-        for (k, g) in guard_columns.iter().enumerate() {
-            let col = self.col(g);
+        for g in guard_columns {
+            let (col, lit) = (self.col(g), quote_literal(g));
             conditions.push(format!(
-                "(NOT i.h_{k} OR CASE WHEN i.v_{k} IS NULL THEN t.{col} IS NULL \
+                "(NOT it.guards OPERATOR(pg_catalog.?) {lit} \
+                 OR CASE WHEN (it.guards OPERATOR(pg_catalog.->>) {lit}) IS NULL THEN t.{col} IS NULL \
                  ELSE t.{col} OPERATOR(pg_catalog.=) {} END)",
-                self.cast(&format!("i.v_{k}"), g)
+                self.cast(&format!("it.guards OPERATOR(pg_catalog.->>) {lit}"), g)
             ));
         }
         for e in expect_columns {
-            conditions.push(self.matches_constant("$7", e));
+            conditions.push(self.matches_constant("$5", e));
         }
-        conditions.join("\n   AND ")
+        conditions.join("\n     AND ")
     }
 
     /// Reads the values in $1 (text[]) as column $2 of the target reads them (the
@@ -269,18 +201,21 @@ impl Target {
         }
     }
 
-    /// The guarded change of one chunk, one statement: tenant, key, revision, every
-    /// guard and expectation in the WHERE clause, the revision incremented, and RETURNING
-    /// what really changed: (position, revision after, key). $1-$2 the chunk's keys and
-    /// revisions, $4 its first position, $5 tenant, $6 set_values, $7 expect, $8 on the
-    /// guards (see typed_items).
-    pub fn update_sql(
+    /// The guarded change of one chunk, one statement, run as the registering role: the
+    /// chunk's items read from the job's own partition, every one that still matches
+    /// changed (its revision incremented), and what changed counted. Returns how many
+    /// items the chunk has, how many rows changed, and their revisions after, in position
+    /// order. $1, $2 the chunk's positions, $3 tenant, $4 set_values, $5 expect (jsonb
+    /// text).
+    pub fn change_sql(
         &self,
+        items: &str,
         set_columns: &[String],
         guard_columns: &[String],
         expect_columns: &[String],
     ) -> String {
-        let rev = self.col(&self.shape.revision_column);
+        let s = &self.shape;
+        let rev = self.col(&s.revision_column);
         let mut assignments: Vec<String> = set_columns
             .iter()
             .map(|c| {
@@ -288,7 +223,10 @@ impl Target {
                     "{} = (SELECT {})",
                     self.col(c),
                     self.cast(
-                        &format!("$6 OPERATOR(pg_catalog.->>) {}", quote_literal(c)),
+                        &format!(
+                            "$4::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {}",
+                            quote_literal(c)
+                        ),
                         c
                     )
                 )
@@ -296,29 +234,55 @@ impl Target {
             .collect();
         assignments.push(format!("{rev} = t.{rev} OPERATOR(pg_catalog.+) 1"));
         format!(
-            "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\nRETURNING {}, t.{rev}::pg_catalog.int8, i.item_key",
+            "WITH {},\nu AS (\n  UPDATE {} AS t\n     SET {}\n    FROM it\n   WHERE {}\n     \
+             -- the chunk's keys once more, as an array: an index condition on the target, so\n     \
+             -- the plan reads the chunk's rows by index whatever the statistics say\n     \
+             AND t.{} OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT {} FROM it))\n  \
+             RETURNING it.position, t.{rev}::pg_catalog.int8 AS revision)\n\
+             SELECT (SELECT pg_catalog.count(*) FROM it)::pg_catalog.int4, pg_catalog.count(*)::pg_catalog.int4,\n       \
+             pg_catalog.array_agg(u.revision ORDER BY u.position)\n  FROM u",
+            Self::chunk_items(items),
             self.sql_name,
             assignments.join(", "),
-            Self::typed_items(guard_columns.len()),
-            self.item_conditions(guard_columns, expect_columns),
-            Self::POSITION,
+            self.item_matches(guard_columns, expect_columns),
+            self.col(&s.key_column),
+            self.cast("it.item_key", &s.key_column),
+        )
+    }
+
+    /// The first item of a chunk that no longer matches its row, as the registering role:
+    /// what a chunk that changed fewer rows than it has items conflicts on. $1-$5 as
+    /// change_sql ($4 unused).
+    pub fn first_mismatch_sql(
+        &self,
+        items: &str,
+        guard_columns: &[String],
+        expect_columns: &[String],
+    ) -> String {
+        format!(
+            "WITH {}\nSELECT it.position FROM it\n WHERE NOT EXISTS (\n  \
+             SELECT FROM {} AS t\n   WHERE {})\n ORDER BY it.position LIMIT 1",
+            Self::chunk_items(items),
+            self.sql_name,
+            self.item_matches(guard_columns, expect_columns),
         )
     }
 
     /// A handler job's chunk: the handler is called once per item, in position order,
-    /// with the item as jsonb (key, revision, tenant, guards). $1-$5 as update_sql.
-    pub fn handler_sql(&self, handler: &str) -> String {
+    /// with the item as jsonb (key, revision, tenant, guards); it returns the row's new
+    /// state, or NULL for a conflict. Returns (position, result as text, key) per item.
+    /// $1-$3 as change_sql.
+    pub fn handler_sql(&self, items: &str, handler: &str) -> String {
         let s = &self.shape;
         format!(
-            "SELECT {}, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, i.revision, {}, {}) \
-             OPERATOR(pg_catalog.||) i.guards)::pg_catalog.text, i.item_key\n  FROM {}\n ORDER BY i.ord",
-            Self::POSITION,
+            "WITH {}\nSELECT it.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, it.revision, {}, {}) \
+             OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM it\n ORDER BY it.position",
+            Self::chunk_items(items),
             quote_literal(&s.key_column),
-            self.cast("i.item_key", &s.key_column),
+            self.cast("it.item_key", &s.key_column),
             quote_literal(&s.revision_column),
             quote_literal(&s.tenant_column),
-            self.cast("$5", &s.tenant_column),
-            Self::ITEMS,
+            self.cast("$3", &s.tenant_column),
         )
     }
 
@@ -337,8 +301,35 @@ impl Target {
     }
 
     /// Every approved item with what the job committed for it and what its row holds
-    /// now, in one statement and so in one snapshot. $1 job, $2 tenant.
+    /// now, in one statement and so in one snapshot, with the caller's privileges: read
+    /// through the parents etc_batch.job_item and etc_batch.job_audit, which is where a
+    /// reader is granted SELECT. Planned afresh each time with the job id known, so that
+    /// only the job's own partitions are read or locked. $1 job, $2 tenant.
     pub fn report_sql(&self) -> String {
+        format!("{}\n ORDER BY i.position", self.report_rows())
+    }
+
+    /// The job's status and its items counted by state, in one statement. $1, $2 as
+    /// report_sql.
+    pub fn summary_sql(&self) -> String {
+        let count = |state: &str| {
+            format!(
+                "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4"
+            )
+        };
+        format!(
+            "WITH r AS ({})\nSELECT j.status, j.item_count, j.next_index, {}, {}, {}, {}\n  \
+             FROM etc_batch.job j LEFT JOIN r ON true\n WHERE j.job_id OPERATOR(pg_catalog.=) $1\n \
+             GROUP BY j.status, j.item_count, j.next_index",
+            self.report_rows(),
+            count("unprocessed"),
+            count("matching"),
+            count("drifted"),
+            count("missing"),
+        )
+    }
+
+    fn report_rows(&self) -> String {
         let s = &self.shape;
         let rev = self.col(&s.revision_column);
         let key = self.col(&s.key_column);
@@ -347,15 +338,14 @@ impl Target {
        CASE WHEN a.position IS NULL THEN 'unprocessed'
             WHEN t.{key} IS NULL THEN 'missing'
             WHEN t.{rev}::pg_catalog.int8 OPERATOR(pg_catalog.=) a.revision_after THEN 'matching'
-            ELSE 'drifted' END,
+            ELSE 'drifted' END AS state,
        a.revision_after, t.{rev}::pg_catalog.int8
   FROM etc_batch.job_item i
   LEFT JOIN etc_batch.job_audit a
-    ON a.job_id OPERATOR(pg_catalog.=) i.job_id AND a.position OPERATOR(pg_catalog.=) i.position
+    ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
   LEFT JOIN {} AS t
     ON t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}
- WHERE i.job_id OPERATOR(pg_catalog.=) $1
- ORDER BY i.position",
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1",
             self.sql_name,
             self.col(&s.tenant_column),
             self.cast("$2", &s.tenant_column),

@@ -52,7 +52,8 @@ def tables(pg):
     pg.admin.execute("CREATE TABLE knob (name text PRIMARY KEY, divisor integer NOT NULL)")
     pg.admin.execute(
         """CREATE TABLE orchestrated (
-               job    text, keys text[], chunks integer, status text,
+               job    text, chunks integer, items bigint, first_key text, last_key text,
+               status text,
                at     timestamptz NOT NULL DEFAULT clock_timestamp())"""
     )
     return pg
@@ -313,8 +314,8 @@ def test_psql_calls_every_procedure_and_function(client, tables, tmp_path):
     assert values["chain_effects"] == "4"  # two runs of two steps, with reset_batch between
     assert values["registered"] == "true,5,3"
     # the two CALLs' result rows: the first drained everything, the second found it done
-    assert "{1,2,3,4,5}|3|done" in out.splitlines()
-    assert "{}|0|done" in out.splitlines()
+    assert "3|5|1|5|done" in out.splitlines()
+    assert "0|0|||done" in out.splitlines()
     assert values["report"] == "1:matching,2:matching,3:matching,4:matching,5:matching"
     assert values["summary"] == "done,5,5,0,5,0,0"
     assert values["verify"] == "true,6"
@@ -400,13 +401,13 @@ def test_psycopg_calls_every_procedure_and_function(client, tables):
     assert register(conn, job, orders, 2, ids=range(1, 6)) == (job, True, 5, 3)
     notices.clear()
     assert conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,)).fetchone() == (
-        ["1", "2", "3", "4"], 2, "pending")
+        2, 4, "1", "4", "pending")
     assert notices.messages == [
         "chunk 1 of 3 committed: 2 items, keys 1 to 2",
         "chunk 2 of 3 committed: 2 items, keys 3 to 4",
     ]
-    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == (["5"], 1, "done")
-    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == ([], 0, "done")
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == (1, 1, "5", "5", "done")
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == (0, 0, None, None, "done")
     report = conn.execute("SELECT * FROM etc_batch.job_report(%s)", (job,)).fetchall()
     assert [(r[1], r[2], r[3], r[4]) for r in report] == [
         (str(i), "matching", 2, 2) for i in range(1, 6)
@@ -495,8 +496,8 @@ def test_many_executions_through_pgbouncer_need_no_prepared_statements(pg, bounc
     register(conns[0], job, orders, 1, ids=range(1, 13))
     results = [conns[i % 4].execute("CALL etc_batch.drain_job(%s, 1)", (job,)).fetchone()
                for i in range(12)]
-    assert [r[0] for r in results] == [[str(i)] for i in range(1, 13)]
-    assert results[-1][2] == "done"
+    assert [r[:4] for r in results] == [(1, 1, str(i), str(i)) for i in range(1, 13)]
+    assert results[-1][4] == "done"
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 13)})
     assert "prepared statement" not in bouncer.log()
 
@@ -531,7 +532,7 @@ def test_autocommit_off_refuses_drain_job(client, tables):
     # the same connection, autocommit on for the call: it works
     conn.autocommit = True
     assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone() == (
-        keys_text(range(1, 7)), 3, "done")
+        3, 6, "1", "6", "done")
 
 
 def test_autocommit_off_refuses_exec_batch_from_id(client, tables):
@@ -561,7 +562,7 @@ def run_and_collect(conn, pg, label):
     register(pg.admin, job, orders, 2)
     first, _second = add_side_chain(pg.admin, batch, 2)
     notices = Notices(conn)
-    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[2] == "done"
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[4] == "done"
     conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
     assert job_state(pg, job) == ("done", 6, 3)
     assert side_counts(pg, batch) == {1: 1, 2: 1}
@@ -589,8 +590,8 @@ def test_role_setting_suppresses_the_notices_through_pgbouncer(pg, bouncer, app_
     pg.admin.execute(
         sql.SQL(
             "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
-            "text[], integer, text), etc_batch.exec_batch_from_id(bigint, boolean, text, text, "
-            "bigint) TO {}"
+            "integer, bigint, text, text, text), etc_batch.exec_batch_from_id(bigint, boolean, "
+            "text, text, bigint) TO {}"
         ).format(ident)
     )
     pg.admin.execute(
@@ -692,7 +693,7 @@ class BlockedJob:
     def finish(self, conn):
         self.release()
         assert conn.execute("CALL etc_batch.drain_job(%s)", (self.job,)).fetchone() == (
-            keys_text(range(11, 31)), 2, "done")
+            2, 20, "11", "30", "done")
         assert job_state(self.pg, self.job) == ("done", 30, 3)
         assert audit_by_key(self.pg, self.job) == Counter({i: 1 for i in range(1, 31)})
         assert self.orders.rows() == {i: (2, "cancelled") for i in range(1, 31)}
@@ -761,17 +762,20 @@ def test_plpgsql_orchestrator_commits_between_calls(client, tables):
             """CREATE PROCEDURE {proc}(first_a bigint, first_b bigint, job text)
                LANGUAGE plpgsql AS $$
                DECLARE
-                 keys   text[];
                  chunks integer;
+                 items  bigint;
+                 k1     text;
+                 k2     text;
                  st     text;
                BEGIN
                  CALL etc_batch.exec_batch_from_id(first_a);
                  COMMIT;
                  CALL etc_batch.exec_batch_from_id(first_b);
                  COMMIT;
-                 CALL etc_batch.drain_job(job, NULL, NULL, NULL, NULL, keys, chunks, st);
+                 CALL etc_batch.drain_job(job, NULL, NULL, NULL, NULL, chunks, items, k1, k2, st);
                  COMMIT;
-                 INSERT INTO orchestrated (job, keys, chunks, status) VALUES (job, keys, chunks, st);
+                 INSERT INTO orchestrated (job, chunks, items, first_key, last_key, status)
+                 VALUES (job, chunks, items, k1, k2, st);
                END $$"""
         ).format(proc=sql.Identifier(proc))
     )
@@ -799,8 +803,9 @@ def test_plpgsql_orchestrator_commits_between_calls(client, tables):
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 8)})
     assert orders.rows() == {i: (2, "cancelled") for i in range(1, 8)}
     assert pg.admin.execute(
-        "SELECT keys, chunks, status FROM orchestrated WHERE job = %s ORDER BY at", (job,)
-    ).fetchall() == [(keys_text(range(1, 8)), 3, "done"), ([], 0, "done")]
+        "SELECT chunks, items, first_key, last_key, status FROM orchestrated WHERE job = %s "
+        "ORDER BY at", (job,)
+    ).fetchall() == [(3, 7, "1", "7", "done"), (0, 0, None, None, "done")]
     outcomes = pg.admin.execute(
         "SELECT outcome, count(*) FROM etc_batch.step_audit WHERE batch IN (%s, %s) GROUP BY outcome",
         (a, b),

@@ -130,7 +130,8 @@ def register(conn, job, target, items, chunk_size=10, tenant="A", set_values=CAN
 
 def drain(conn, job, max_chunks=None, notices=None):
     """CALL etc_batch.drain_job(job, max_chunks) on conn; returns its result row as a
-    dict (committed_keys, committed_chunks, status). Errors propagate."""
+    dict (committed_chunks, committed_items, first_key, last_key, status). Errors
+    propagate."""
     with keeping_notices(conn, notices):
         cur = conn.cursor(row_factory=dict_row)
         return cur.execute(
@@ -176,6 +177,14 @@ def postmaster_start(db):
 def chunk_notice(number, total, keys):
     noun = "item" if len(keys) == 1 else "items"
     return f"chunk {number} of {total} committed: {len(keys)} {noun}, keys {keys[0]} to {keys[-1]}"
+
+
+def committed(keys, chunks, status):
+    """drain_job's result for a call that committed `keys`, in `chunks` chunks."""
+    keys = keys_text(keys)
+    return {"committed_chunks": chunks, "committed_items": len(keys),
+            "first_key": keys[0] if keys else None, "last_key": keys[-1] if keys else None,
+            "status": status}
 
 
 def keys_text(keys):
@@ -370,11 +379,7 @@ def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
     # one chunk: the 10 smallest keys, numerically
     notices = []
     result = drain(conn, job, 1, notices=notices)
-    assert result == {
-        "committed_keys": keys_text(keys[:10]),
-        "committed_chunks": 1,
-        "status": "pending",
-    }
+    assert result == committed(keys[:10], 1, "pending")
     assert notices == [chunk_notice(1, 4, keys[:10])]
     assert_changed_once(orders, keys[:10])
     assert_untouched(orders, keys[10:])
@@ -459,7 +464,8 @@ def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
 # 2. a backend that dies at each point of a chunk ------------------------------------------
 
 
-CRASH_POINTS = ["after_change", "after_audit", "after_checkpoint", "after_commit"]
+# after the change; after the audit rows and the checkpoint, one statement; after COMMIT
+CRASH_POINTS = ["after_change", "after_checkpoint", "after_commit"]
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -470,7 +476,7 @@ def test_backend_dying_mid_chunk_leaves_chunk_whole_or_absent(db, point):
     job = db.new_batch(f"crash_{point}")
     register(db.connect(), job, orders.name, shuffled(orders.items(keys), 7))
 
-    assert drain(db.connect(), job, 1)["committed_keys"] == keys_text(keys[:10])
+    assert drain(db.connect(), job, 1) == committed(keys[:10], 1, "pending")
     crash_drain(db, job, point)
     db.assert_server_alive()
 
@@ -496,8 +502,7 @@ def test_backend_dying_mid_chunk_leaves_chunk_whole_or_absent(db, point):
     # a normal caller resumes where the checkpoint says
     resumed = drain(db.connect(), job)
     rest = keys[20:] if point == "after_commit" else chunk2 + keys[20:]
-    assert resumed == {"committed_keys": keys_text(rest), "committed_chunks": len(rest) // 10 + 1,
-                       "status": "done"}
+    assert resumed == committed(rest, len(rest) // 10 + 1, "done")
     assert_job_complete(db, orders, job, keys)
     assert all(c["ok"] for c in db.admin.execute(
         "SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall())
@@ -522,8 +527,7 @@ def test_lost_reply_after_commit_is_not_replayed(db):
     # the client, not knowing, calls again: it gets chunk 3, never chunk 2 again
     notices = []
     retry = drain(db.connect(), job, 1, notices=notices)
-    assert retry == {"committed_keys": keys_text(keys[20:30]), "committed_chunks": 1,
-                     "status": "pending"}
+    assert retry == committed(keys[20:30], 1, "pending")
     assert notices == [chunk_notice(3, 4, keys[20:30])]
     audit = audit_rows(db, job)
     assert audit_count_by_key(db, job) == Counter(keys_text(keys[:30]))
@@ -592,14 +596,17 @@ def test_concurrent_drainers_commit_each_chunk_once(db, callers):
         assert d.error is None, f"drainer {d.pid}: {d.error!r}"
         assert d.result["status"] == "done", d.result
 
-    # the callers' results partition the approval
-    all_keys = []
+    # the chunks each caller says it committed (a NOTICE each) partition the approval,
+    # and its result counts them
+    mine_of = {}
     for d in drainers:
-        all_keys += d.result["committed_keys"]
-        assert d.result["committed_chunks"] * 10 == len(d.result["committed_keys"])
-    assert sorted(all_keys, key=int) == keys_text(keys)
-    assert len(all_keys) == len(set(all_keys)) == 200
-    assert sum(d.result["committed_chunks"] for d in drainers) == 20
+        mine = [int(n.split()[1]) for n in d.notices if n.startswith("chunk ")]
+        mine_of[d.pid] = mine
+        chunk_keys = [k for c in sorted(mine) for k in keys[(c - 1) * 10:c * 10]]
+        assert d.result == committed(chunk_keys, len(mine), "done"), (d.result, mine)
+    every = sorted(c for mine in mine_of.values() for c in mine)
+    assert every == list(range(1, 21)), every
+    assert sum(d.result["committed_items"] for d in drainers) == 200
     # the callers really took turns: more than one of them committed chunks
     assert sum(1 for d in drainers if d.result["committed_chunks"]) >= 2, [
         d.result["committed_chunks"] for d in drainers]
@@ -628,20 +635,16 @@ def test_concurrent_drainers_commit_each_chunk_once(db, callers):
 
     # each caller's own chunks, one transaction after the other: increasing chunk
     # numbers, txids and committed_at
-    chunk_of_key = {r["item_key"]: r["chunk"] for r in audit}
     for d in drainers:
-        mine = []
-        for k in d.result["committed_keys"]:
-            if chunk_of_key[k] not in mine:
-                mine.append(chunk_of_key[k])
+        mine = mine_of[d.pid]
         assert mine == sorted(mine), (d.pid, mine)
         ids = [chunks[c][0] for c in mine]
         assert ids == sorted(ids), (d.pid, mine, ids)
         times = [chunks[c][1] for c in mine]
         assert times == sorted(times) and len(set(times)) == len(times), (d.pid, times)
         # and was told about each chunk it committed
-        committed = [n for n in d.notices if n.startswith("chunk ")]
-        assert committed == [
+        told = [n for n in d.notices if n.startswith("chunk ")]
+        assert told == [
             chunk_notice(c, 20, keys_text(keys[(c - 1) * 10:c * 10])) for c in mine
         ]
 
@@ -859,7 +862,7 @@ def test_handler_job_drains_to_done(db):
                           set_values=None, expect=None, handler=handler)
     assert registered == {"job_id": job, "created": True, "items": 25, "chunks": 3}
     result = drain(db.connect(), job)
-    assert result == {"committed_keys": keys_text(keys), "committed_chunks": 3, "status": "done"}
+    assert result == committed(keys, 3, "done")
     assert_job_complete(db, orders, job, keys)
     # tenant B's rows with the same ids: untouched
     assert_others_untouched(orders, keys)
@@ -891,7 +894,7 @@ def test_handler_conflict_rolls_back_the_chunk(db):
     job = db.new_batch("hconflict")
     register(db.connect(), job, orders.name, orders.items(keys),
              set_values=None, expect=None, handler=handler)
-    assert drain(db.connect(), job, 1)["committed_keys"] == keys_text(keys[:10])
+    assert drain(db.connect(), job, 1) == committed(keys[:10], 1, "pending")
 
     contested = keys[16]  # the 7th of chunk 2: the handler has changed six rows before it
     orders.execute("UPDATE {t} SET revision = revision + 1 WHERE tenant = 'A' AND id = %s",
@@ -920,28 +923,24 @@ def test_max_chunks_and_a_done_job(db):
     register(db.connect(), job, orders.name, orders.items(keys))
     conn = db.connect()
 
-    assert drain(conn, job, 2) == {"committed_keys": keys_text(keys[:20]), "committed_chunks": 2,
-                                   "status": "pending"}
+    assert drain(conn, job, 2) == committed(keys[:20], 2, "pending")
     assert audit_count_by_key(db, job) == Counter(keys_text(keys[:20]))
     assert job_row(db, job)["next_index"] == 20
     assert_untouched(orders, keys[20:])
 
-    assert drain(conn, job, 0) == {"committed_keys": [], "committed_chunks": 0,
-                                   "status": "pending"}
+    assert drain(conn, job, 0) == committed([], 0, "pending")
     assert job_row(db, job)["next_index"] == 20
 
     with pytest.raises(errors.InvalidParameterValue):
         drain(conn, job, -1)
 
-    assert drain(conn, job) == {"committed_keys": keys_text(keys[20:]), "committed_chunks": 3,
-                                "status": "done"}
+    assert drain(conn, job) == committed(keys[20:], 3, "done")
     assert_job_complete(db, orders, job, keys)
 
-    # a done job: nothing to do, no error, an empty array rather than NULL
+    # a done job: nothing to do, no error, zero counts rather than NULL
     for max_chunks in (None, 1):
         notices = []
-        assert drain(conn, job, max_chunks, notices=notices) == {
-            "committed_keys": [], "committed_chunks": 0, "status": "done"}
+        assert drain(conn, job, max_chunks, notices=notices) == committed([], 0, "done")
         assert not [n for n in notices if n.startswith("chunk ")]
     assert_job_complete(db, orders, job, keys)
 
@@ -987,7 +986,8 @@ REGISTER_SIGNATURE = (
     "etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, "
     "name, regprocedure)"
 )
-DRAIN_SIGNATURE = "etc_batch.drain_job(text, integer, text, text, bigint, text[], integer, text)"
+DRAIN_SIGNATURE = ("etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, "
+                   "text, text)")
 
 
 def grant_job_api(db, role):
@@ -1045,7 +1045,7 @@ def test_job_changes_rows_as_the_registering_role(db, roles):
     assert register(clerk_conn, job, orders.name, items)["created"] is True
     assert job_row(db, job)["registered_by"] == clerk
     # the clerk drains a chunk, the superuser drains the rest: both change rows as clerk
-    assert drain(clerk_conn, job, 1)["committed_keys"] == keys_text(keys[:10])
+    assert drain(clerk_conn, job, 1) == committed(keys[:10], 1, "pending")
     assert drain(db.connect(), job)["status"] == "done"
     assert_job_complete(db, orders, job, keys)
     recorded = db.admin.execute(

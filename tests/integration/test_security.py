@@ -750,7 +750,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
         caller.row(register_sql(), (job, "A", target, Jsonb(items[:-1]), 2, cancel, pending))
 
     drained = caller.row("CALL etc_batch.drain_job(%s, 1)", (job,))
-    assert drained == {"committed_keys": ["2", "3"], "committed_chunks": 1, "status": "pending"}
+    assert drained == committed(["2", "3"], 1, "pending")
     summary = caller.row("SELECT * FROM etc_batch.job_summary(%s)", (job,))
     assert summary == {"status": "pending", "approved": 6, "committed": 2, "unprocessed": 4,
                        "matching": 2, "drifted": 0, "missing": 0}
@@ -760,8 +760,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     drained = caller.row("CALL etc_batch.drain_job(%s, NULL, lease_name => %s, "
                          "lease_holder => %s, lease_generation => %s)",
                          (job, lease2, "drainer", generation))
-    assert drained == {"committed_keys": ["5", "7", "8", "11"], "committed_chunks": 2,
-                       "status": "done"}
+    assert drained == committed(["5", "7", "8", "11"], 2, "done")
     report = caller.rows("SELECT * FROM etc_batch.job_report(%s)", (job,))
     assert [(r["position"], r["item_key"], r["state"], r["revision_committed"], r["revision_now"])
             for r in report] == [(p, str(i), "matching", world.initial[("A", i)][0] + 1,
@@ -828,7 +827,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
                      (job6, "B", target, Jsonb(world.items("B", [5, 6, 7])), 2, handler))
     assert got["created"] is True
     drained = caller.row("CALL etc_batch.drain_job(%s)", (job6,))
-    assert drained == {"committed_keys": ["5", "6", "7"], "committed_chunks": 2, "status": "done"}
+    assert drained == committed(["5", "6", "7"], 2, "done")
 
     # the business table: exactly what the jobs committed, nothing else
     changes = {("A", i): "cancelled" for i in ids + [1, 4, 10]}
@@ -1017,6 +1016,13 @@ def drain(conn, job, max_chunks=None):
         "CALL etc_batch.drain_job(%s, %s::integer)", (job, max_chunks)).fetchone()
 
 
+def committed(keys, chunks, status):
+    """drain_job's result for a call that committed `keys` (as text), in `chunks` chunks."""
+    return {"committed_chunks": chunks, "committed_items": len(keys),
+            "first_key": keys[0] if keys else None, "last_key": keys[-1] if keys else None,
+            "status": status}
+
+
 def test_odd_identifiers_and_values_reach_exactly_the_approved_rows(db):
     table = OddTable(db)
     approved = KEYS[:8]
@@ -1038,9 +1044,9 @@ def test_odd_identifiers_and_values_reach_exactly_the_approved_rows(db):
 
     order = utf8_order(approved)
     first = drain(conn, job, 1)
-    assert first == {"committed_keys": order[:3], "committed_chunks": 1, "status": "pending"}
+    assert first == committed(order[:3], 1, "pending")
     rest = drain(conn, job)
-    assert rest == {"committed_keys": order[3:], "committed_chunks": 2, "status": "done"}
+    assert rest == committed(order[3:], 2, "done")
     assert table.snapshot() == table.changed(approved, "can'celled; --", 7)
 
     frozen = db.admin.execute(
@@ -1111,7 +1117,7 @@ def test_handler_with_an_odd_name_changes_odd_columns(db):
                             "FROM etc_batch.job WHERE job_id = %s",
                             (signature, job)).fetchone()["same"]
     result = drain(conn, job)
-    assert result == {"committed_keys": utf8_order(keys), "committed_chunks": 3, "status": "done"}
+    assert result == committed(utf8_order(keys), 3, "done")
     assert table.snapshot() == table.changed(keys, "handled", 5)
 
 
@@ -1280,10 +1286,12 @@ def compact(signature):
 def test_routines_of_the_extension_as_the_catalog_records_them(db):
     routines = extension_routines(db)
     names = {r["proname"] for r in routines}
-    assert names == {"abort_job", "acquire_lease", "add_step", "check_lease", "count_job_changes",
-                     "doctor", "drain_job", "exec_batch_from_id", "job_report", "job_summary",
-                     "lock_key", "prune_history", "register_job", "release_lease", "reset_batch",
-                     "retry_step", "try_xact_lock", "verify_job", "xact_lock"}, (
+    assert names == {"abort_job", "acquire_lease", "add_step", "attach_job_tables", "check_lease",
+                     "count_job_changes", "create_job_tables", "doctor", "drain_job",
+                     "exec_batch_from_id", "job_report", "job_summary", "lock_key",
+                     "prune_history", "register_job", "register_job_from_query",
+                     "release_lease", "reset_batch", "retry_step", "try_xact_lock",
+                     "verify_job", "xact_lock"}, (
         "a routine was added or removed: decide who may run it, then update this list")
 
     for r in routines:
@@ -1471,7 +1479,7 @@ def test_the_registering_role_privileges_bound_the_change_whoever_drains(db, rol
             "integer, jsonb, jsonb, name, name, name, regprocedure) TO {}").format(r))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
-            "text[], integer, text) TO {}").format(r))
+            "integer, bigint, text, text, text) TO {}").format(r))
         db.admin.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(ident(orders), r))
     db.admin.execute(sql.SQL("GRANT UPDATE ON {} TO {}").format(ident(orders), ident(clerk)))
     handler = f"priv_handler_{secrets.token_hex(3)}"

@@ -90,14 +90,16 @@ fn any_shape() -> impl Strategy<Value = Shape> {
 
 fn approval(items: Vec<Item>) -> Approval {
     Approval {
-        tenant: "t".into(),
-        target: "public.orders".into(),
-        key_column: "id".into(),
-        tenant_column: "tenant".into(),
-        revision_column: "revision".into(),
-        chunk_size: 7,
-        action: Action::Set(BTreeMap::from([("status".to_string(), json!("done"))])),
-        expect: BTreeMap::new(),
+        terms: Terms {
+            tenant: "t".into(),
+            target: "public.orders".into(),
+            key_column: "id".into(),
+            tenant_column: "tenant".into(),
+            revision_column: "revision".into(),
+            chunk_size: 7,
+            action: Action::Set(BTreeMap::from([("status".to_string(), json!("done"))])),
+            expect: BTreeMap::new(),
+        },
         items,
     }
 }

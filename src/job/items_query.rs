@@ -1,0 +1,201 @@
+//! register_job_from_query's `items_query`: one SELECT whose rows are the approved
+//! items, checked before it runs, then read through a cursor in key order.
+//!
+//! Its columns are named like the fields of register_job's item objects: the key
+//! column, the revision column, and every other column a guard. Each must be a column of
+//! the target, of a type that can be assigned to it (as INSERT would take it); the
+//! values are cast to the target's types as the chunk's statement casts them, and sorted
+//! by key in the key's own type (text keys in byte order).
+
+use super::columns::Kind;
+use super::target::Target;
+use crate::error::{capitalize, BatchError, Result};
+use crate::query::{self, ResultColumn};
+use crate::txn;
+use pgrx::pg_sys;
+use pgrx::spi::quote_literal;
+use pgrx::PgList;
+use std::ffi::CString;
+
+/// The checked query, and the statement that reads it in key order.
+pub struct ItemsQuery {
+    /// SELECT key::text, revision::int8, guards::text ... ORDER BY key.
+    pub sql: String,
+    pub guard_columns: Vec<String>,
+}
+
+impl ItemsQuery {
+    pub fn plan(target: &Target, items_query: &str) -> Result<ItemsQuery> {
+        let statement = single_select(items_query)?;
+        // Runs the query's planning and permission checks as the registering role, and
+        // fetches nothing: a role that may not read what it names fails here, with 42501.
+        let columns = query::describe(&format!("SELECT * FROM (\n{statement}\n) q LIMIT 0"))?;
+        let shape = &target.shape;
+        let mut guard_columns = Vec::new();
+        for (i, c) in columns.iter().enumerate() {
+            if columns[..i].iter().any(|o| o.name == c.name) {
+                return Err(BatchError::invalid_because(
+                    format!("items_query returns column \"{}\" more than once", c.name),
+                    "Each column of the items query names one field of the items.",
+                ));
+            }
+            if c.name == shape.tenant_column {
+                return Err(BatchError::invalid_because(
+                    format!("items_query returns the tenant column \"{}\"", c.name),
+                    "The tenant is given once for the whole job, not per item.",
+                ));
+            }
+            let column = shape.column(&c.name)?;
+            let to = target.type_oids[&c.name];
+            if !fits(c, to) {
+                return Err(BatchError::TypeMismatch {
+                    message: format!(
+                        "column \"{}\" of items_query has type {}, which does not fit column \"{}\" of type {}",
+                        c.name,
+                        type_name(c.type_oid)?,
+                        c.name,
+                        column.type_name
+                    ),
+                    detail: "A value of the items query must be one INSERT would take for the column; cast it in the query.".into(),
+                });
+            }
+            if c.name != shape.key_column && c.name != shape.revision_column {
+                guard_columns.push(c.name.clone());
+            }
+        }
+        for (role, name) in [
+            ("key", &shape.key_column),
+            ("revision", &shape.revision_column),
+        ] {
+            if !columns.iter().any(|c| &c.name == name) {
+                return Err(BatchError::invalid_because(
+                    format!("items_query returns no {role} column \"{name}\""),
+                    "Its columns are named like the fields of register_job's items: the key column, the revision column, and any guard columns.",
+                ));
+            }
+        }
+        let col = |name: &str| format!("q.{}", pgrx::spi::quote_identifier(name));
+        let cast = |name: &str| format!("CAST({} AS {})", col(name), target.types[name]);
+        let guards = if guard_columns.is_empty() {
+            "'{}'::pg_catalog.jsonb".to_string()
+        } else {
+            format!(
+                "pg_catalog.jsonb_build_object({})",
+                guard_columns
+                    .iter()
+                    .map(|g| format!("{}, {}", quote_literal(g), cast(g)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        // byte order for text keys, as the frozen list of a jsonb approval has them
+        let order = match shape.column(&shape.key_column)?.kind {
+            Kind::Text => " COLLATE \"C\"",
+            _ => "",
+        };
+        Ok(ItemsQuery {
+            sql: format!(
+                "SELECT s.k::pg_catalog.text, s.r, s.g::pg_catalog.text\n  FROM (SELECT {} AS k, CAST({} AS pg_catalog.int8) AS r, {} AS g\n          FROM (\n{statement}\n) q) s\n ORDER BY s.k{order}",
+                cast(&shape.key_column),
+                col(&shape.revision_column),
+                guards,
+            ),
+            guard_columns,
+        })
+    }
+}
+
+/// Whether a column of the query can be assigned to a column of type `to`.
+fn fits(column: &ResultColumn, to: pg_sys::Oid) -> bool {
+    // SAFETY: can_coerce_type only reads the catalogs.
+    unsafe {
+        pg_sys::can_coerce_type(
+            1,
+            &column.type_oid,
+            &to,
+            pg_sys::CoercionContext::COERCION_ASSIGNMENT,
+        )
+    }
+}
+
+fn type_name(oid: pg_sys::Oid) -> Result<String> {
+    Ok(
+        query::one::<String>("SELECT pg_catalog.format_type($1, NULL)", &[oid.into()])?
+            .unwrap_or_default(),
+    )
+}
+
+/// The text of the one SELECT `items_query` holds, or why it is not one. Parsed only, in
+/// a subtransaction so that a syntax error can name the argument.
+fn single_select(items_query: &str) -> Result<String> {
+    let refuse =
+        |detail: &str| BatchError::invalid_because("items_query must be a single SELECT", detail);
+    let text = CString::new(items_query).map_err(|_| refuse("It contains a zero byte."))?;
+    let parsed = txn::subtransaction(|| unsafe {
+        let statements = pg_sys::raw_parser(text.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        let statements = PgList::<pg_sys::RawStmt>::from_pg(statements);
+        let raw: Vec<(Shape, i32, i32)> = statements
+            .iter_ptr()
+            .map(|raw| (shape_of((*raw).stmt), (*raw).stmt_location, (*raw).stmt_len))
+            .collect();
+        raw
+    });
+    let statements = parsed.map_err(|failure| BatchError::Syntax {
+        what: "items_query",
+        detail: format!("{}.", capitalize(&failure.message)),
+    })?;
+    let (shape, location, len) = match statements.as_slice() {
+        [] => return Err(refuse("It contains no statement.")),
+        [one] => *one,
+        more => return Err(refuse(&format!("It contains {} statements.", more.len()))),
+    };
+    match shape {
+        Shape::Select => {}
+        Shape::SelectInto => return Err(refuse("It is SELECT INTO, which creates a table.")),
+        Shape::ModifyingWith => {
+            return Err(refuse("Its WITH clause holds a data-modifying statement."))
+        }
+        Shape::Other => return Err(refuse("It is not a SELECT.")),
+    }
+    let bytes = items_query.as_bytes();
+    let start = location.max(0) as usize;
+    let end = if len > 0 {
+        start + len as usize
+    } else {
+        bytes.len()
+    };
+    Ok(String::from_utf8_lossy(&bytes[start.min(bytes.len())..end.min(bytes.len())]).into_owned())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Select,
+    SelectInto,
+    ModifyingWith,
+    Other,
+}
+
+/// What kind of statement a raw parse tree is.
+///
+/// # Safety
+/// `stmt` must be a node of a raw parse tree.
+unsafe fn shape_of(stmt: *mut pg_sys::Node) -> Shape {
+    if !pgrx::is_a(stmt, pg_sys::NodeTag::T_SelectStmt) {
+        return Shape::Other;
+    }
+    let select = stmt as *mut pg_sys::SelectStmt;
+    if !(*select).intoClause.is_null() {
+        return Shape::SelectInto;
+    }
+    // PostgreSQL allows a data-modifying WITH only at the top of a statement.
+    let with = (*select).withClause;
+    if !with.is_null() {
+        let ctes = PgList::<pg_sys::CommonTableExpr>::from_pg((*with).ctes);
+        for cte in ctes.iter_ptr() {
+            if !pgrx::is_a((*cte).ctequery, pg_sys::NodeTag::T_SelectStmt) {
+                return Shape::ModifyingWith;
+            }
+        }
+    }
+    Shape::Select
+}

@@ -1,0 +1,65 @@
+//! A job's own partitions of etc_batch.job_item and etc_batch.job_audit, named by its
+//! number: made when it is registered (sql/jobs.sql, create_job_tables), filled, then
+//! attached; read and written by its chunks directly, never through the parents.
+
+use super::sql;
+use crate::error::Result;
+use crate::query;
+use pgrx::pg_sys;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobTables {
+    pub number: i64,
+    items: String,
+    audit: String,
+}
+
+impl JobTables {
+    pub fn of(number: i64) -> JobTables {
+        JobTables {
+            number,
+            items: format!("etc_batch.job_item_{number}"),
+            audit: format!("etc_batch.job_audit_{number}"),
+        }
+    }
+
+    /// `template` (a statement of `job::sql`) with `{items}` and `{audit}` naming this
+    /// job's partitions.
+    pub fn sql(&self, template: &str) -> String {
+        template
+            .replace("{items}", &self.items)
+            .replace("{audit}", &self.audit)
+    }
+
+    /// The item partition, for statements built around the target.
+    pub fn items(&self) -> &str {
+        &self.items
+    }
+
+    /// Makes the two partitions, as tables of their own, empty. Run as the owner.
+    pub fn create(&self, job_id: &str, registrant: pg_sys::Oid) -> Result<()> {
+        query::run(
+            sql::CREATE_JOB_TABLES,
+            &[self.number.into(), job_id.into(), registrant.into()],
+        )
+    }
+
+    /// Attaches the two partitions, once filled. Run as the owner.
+    pub fn attach(&self, job_id: &str) -> Result<()> {
+        query::run(sql::ATTACH_JOB_TABLES, &[self.number.into(), job_id.into()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_name_the_jobs_own_partitions() {
+        let t = JobTables::of(42);
+        assert_eq!(
+            t.sql("SELECT 1 FROM {items} i JOIN {audit} a USING (position)"),
+            "SELECT 1 FROM etc_batch.job_item_42 i JOIN etc_batch.job_audit_42 a USING (position)"
+        );
+    }
+}
