@@ -61,7 +61,9 @@ BEGIN
     END LOOP;
 END $$;
 
--- C: the same with one set-based UPDATE and one audit INSERT per chunk.
+-- C: what a competent DBA writes: per chunk, the job row locked, then one statement that
+-- reads the chunk's items, makes the guarded change and writes the audit rows from what
+-- it returned, the count checked for a conflict, the checkpoint moved, COMMIT.
 CREATE PROCEDURE alt.drain_per_chunk(p_job text) LANGUAGE plpgsql AS $$
 DECLARE
     j     alt.jobs;
@@ -72,20 +74,20 @@ BEGIN
         SELECT * INTO j FROM alt.jobs WHERE job_id = p_job FOR UPDATE;
         EXIT WHEN j.next_index >= j.item_count;
         want := least(j.chunk_size, j.item_count - j.next_index);
-        WITH items AS (
+        WITH it AS (
             SELECT * FROM alt.job_items
              WHERE job_id = p_job AND position >= j.next_index
                AND position < j.next_index + j.chunk_size),
-        upd AS (
+        u AS (
             UPDATE orders o SET status = 'cancelled', revision = o.revision + 1
-              FROM items i
-             WHERE o.tenant = j.tenant AND o.id = i.id AND o.revision = i.revision
-               AND o.qty = i.qty AND o.status = 'pending'
-            RETURNING i.position, o.revision)
+              FROM it
+             WHERE o.tenant = j.tenant AND o.id = it.id AND o.revision = it.revision
+               AND o.qty = it.qty AND o.status = 'pending'
+            RETURNING it.position, it.id, it.revision AS before, o.revision AS after, it.qty)
         INSERT INTO alt.job_audit
-        SELECT p_job, i.position, i.id, i.revision, u.revision, i.qty,
+        SELECT p_job, u.position, u.id, u.before, u.after, u.qty,
                j.next_index / j.chunk_size + 1, txid_current(), now()
-          FROM upd u JOIN items i USING (position);
+          FROM u;
         GET DIAGNOSTICS n = ROW_COUNT;
         IF n <> want THEN
             RAISE EXCEPTION 'conflict in chunk at %', j.next_index;

@@ -7,7 +7,8 @@ Drains: 100,000 pending orders of one tenant among 100,000 of another, approved 
 list, cancelled chunk by chunk with an audit row per order and a checkpoint per chunk:
   A  CALL etc_batch.drain_job                      (registration timed separately)
   B  PL/pgSQL, the seed's way: one UPDATE ... RETURNING and one audit INSERT per item
-  C  PL/pgSQL, one set-based UPDATE and one audit INSERT per chunk
+  C  PL/pgSQL, per chunk one statement: the items read, the guarded UPDATE, the audit
+     INSERT from what it returned
   D  a client loop in Python (psycopg 3), one statement per round trip
   E  the floor: one UPDATE and one audit INSERT for every row, no chunks, no checkpoint
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
@@ -39,7 +40,7 @@ METHODS = ("A", "B", "C", "D", "E")
 NAMES = {
     "A": "etc_batch.drain_job",
     "B": "PL/pgSQL per item",
-    "C": "PL/pgSQL per chunk",
+    "C": "PL/pgSQL per chunk, one statement",
     "D": "Python client loop",
     "E": "one statement (floor)",
 }

@@ -52,17 +52,14 @@ COMMENT ON TABLE etc_batch.job_item IS
 CREATE TABLE etc_batch.job_audit (
     job_id          text        NOT NULL,
     position        integer     NOT NULL,
-    item_key        text        NOT NULL,
-    revision_before bigint      NOT NULL,
     revision_after  bigint,
-    guards          jsonb       NOT NULL,
     chunk           integer     NOT NULL,
     txid            bigint      NOT NULL,
     committed_at    timestamptz NOT NULL
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_audit IS
-    'One row per changed item, written in the same transaction as the change and the checkpoint. One partition per job, job_audit_<job_number>, keyed by position.';
+    'One row per changed item, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision the change left the row at, the chunk, the transaction and its time. One partition per job, job_audit_<job_number>, keyed by position.';
 
 CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
@@ -107,7 +104,16 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON etc_batch.job_item, etc_batch.job_audit FROM PUBLIC;
+CREATE VIEW etc_batch.job_audit_items AS
+SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
+       i.guards, a.chunk, a.txid, a.committed_at
+  FROM etc_batch.job_audit a
+  JOIN etc_batch.job_item i ON i.job_id = a.job_id AND i.position = a.position;
+
+COMMENT ON VIEW etc_batch.job_audit_items IS
+    'The audit rows with their approved items: for each changed item, its key, the revision approved and the guards, the revision after, the chunk, the transaction and its time. WHERE job_id = ... reads that job''s partitions only.';
+
+REVOKE ALL ON etc_batch.job_item, etc_batch.job_audit, etc_batch.job_audit_items FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
 
@@ -123,7 +129,10 @@ BEGIN
         EXECUTE format('ALTER EXTENSION etc_batch DROP TABLE etc_batch.%I', 'job_audit_' || j.job_number);
         EXECUTE format('INSERT INTO etc_batch.%I SELECT * FROM etc_batch.job_item_0_2_0 WHERE job_id = $1',
                        'job_item_' || j.job_number) USING j.job_id;
-        EXECUTE format('INSERT INTO etc_batch.%I SELECT * FROM etc_batch.job_audit_0_2_0 WHERE job_id = $1',
+        -- the key, the revision before and the guards are the approved item's, in job_item
+        EXECUTE format('INSERT INTO etc_batch.%I (job_id, position, revision_after, chunk, txid, committed_at)
+                        SELECT job_id, position, revision_after, chunk, txid, committed_at
+                          FROM etc_batch.job_audit_0_2_0 WHERE job_id = $1',
                        'job_audit_' || j.job_number) USING j.job_id;
         PERFORM etc_batch.attach_job_tables(j.job_number, j.job_id);
     END LOOP;

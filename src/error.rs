@@ -81,6 +81,12 @@ pub enum BatchError {
     HandlerMissing {
         job: String,
     },
+    /// A job's audit partition whose columns are not the ones etc_batch writes (one was
+    /// added, dropped or retyped by hand).
+    AuditLayout {
+        partition: String,
+        column: String,
+    },
     /// A column named in a job that the target does not have.
     UndefinedColumn {
         column: String,
@@ -315,6 +321,14 @@ impl BatchError {
                 "Abort the job (etc_batch.abort_job('{}', ...)) and register what is left under a new job id.",
                 job.replace('\'', "''")
             )),
+            AuditLayout { partition, column } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("audit partition etc_batch.{partition} does not have the columns etc_batch writes"),
+            )
+            .detail(format!(
+                "Column \"{column}\" is not one of job_id text, position integer, revision_after bigint, chunk integer, txid bigint, committed_at timestamptz, or is missing; nothing was written."
+            ))
+            .hint("Give etc_batch.job_audit back the columns it was created with."),
             UndefinedColumn { column } => report(
                 Code::ERRCODE_UNDEFINED_COLUMN,
                 format!("column \"{column}\" does not exist in the target"),
@@ -600,6 +614,10 @@ mod tests {
             UndefinedColumn {
                 column: "qty".into(),
             },
+            AuditLayout {
+                partition: "job_audit_7".into(),
+                column: "note".into(),
+            },
             Unsupported {
                 message: "key column \"id\" has type numeric".into(),
                 detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
@@ -678,6 +696,7 @@ mod tests {
                 UnknownFunction { .. } => 12,
                 HandlerMissing { .. } => 13,
                 UndefinedColumn { .. } => 14,
+                AuditLayout { .. } => 30,
                 Unsupported { .. } => 15,
                 UnknownJob { .. } => 16,
                 VersionMismatch { .. } => 17,
@@ -694,7 +713,7 @@ mod tests {
                 Internal(_) => 28,
             })
             .collect();
-        assert_eq!(covered, (0..=29).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=30).collect(), "every variant has an example");
         all
     }
 

@@ -16,6 +16,7 @@
 //! query      every statement etc_batch sends: kept plans, rows read in place, cursors.
 //! memory     a memory context reset for every round of a loop.
 //! roles      running a piece of work as another role, scoped to one transaction.
+//! settings   settings changed for the span of one closure.
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
 //! activity   what pg_stat_activity shows while a chain or a job runs.
@@ -34,6 +35,7 @@ pub mod memory;
 pub mod procedure;
 pub mod query;
 pub mod roles;
+pub mod settings;
 pub mod status;
 pub mod txn;
 

@@ -21,12 +21,25 @@ use std::ffi::CString;
 use std::os::raw::c_char;
 
 /// One row of a statement run by `row`, read while SPI still holds it.
-pub struct Row {
+pub struct Row<'a> {
     tuple: pg_sys::HeapTuple,
     desc: pg_sys::TupleDesc,
+    /// The base type of each column (a domain reads as its base type), looked up once
+    /// per statement rather than once per value: a chunk's change returns a row per item.
+    types: &'a [pg_sys::Oid],
 }
 
-impl Row {
+/// The base types of a result's columns.
+///
+/// # Safety
+/// `desc` must be the tuple descriptor of an SPI result that is still held.
+unsafe fn column_types(desc: pg_sys::TupleDesc) -> Vec<pg_sys::Oid> {
+    (1..=(*desc).natts)
+        .map(|column| pg_sys::getBaseType(pg_sys::SPI_gettypeid(desc, column)))
+        .collect()
+}
+
+impl Row<'_> {
     /// Column `n` (1-based) as an opaque value, copied into the memory context that was
     /// current before the statement ran, so that it outlives SPI_finish.
     pub fn opaque(&self, n: usize) -> Result<Option<Opaque>> {
@@ -47,12 +60,12 @@ impl Row {
 
     /// Column `n` (1-based), copied out as a Rust value of a compatible type.
     pub fn get<T: FromDatum + IntoDatum>(&self, n: usize) -> Result<Option<T>> {
+        let Some(&type_oid) = n.checked_sub(1).and_then(|i| self.types.get(i)) else {
+            return Err(BatchError::Internal(format!("a result has no column {n}")));
+        };
         // SAFETY: tuple and desc come from SPI_tuptable of the statement just run, and
-        // rows are read before SPI_finish frees them.
+        // rows are read before SPI_finish frees them; the column exists.
         unsafe {
-            let column = n as i32;
-            // a domain (etc_batch.step_status, say) reads as its base type
-            let type_oid = pg_sys::getBaseType(pg_sys::SPI_gettypeid(self.desc, column));
             if !T::is_compatible_with(type_oid) {
                 return Err(BatchError::Internal(format!(
                     "column {n} has type oid {}, which {} cannot hold",
@@ -61,7 +74,7 @@ impl Row {
                 )));
             }
             let mut is_null = false;
-            let datum = pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null);
+            let datum = pg_sys::heap_getattr(self.tuple, n as i32, self.desc, &mut is_null);
             Ok(T::from_polymorphic_datum(datum, is_null, type_oid))
         }
     }
@@ -172,7 +185,7 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
 }
 
 /// A value read from one statement and handed to another as it is, without turning it
-/// into a Rust value and back: a chunk's arrays of keys, revisions and guards.
+/// into a Rust value and back: values read once and bound in every chunk.
 pub struct Opaque {
     datum: pg_sys::Datum,
     oid: pg_sys::Oid,
@@ -183,6 +196,34 @@ impl Opaque {
         // SAFETY: the datum was copied out of SPI into the memory context that was current
         // when the statement ran (see Row::opaque), and holds a value of type `oid`.
         unsafe { DatumWithOid::new(self.datum, self.oid) }
+    }
+}
+
+/// Runs `work` with sequential scans priced out (enable_seqscan off), for etc_batch's
+/// probes of a job's own tables, planned once and kept: their plans must not depend on
+/// statistics. A table analyzed while empty makes a scan look cheapest, and a kept plan
+/// would go on scanning as the table grows: every chunk would read the whole audit
+/// before it. Both the planning and the run are inside, so a plan made again after an
+/// invalidation is made the same way.
+pub fn by_index<R>(work: impl FnOnce() -> R) -> R {
+    crate::settings::with(&[(c"enable_seqscan", "off")], work)
+}
+
+/// `text` read as a value of type `type_oid` by the type's input function, as a literal of
+/// that type is read, into the current memory context.
+pub fn typed(type_oid: pg_sys::Oid, text: &str) -> Result<Opaque> {
+    let text = CString::new(text)
+        .map_err(|_| BatchError::Internal("a value contains a zero byte".into()))?;
+    // SAFETY: looks the type up and calls its input function; bad input raises an ERROR.
+    unsafe {
+        let mut input = pg_sys::Oid::INVALID;
+        let mut io_param = pg_sys::Oid::INVALID;
+        pg_sys::getTypeInputInfo(type_oid, &mut input, &mut io_param);
+        let datum = pg_sys::OidInputFunctionCall(input, text.as_ptr() as *mut c_char, io_param, -1);
+        Ok(Opaque {
+            datum,
+            oid: type_oid,
+        })
     }
 }
 
@@ -230,10 +271,12 @@ pub fn rows<R>(
             Ok(())
         } else {
             let table = &*pg_sys::SPI_tuptable;
+            let types = column_types(table.tupdesc);
             (0..pg_sys::SPI_processed as usize).try_for_each(|i| {
                 out.push(read(&Row {
                     tuple: *table.vals.add(i),
                     desc: table.tupdesc,
+                    types: &types,
                 })?);
                 Ok(())
             })
@@ -376,10 +419,12 @@ impl Cursor {
                 Ok(())
             } else {
                 let table = &*pg_sys::SPI_tuptable;
+                let types = column_types(table.tupdesc);
                 (0..pg_sys::SPI_processed as usize).try_for_each(|i| {
                     out.push(read(&Row {
                         tuple: *table.vals.add(i),
                         desc: table.tupdesc,
+                        types: &types,
                     })?);
                     Ok(())
                 })

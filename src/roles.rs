@@ -65,27 +65,9 @@ pub fn as_author<R>(
     } else {
         pg_sys::SECURITY_RESTRICTED_OPERATION
     };
-    let path = std::ffi::CString::new(search_path).unwrap_or_default();
-    // A nesting level of its own, as a function's SET clause has. On an error, the
-    // enclosing subtransaction's abort undoes it.
-    let level = unsafe { pg_sys::NewGUCNestLevel() };
-    unsafe {
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            path.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            pgrx::PgLogLevel::ERROR as i32,
-            false,
-        );
-    }
-    let result = switch_to(author, restrictions, work);
-    // "false" undoes every change made at this level, as a subtransaction abort would;
-    // "true" would keep plain SETs for the rest of the session.
-    unsafe { pg_sys::AtEOXact_GUC(false, level) };
-    result
+    crate::settings::with(&[(c"search_path", search_path)], || {
+        switch_to(author, restrictions, work)
+    })
 }
 
 /// The role running the current statement (current_user).

@@ -167,6 +167,16 @@ impl Shape {
     }
 }
 
+/// A scalar as a column reads it from text (as `->>` reads it out of jsonb), None for a
+/// JSON null.
+pub fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
 pub fn is_integer(v: &Value) -> bool {
     v.is_i64() || v.is_u64()
 }

@@ -15,11 +15,13 @@
 //! corrupt progress stop the job and are raised, never retried.
 
 use super::approval::{self, parse_object};
+use super::audit::{AuditWriter, ChunkAudit};
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
 use super::progress::Progress;
 use super::sql;
+use super::target::Constants;
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
@@ -56,12 +58,11 @@ struct Job {
     lock_sql: String,
     change_sql: String,
     mismatch_sql: String,
-    audit_sql: String,
     item_sql: String,
+    items_in_range_sql: String,
     row_sql: String,
-    /// set_values and expect, as the change binds them.
-    set_values: Option<String>,
-    expect: String,
+    /// The values the change sets and expects, as it binds them after $1-$3.
+    constants: Vec<query::Opaque>,
     bookkeeper: pg_sys::Oid,
     /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
     caller: pg_sys::Oid,
@@ -124,13 +125,11 @@ impl Locked {
 
 /// What the chunk's change did.
 enum Change {
-    /// Every item changed: the rows' revisions after, in position order.
-    Done(DatumWithOid<'static>),
+    /// Every item changed: each one's position and the revision its row has now.
+    Done(Vec<(i32, i64)>),
     /// Fewer rows changed than the chunk has items: the first one that did not, where it
     /// is already known (a handler that returned NULL).
     Conflict(Option<i32>),
-    /// The chunk's positions hold fewer approved items than they must.
-    ItemsMissing(i32),
 }
 
 pub fn drain(
@@ -155,28 +154,25 @@ pub fn drain(
     def.require_tables()?;
     let target = def.target()?;
     let items = def.tables.items();
-    let expect_columns: Vec<String> = def.expect.keys().cloned().collect();
+    let constants = Constants::new(def.set_values.as_ref(), &def.expect);
     let change_sql = match &def.handler {
-        Some(handler) => target.handler_sql(items, handler),
-        None => {
-            let set: Vec<String> = def
-                .set_values
-                .iter()
-                .flat_map(|m| m.keys().cloned())
-                .collect();
-            target.change_sql(items, &set, &def.guard_columns, &expect_columns)
-        }
+        Some(handler) => target.handler_sql(items, def.chunk_size, handler),
+        None => target.change_sql(items, def.chunk_size, &def.guard_columns, &constants),
     };
     let job = Job {
         activity: Activity::begin(),
         lock_sql: def.tables.sql(sql::LOCK_JOB),
         change_sql,
-        mismatch_sql: target.first_mismatch_sql(items, &def.guard_columns, &expect_columns),
-        audit_sql: def.tables.sql(sql::AUDIT_AND_ADVANCE),
+        mismatch_sql: target.first_mismatch_sql(
+            items,
+            def.chunk_size,
+            &def.guard_columns,
+            &constants,
+        ),
         item_sql: def.tables.sql(sql::ITEM),
+        items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
         row_sql: target.current_row_sql(),
-        set_values: def.set_values.as_ref().map(approval::canonical_object),
-        expect: approval::canonical_object(&def.expect),
+        constants: constants.args(&target)?,
         def,
         fence,
         bookkeeper,
@@ -190,9 +186,10 @@ pub fn drain(
         last_key: None,
         status: JobStatus::Pending,
     };
+    let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
     while !finished && max_chunks.is_none_or(|max| drained.chunks < max) {
-        match tx.item(|tx| job.next_chunk(tx))? {
+        match tx.item(|tx| job.next_chunk(tx, &mut audit))? {
             Chunk::Committed {
                 items,
                 first_key,
@@ -242,7 +239,7 @@ impl Job {
             self.owner(|| fence.check())?;
         }
         let locked = self.owner(|| {
-            query::row(&self.lock_sql, &[self.id().into()], |r| {
+            query::by_index(|| query::row(&self.lock_sql, &[self.id().into()], |r| {
                 Ok(Locked {
                     status: JobStatus::parse(&r.get::<String>(1)?.unwrap_or_default())?,
                     progress: Progress {
@@ -254,17 +251,17 @@ impl Job {
                     item_changes: r.get::<i64>(4)?.unwrap_or(0),
                     sealed: r.get::<bool>(7)?.unwrap_or(false),
                     audit_beyond: r.get::<i32>(8)?,
-                    first_key: r.get::<String>(10)?.unwrap_or_default(),
-                    last_key: r.get::<String>(11)?.unwrap_or_default(),
+                    first_key: r.get::<String>(9)?.unwrap_or_default(),
+                    last_key: r.get::<String>(10)?.unwrap_or_default(),
                 })
-            })
+            }))
         })?;
         locked.ok_or_else(|| BatchError::UnknownJob {
             job: self.id().to_string(),
         })
     }
 
-    fn next_chunk(&self, tx: &mut TxnLoop) -> Result<Chunk> {
+    fn next_chunk(&self, tx: &mut TxnLoop, audit: &mut AuditWriter) -> Result<Chunk> {
         let locked = self.lock()?;
         match locked.status {
             JobStatus::Pending => {}
@@ -292,24 +289,31 @@ impl Job {
 
         // Statement 2. Its error, a permission, a constraint, a cancel, rolls the chunk
         // back with the transaction; it is raised again, saying so.
-        let revisions = match self.change(&range, number)? {
-            Change::Done(revisions) => revisions,
-            Change::ItemsMissing(found) => {
-                let reason = format!(
-                    "Positions {} to {} should hold {} approved items, but {} were found.",
-                    range.start,
-                    range.end - 1,
-                    range.len(),
-                    found
-                );
-                tx.rollback();
-                return self.after_rollback(tx, &range, |job, tx| {
-                    Err(job.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
-                });
-            }
+        let changed = match self.change(&range, number)? {
+            Change::Done(changed) => changed,
             Change::Conflict(known) => {
                 tx.rollback();
                 return self.after_rollback(tx, &range, |job, tx| {
+                    // fewer rows changed than the chunk has positions: the list itself
+                    // may be short
+                    let found = job.owner(|| {
+                        query::by_index(|| {
+                            query::one::<i32>(
+                                &job.items_in_range_sql,
+                                &[range.start.into(), range.end.into()],
+                            )
+                        })
+                    })?;
+                    if found != Some(range.len() as i32) {
+                        let reason = format!(
+                            "Positions {} to {} should hold {} approved items, but {} were found.",
+                            range.start,
+                            range.end - 1,
+                            range.len(),
+                            found.unwrap_or(0)
+                        );
+                        return Err(job.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+                    }
                     let position = match known {
                         Some(position) => Some(position),
                         None => job.first_mismatch(&range)?,
@@ -320,23 +324,21 @@ impl Job {
         };
         crash::reached(Point::AfterChange);
 
-        // Statement 3.
+        // The audit rows, then statement 3.
         let status = self
             .owner(|| {
+                audit.write(&ChunkAudit {
+                        job_id: self.id(),
+                        chunk: number,
+                        changed: &changed,
+                    })?;
                 query::one::<String>(
-                    &self.audit_sql,
-                    &[
-                        self.id().into(),
-                        range.start.into(),
-                        range.end.into(),
-                        number.into(),
-                        pgrx::datum::clock_timestamp().into(),
-                        revisions,
-                    ],
+                    sql::ADVANCE,
+                    &[self.id().into(), range.start.into(), range.end.into()],
                 )
             })?
             .ok_or_else(|| BatchError::Internal("the checkpoint did not move".into()))?;
-        // the audit rows and the checkpoint are one statement: one point after both
+        // nothing runs between the audit rows and the checkpoint: one point after both
         crash::reached(Point::AfterCheckpoint);
         tx.commit();
         crash::reached(Point::AfterCommit);
@@ -366,8 +368,7 @@ impl Job {
             self.def.tenant.as_str().into(),
         ];
         if self.def.handler.is_none() {
-            args.push(self.set_values.as_deref().into());
-            args.push(self.expect.as_str().into());
+            args.extend(self.constants.iter().map(query::Opaque::arg));
         }
         let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
             as_author(
@@ -388,24 +389,18 @@ impl Job {
     }
 
     fn guarded_update(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
-        let (found, changed, revisions) = query::row(&self.change_sql, args, |r| {
-            Ok((
-                r.get::<i32>(1)?.unwrap_or(0),
-                r.get::<i32>(2)?.unwrap_or(0),
-                r.opaque(3)?,
-            ))
-        })?
-        .ok_or_else(|| BatchError::Internal("an aggregate returned no row".into()))?;
-        let len = range.len() as i32;
-        Ok(if found != len {
-            Change::ItemsMissing(found)
-        } else if changed != len {
-            Change::Conflict(None)
+        let mut changed = Vec::with_capacity(range.len());
+        query::rows(&self.change_sql, args, 0, |r| {
+            changed.push((
+                r.get::<i32>(1)?.unwrap_or(-1),
+                r.get::<i64>(2)?.unwrap_or_default(),
+            ));
+            Ok(())
+        })?;
+        Ok(if changed.len() == range.len() {
+            Change::Done(changed)
         } else {
-            match revisions {
-                Some(revisions) => Change::Done(revisions.arg()),
-                None => Change::Conflict(None),
-            }
+            Change::Conflict(None)
         })
     }
 
@@ -421,9 +416,13 @@ impl Job {
                 ))
             })?;
         if rows.len() != range.len() {
-            return Ok(Change::ItemsMissing(rows.len() as i32));
+            return Err(BatchError::Internal(format!(
+                "the handler was called for {} of {} items",
+                rows.len(),
+                range.len()
+            )));
         }
-        let mut revisions = Vec::with_capacity(rows.len());
+        let mut changed = Vec::with_capacity(rows.len());
         for (position, result, key) in rows {
             let Some(text) = result else {
                 return Ok(Change::Conflict(Some(position)));
@@ -442,9 +441,9 @@ impl Job {
                     "A handler returns the new state of the row, revision included, or NULL for a conflict.",
                 ));
             };
-            revisions.push(revision);
+            changed.push((position, revision));
         }
-        Ok(Change::Done(revisions.into()))
+        Ok(Change::Done(changed))
     }
 
     /// An error of the chunk's change, raised again with what it means for the job: the
@@ -491,13 +490,12 @@ impl Job {
 
     /// The first item of the chunk whose row no longer matches it.
     fn first_mismatch(&self, range: &Range<i32>) -> Result<Option<i32>> {
-        let args: Vec<DatumWithOid> = vec![
+        let mut args: Vec<DatumWithOid> = vec![
             range.start.into(),
             range.end.into(),
             self.def.tenant.as_str().into(),
-            self.set_values.as_deref().into(),
-            self.expect.as_str().into(),
         ];
+        args.extend(self.constants.iter().map(query::Opaque::arg));
         as_author(
             self.def.registered_by,
             &self.def.search_path,

@@ -12,6 +12,7 @@
 //! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
+//! - `audit`      a chunk's audit rows, written into the job's partition as COPY writes.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
 //! - `crash`      the crash_at test aid, in test builds only.
@@ -19,6 +20,7 @@
 
 pub mod abort;
 pub mod approval;
+pub mod audit;
 pub mod columns;
 pub mod conflict;
 pub mod crash;

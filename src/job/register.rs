@@ -3,7 +3,7 @@
 //! request, or name how a different one differs. Both end as the same kind of job.
 
 use super::approval::{canonical_object, first_difference, Action, Item, Terms};
-use super::columns::{Kind, Shape};
+use super::columns::{scalar_text, Kind, Shape};
 use super::definition::Definition;
 use super::freeze::{Frozen, ItemCursor, Writer};
 use super::items_query::ItemsQuery;
@@ -308,14 +308,6 @@ fn check_casts(
         }
     }
     Ok(())
-}
-
-fn scalar_text(value: &Value) -> Option<String> {
-    match value {
-        Value::Null => None,
-        Value::String(s) => Some(s.clone()),
-        other => Some(other.to_string()),
-    }
 }
 
 /// A job changes rows with the privileges of the role that registers it, so that role

@@ -222,9 +222,9 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
     })
 }
 
-/// Disagreements between the audit and the approved list for positions
-/// [from, next_index), at most `limit` of them, plus any audit row at or beyond
-/// next_index.
+/// Disagreements between the audit and the approved list: approved items of positions
+/// [from, next_index) without their audit row, at most `limit` of them, and any audit
+/// row at or beyond next_index.
 pub fn audit_problems(
     tables: &JobTables,
     p: &Progress,
@@ -232,43 +232,29 @@ pub fn audit_problems(
     limit: i64,
 ) -> Result<Vec<String>> {
     let mut problems = Vec::new();
-    let beyond = query::row(
-        &tables.sql(sql::AUDIT_BEYOND),
-        &[p.next_index.into()],
-        |r| {
-            Ok((
-                r.get::<i32>(1)?.unwrap_or(0),
-                r.get::<String>(2)?.unwrap_or_default(),
-            ))
-        },
-    )?;
+    let beyond = query::by_index(|| {
+        query::row(&tables.sql(sql::AUDIT_BEYOND), &[p.next_index.into()], |r| {
+            Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?))
+        })
+    })?;
     if let Some((position, key)) = beyond {
+        let approved = match key {
+            Some(key) => format!("for key {key}"),
+            None => "where no item is approved".to_string(),
+        };
         problems.push(format!(
-            "An audit row for key {key} exists at position {position}, at or beyond the checkpoint {}.",
+            "An audit row {approved} exists at position {position}, at or beyond the checkpoint {}.",
             p.next_index
         ));
     }
     if p.next_index > from {
         let args = [from.into(), p.next_index.into(), limit.into()];
-        problems.extend(query::rows(&tables.sql(sql::AUDIT_MISMATCHES), &args, 0, |r| {
-            let position = r.get::<i32>(1)?.unwrap_or(0);
-            let key = r.get::<String>(2)?.unwrap_or_default();
-            Ok(match r.get::<String>(3)? {
-                None => format!("The audit row of position {position} (key {key}) is missing."),
-                Some(audited) if audited != key => format!(
-                    "The audit row of position {position} names key {audited}, but the approved item there is key {key}."
-                ),
-                Some(_) if r.get::<i64>(4)? != r.get::<i64>(5)? => format!(
-                    "The audit row of position {position} (key {key}) says revision {}, but the approval says {}.",
-                    r.get::<i64>(5)?.unwrap_or_default(),
-                    r.get::<i64>(4)?.unwrap_or_default()
-                ),
-                Some(_) => format!(
-                    "The audit row of position {position} (key {key}) records guards {}, but the approval says {}.",
-                    r.get::<String>(7)?.unwrap_or_default(),
-                    r.get::<String>(6)?.unwrap_or_default()
-                ),
-            })
+        problems.extend(query::rows(&tables.sql(sql::AUDIT_MISSING), &args, 0, |r| {
+            Ok(format!(
+                "The audit row of position {} (key {}) is missing.",
+                r.get::<i32>(1)?.unwrap_or(0),
+                r.get::<String>(2)?.unwrap_or_default()
+            ))
         })?);
     }
     Ok(problems)

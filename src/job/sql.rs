@@ -51,56 +51,56 @@ macro_rules! seal {
 
 /// Locks the job's row, so that two drainers never pick the same next chunk, and reads
 /// the checkpoint as the last committed transaction left it: whether its seal holds, the
-/// first audit row at or beyond it (there must be none; one index probe), and the keys
-/// the next chunk starts and ends with (two more), for what pg_stat_activity shows.
-/// When the lock was waited for, PostgreSQL evaluates all of it again on the row's
-/// latest version.
+/// first audit row at or beyond it (there must be none), and the keys the next chunk
+/// starts and ends with, for what pg_stat_activity shows: three index probes, which run
+/// once the lock is granted, on the row's latest version (the outer query reads what the
+/// locking one returns; run with `query::by_index`).
 pub const LOCK_JOB: &str = concat!(
-    "SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count, j.chunk_size,
-       j.seal OPERATOR(pg_catalog.=) ",
-    seal!("j.job_id", "j.next_index", "j.chunks_committed"),
-    ",
+    "SELECT l.status, l.next_index, l.audit_changes, l.item_changes, l.item_count, l.chunk_size,
+       l.sealed,
        (SELECT a.position FROM {audit} a
-         WHERE a.position OPERATOR(pg_catalog.>=) j.next_index
+         WHERE a.position OPERATOR(pg_catalog.>=) l.next_index
          ORDER BY a.position LIMIT 1),
-       j.chunks_committed,
-       (SELECT i.item_key FROM {items} i WHERE i.position OPERATOR(pg_catalog.=) j.next_index),
+       (SELECT i.item_key FROM {items} i WHERE i.position OPERATOR(pg_catalog.=) l.next_index),
        (SELECT i.item_key FROM {items} i
          WHERE i.position OPERATOR(pg_catalog.=)
-               (LEAST(j.next_index OPERATOR(pg_catalog.+) j.chunk_size, j.item_count)
+               (LEAST(l.next_index OPERATOR(pg_catalog.+) l.chunk_size, l.item_count)
                 OPERATOR(pg_catalog.-) 1))
-  FROM etc_batch.job j
- WHERE j.job_id OPERATOR(pg_catalog.=) $1
-   FOR UPDATE OF j"
+  FROM (SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count,
+               j.chunk_size,
+               j.seal OPERATOR(pg_catalog.=) ",
+    seal!("j.job_id", "j.next_index", "j.chunks_committed"),
+    " AS sealed
+          FROM etc_batch.job j
+         WHERE j.job_id OPERATOR(pg_catalog.=) $1
+           FOR UPDATE OF j) l"
 );
 
-/// The first audit row at or beyond the checkpoint; there must be none. $1 next_index.
+/// The first audit row at or beyond the checkpoint, and the key approved there; there
+/// must be none. $1 next_index.
 pub const AUDIT_BEYOND: &str = "\
-SELECT a.position, a.item_key
+SELECT a.position, i.item_key
   FROM {audit} a
+  LEFT JOIN {items} i ON i.position OPERATOR(pg_catalog.=) a.position
  WHERE a.position OPERATOR(pg_catalog.>=) $1
  ORDER BY a.position
  LIMIT 1";
 
-/// The approved items in [$1, $2) whose audit row is missing or differs, at most $3.
-pub const AUDIT_MISMATCHES: &str = "\
-SELECT i.position, i.item_key, a.item_key, i.revision, a.revision_before,
-       i.guards::pg_catalog.text, a.guards::pg_catalog.text
+/// The approved items in [$1, $2) that have no audit row, at most $3.
+pub const AUDIT_MISSING: &str = "\
+SELECT i.position, i.item_key
   FROM {items} i
-  -- One index probe per item. OFFSET 0 keeps the planner from turning this into a join
-  -- whose plan depends on statistics that a freshly registered job does not have yet.
-  LEFT JOIN LATERAL (
-        SELECT a.position, a.item_key, a.revision_before, a.guards
-          FROM {audit} a
-         WHERE a.position OPERATOR(pg_catalog.=) i.position
-        OFFSET 0) a ON true
  WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2
-   AND (a.position IS NULL
-        OR a.item_key OPERATOR(pg_catalog.<>) i.item_key
-        OR a.revision_before OPERATOR(pg_catalog.<>) i.revision
-        OR a.guards OPERATOR(pg_catalog.<>) i.guards)
+   AND NOT EXISTS (SELECT FROM {audit} a WHERE a.position OPERATOR(pg_catalog.=) i.position)
  ORDER BY i.position
  LIMIT $3";
+
+/// How many approved items positions [$1, $2) hold. Read when a chunk changed fewer rows
+/// than it has positions: the list itself may be what is short.
+pub const ITEMS_IN_RANGE: &str = "\
+SELECT pg_catalog.count(*)::pg_catalog.int4
+  FROM {items} i
+ WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2";
 
 /// One approved item. $1 position.
 pub const ITEM: &str = "\
@@ -108,24 +108,10 @@ SELECT i.item_key, i.revision, i.guards::pg_catalog.text
   FROM {items} i
  WHERE i.position OPERATOR(pg_catalog.=) $1";
 
-/// The chunk's audit rows and its checkpoint, in one statement: one audit row per
-/// approved item of positions [$2, $3), read from the frozen list with the revision the
-/// change left it at ($6, in position order), and next_index moved past the chunk with
-/// its new seal. $1 job, $4 chunk number, $5 the time, read once the job's lock was
-/// granted (now() would be the start of the transaction, before the wait). Returns the
-/// job's status after it.
-pub const AUDIT_AND_ADVANCE: &str = concat!(
-    "WITH a AS (
-  INSERT INTO {audit}
-    (job_id, position, item_key, revision_before, revision_after, guards, chunk, txid, committed_at)
-  SELECT $1, i.position, i.item_key, i.revision, r.revision, i.guards, $4,
-         pg_catalog.txid_current(), $5
-    FROM {items} i
-    JOIN ROWS FROM (pg_catalog.unnest($6::pg_catalog.int8[])) WITH ORDINALITY AS r(revision, ord)
-      ON i.position OPERATOR(pg_catalog.=) ($2 OPERATOR(pg_catalog.+) r.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1)
-   WHERE i.position OPERATOR(pg_catalog.>=) $2 AND i.position OPERATOR(pg_catalog.<) $3
-  RETURNING 1)
-UPDATE etc_batch.job
+/// The checkpoint moved past the chunk [$2, $3), with its new seal, once the chunk's
+/// audit rows are written (see `audit`). $1 job. Returns the job's status after it.
+pub const ADVANCE: &str = concat!(
+    "UPDATE etc_batch.job
    SET next_index = $3,
        chunks_committed = chunks_committed OPERATOR(pg_catalog.+) 1,
        seal = ",
@@ -135,8 +121,7 @@ UPDATE etc_batch.job
        last_commit_at = pg_catalog.now(),
        status = CASE WHEN $3 OPERATOR(pg_catalog.=) item_count THEN 'done' ELSE status END,
        finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) item_count THEN pg_catalog.now() END
- WHERE job_id OPERATOR(pg_catalog.=) $1
-   AND (SELECT pg_catalog.count(*) FROM a) OPERATOR(pg_catalog.=) ($3 OPERATOR(pg_catalog.-) $2)
+ WHERE job_id OPERATOR(pg_catalog.=) $1 AND next_index OPERATOR(pg_catalog.=) $2
 RETURNING status"
 );
 

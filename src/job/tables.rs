@@ -36,6 +36,11 @@ impl JobTables {
         &self.items
     }
 
+    /// The audit partition's name within schema etc_batch, for the audit writer.
+    pub fn audit_relname(&self) -> String {
+        format!("job_audit_{}", self.number)
+    }
+
     /// Makes the two partitions, as tables of their own, empty. Run as the owner.
     pub fn create(&self, job_id: &str, registrant: pg_sys::Oid) -> Result<()> {
         query::run(

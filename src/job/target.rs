@@ -12,7 +12,9 @@ use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::pg_sys;
 use pgrx::spi::{quote_identifier, quote_literal};
-use std::collections::HashMap;
+use super::columns::scalar_text;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -119,35 +121,23 @@ impl Target {
         format!("({expr})::{}", self.types[column])
     }
 
-    /// `t.col` equals the value stored under `name` in the jsonb text `source`, a value
-    /// the whole job shares (expect), where a JSON null means the column must be NULL. The
-    /// lookups are uncorrelated subqueries, which PostgreSQL evaluates once per statement
-    /// rather than once per row.
-    fn matches_constant(&self, source: &str, name: &str) -> String {
-        let lit = quote_literal(name);
-        let col = self.col(name);
-        format!(
-            "(CASE WHEN (SELECT {source}::pg_catalog.jsonb OPERATOR(pg_catalog.->) {lit} OPERATOR(pg_catalog.=) 'null'::pg_catalog.jsonb) \
-             THEN t.{col} IS NULL \
-             ELSE t.{col} OPERATOR(pg_catalog.=) (SELECT {}) END)",
-            self.cast(&format!("{source}::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {lit}"), name)
-        )
-    }
-
     /// The chunk's approved items, positions [$1, $2) of the job's item partition, as
-    /// `it(position, item_key, revision, guards)`. Materialized: the change reads it
-    /// twice, once as rows and once as the array of keys that makes its index condition.
-    fn chunk_items(items: &str) -> String {
+    /// `it(position, item_key, revision, guards)`: one range of its primary key, read in
+    /// order. The chunk size as a LIMIT tells the planner how many rows to expect, so
+    /// that it probes the target by index once per item however large the job is; the
+    /// bounds alone would be estimated as a share of the whole list.
+    fn chunk_items(items: &str, chunk_size: i32) -> String {
         format!(
-            "it AS MATERIALIZED (\n  SELECT i.position, i.item_key, i.revision, i.guards\n    FROM {items} i\n   \
-             WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2)"
+            "(SELECT i.position, i.item_key, i.revision, i.guards\n          FROM {items} i\n         \
+             WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2\n         \
+             ORDER BY i.position LIMIT {chunk_size}) it"
         )
     }
 
     /// Whether the target's row `t` is the one item `it` approved, as it was approved:
     /// tenant, key, revision, every guard the item has and every expectation.
-    /// $3 tenant, $5 expect (jsonb text).
-    fn item_matches(&self, guard_columns: &[String], expect_columns: &[String]) -> String {
+    /// $3 tenant, the expectations as `constants` numbers them.
+    fn item_matches(&self, guard_columns: &[String], constants: &Constants) -> String {
         let s = &self.shape;
         let mut conditions = vec![
             format!(
@@ -166,16 +156,21 @@ impl Target {
             ),
         ];
         for g in guard_columns {
+            // One lookup where the guard holds: equal, or both NULL (a JSON null), or an
+            // item without this guard.
             let (col, lit) = (self.col(g), quote_literal(g));
+            let value = self.cast(&format!("it.guards OPERATOR(pg_catalog.->>) {lit}"), g);
             conditions.push(format!(
-                "(NOT it.guards OPERATOR(pg_catalog.?) {lit} \
-                 OR CASE WHEN (it.guards OPERATOR(pg_catalog.->>) {lit}) IS NULL THEN t.{col} IS NULL \
-                 ELSE t.{col} OPERATOR(pg_catalog.=) {} END)",
-                self.cast(&format!("it.guards OPERATOR(pg_catalog.->>) {lit}"), g)
+                "(t.{col} OPERATOR(pg_catalog.=) {value} OR (t.{col} IS NULL AND {value} IS NULL) \
+                 OR NOT it.guards OPERATOR(pg_catalog.?) {lit})"
             ));
         }
-        for e in expect_columns {
-            conditions.push(self.matches_constant("$5", e));
+        for (column, param) in constants.expected() {
+            let col = self.col(column);
+            conditions.push(match param {
+                Some(n) => format!("t.{col} OPERATOR(pg_catalog.=) ${n}"),
+                None => format!("t.{col} IS NULL"),
+            });
         }
         conditions.join("\n     AND ")
     }
@@ -203,68 +198,52 @@ impl Target {
 
     /// The guarded change of one chunk, one statement, run as the registering role: the
     /// chunk's items read from the job's own partition, every one that still matches
-    /// changed (its revision incremented), and what changed counted. Returns how many
-    /// items the chunk has, how many rows changed, and their revisions after, in position
-    /// order. $1, $2 the chunk's positions, $3 tenant, $4 set_values, $5 expect (jsonb
-    /// text).
+    /// changed (its revision incremented). Returns the position of each item changed and
+    /// the revision its row has now, for the audit. $1, $2 the chunk's positions,
+    /// $3 tenant, then the job's constants.
     pub fn change_sql(
         &self,
         items: &str,
-        set_columns: &[String],
+        chunk_size: i32,
         guard_columns: &[String],
-        expect_columns: &[String],
+        constants: &Constants,
     ) -> String {
         let s = &self.shape;
         let rev = self.col(&s.revision_column);
-        let mut assignments: Vec<String> = set_columns
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} = (SELECT {})",
-                    self.col(c),
-                    self.cast(
-                        &format!(
-                            "$4::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {}",
-                            quote_literal(c)
-                        ),
-                        c
-                    )
-                )
+        let mut assignments: Vec<String> = constants
+            .assigned()
+            .map(|(column, param)| match param {
+                Some(n) => format!("{} = ${n}", self.col(column)),
+                None => format!("{} = NULL", self.col(column)),
             })
             .collect();
         assignments.push(format!("{rev} = t.{rev} OPERATOR(pg_catalog.+) 1"));
         format!(
-            "WITH {},\nu AS (\n  UPDATE {} AS t\n     SET {}\n    FROM it\n   WHERE {}\n     \
-             -- the chunk's keys once more, as an array: an index condition on the target, so\n     \
-             -- the plan reads the chunk's rows by index whatever the statistics say\n     \
-             AND t.{} OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT {} FROM it))\n  \
-             RETURNING it.position, t.{rev}::pg_catalog.int8 AS revision)\n\
-             SELECT (SELECT pg_catalog.count(*) FROM it)::pg_catalog.int4, pg_catalog.count(*)::pg_catalog.int4,\n       \
-             pg_catalog.array_agg(u.revision ORDER BY u.position)\n  FROM u",
-            Self::chunk_items(items),
+            "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
+             RETURNING it.position, t.{rev}::pg_catalog.int8",
             self.sql_name,
             assignments.join(", "),
-            self.item_matches(guard_columns, expect_columns),
-            self.col(&s.key_column),
-            self.cast("it.item_key", &s.key_column),
+            Self::chunk_items(items, chunk_size),
+            self.item_matches(guard_columns, constants),
         )
     }
 
     /// The first item of a chunk that no longer matches its row, as the registering role:
-    /// what a chunk that changed fewer rows than it has items conflicts on. $1-$5 as
-    /// change_sql ($4 unused).
+    /// what a chunk that changed fewer rows than it has items conflicts on. Its
+    /// parameters are change_sql's (the values to set unused).
     pub fn first_mismatch_sql(
         &self,
         items: &str,
+        chunk_size: i32,
         guard_columns: &[String],
-        expect_columns: &[String],
+        constants: &Constants,
     ) -> String {
         format!(
-            "WITH {}\nSELECT it.position FROM it\n WHERE NOT EXISTS (\n  \
+            "SELECT it.position FROM {}\n WHERE NOT EXISTS (\n  \
              SELECT FROM {} AS t\n   WHERE {})\n ORDER BY it.position LIMIT 1",
-            Self::chunk_items(items),
+            Self::chunk_items(items, chunk_size),
             self.sql_name,
-            self.item_matches(guard_columns, expect_columns),
+            self.item_matches(guard_columns, constants),
         )
     }
 
@@ -272,17 +251,17 @@ impl Target {
     /// with the item as jsonb (key, revision, tenant, guards); it returns the row's new
     /// state, or NULL for a conflict. Returns (position, result as text, key) per item.
     /// $1-$3 as change_sql.
-    pub fn handler_sql(&self, items: &str, handler: &str) -> String {
+    pub fn handler_sql(&self, items: &str, chunk_size: i32, handler: &str) -> String {
         let s = &self.shape;
         format!(
-            "WITH {}\nSELECT it.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, it.revision, {}, {}) \
-             OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM it\n ORDER BY it.position",
-            Self::chunk_items(items),
+            "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, it.revision, {}, {}) \
+             OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM {}\n ORDER BY it.position",
             quote_literal(&s.key_column),
             self.cast("it.item_key", &s.key_column),
             quote_literal(&s.revision_column),
             quote_literal(&s.tenant_column),
             self.cast("$3", &s.tenant_column),
+            Self::chunk_items(items, chunk_size),
         )
     }
 
@@ -352,5 +331,63 @@ impl Target {
             self.col(&s.key_column),
             self.cast("i.item_key", &s.key_column),
         )
+    }
+}
+
+/// The values a job's change sets and those it expects, bound from $4 on in that order,
+/// each of its column's own type (so that no row casts it): a JSON null is not bound but
+/// spelled out, `= NULL` to set, `IS NULL` to expect.
+pub struct Constants {
+    set: Vec<(String, Option<String>)>,
+    expect: Vec<(String, Option<String>)>,
+}
+
+impl Constants {
+    pub fn new(
+        set_values: Option<&BTreeMap<String, Value>>,
+        expect: &BTreeMap<String, Value>,
+    ) -> Constants {
+        let texts = |m: &BTreeMap<String, Value>| -> Vec<(String, Option<String>)> {
+            m.iter().map(|(c, v)| (c.clone(), scalar_text(v))).collect()
+        };
+        Constants {
+            set: set_values.map(texts).unwrap_or_default(),
+            expect: texts(expect),
+        }
+    }
+
+    /// Columns to set, with the number of the parameter each is bound to.
+    fn assigned(&self) -> impl Iterator<Item = (&str, Option<usize>)> {
+        Self::numbered(&self.set, 4)
+    }
+
+    /// Columns expected, with the number of the parameter each is bound to.
+    fn expected(&self) -> impl Iterator<Item = (&str, Option<usize>)> {
+        let after_set = 4 + self.set.iter().filter(|(_, v)| v.is_some()).count();
+        Self::numbered(&self.expect, after_set)
+    }
+
+    fn numbered(
+        values: &[(String, Option<String>)],
+        first: usize,
+    ) -> impl Iterator<Item = (&str, Option<usize>)> {
+        let mut next = first;
+        values.iter().map(move |(column, value)| {
+            let param = value.as_ref().map(|_| {
+                next += 1;
+                next - 1
+            });
+            (column.as_str(), param)
+        })
+    }
+
+    /// The bound values, in parameter order, as datums of their columns' types.
+    pub fn args(&self, target: &Target) -> Result<Vec<query::Opaque>> {
+        self.set
+            .iter()
+            .chain(&self.expect)
+            .filter_map(|(column, value)| value.as_ref().map(|v| (column, v)))
+            .map(|(column, value)| query::typed(target.type_oids[column], value))
+            .collect()
     }
 }

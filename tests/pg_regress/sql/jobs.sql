@@ -67,7 +67,7 @@ DELETE FROM orders WHERE tenant = 'X' AND id = 12;
 -- a same-quantity row of another customer does not hide the missing one
 SELECT * FROM etc_batch.job_report('festival');
 SELECT * FROM etc_batch.job_summary('festival');
-SELECT position, item_key, revision_before, revision_after, guards, chunk FROM etc_batch.job_audit ORDER BY position;
+SELECT position, item_key, revision_before, revision_after, guards, chunk FROM etc_batch.job_audit_items ORDER BY position;
 
 -- A second job for the remaining items, by a new approval.
 SELECT * FROM etc_batch.register_job('festival-rest', 'X', 'orders',
@@ -117,7 +117,7 @@ CALL etc_batch.drain_job('t-seal');
 SELECT * FROM etc_batch.register_job('t-foreign', 'Y', 'orders',
     (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
     4, '{"qty": 0}');
-INSERT INTO etc_batch.job_audit VALUES ('t-foreign', 0, '999', 1, 2, '{}', 1, 0, now());
+INSERT INTO etc_batch.job_audit VALUES ('t-foreign', 0, 2, 1, 0, now());
 CALL etc_batch.drain_job('t-foreign');
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS rows_changed_by_tampered_jobs
@@ -139,7 +139,7 @@ SELECT * FROM etc_batch.register_job('ship-y', 'Y', 'orders',
     2, NULL, handler => 'ship(jsonb)');
 CALL etc_batch.drain_job('ship-y');
 SELECT id, revision, status FROM orders WHERE tenant = 'Y' AND id <= 9 ORDER BY id;
-SELECT position, item_key, revision_before, revision_after FROM etc_batch.job_audit WHERE job_id = 'ship-y' ORDER BY position;
+SELECT position, item_key, revision_before, revision_after FROM etc_batch.job_audit_items WHERE job_id = 'ship-y' ORDER BY position;
 
 -- abort_job stops a job for good.
 SELECT * FROM etc_batch.register_job('to-abort', 'Y', 'orders', '[{"id": 30, "revision": 1}]', 1, '{"qty": 7}');

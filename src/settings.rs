@@ -1,0 +1,33 @@
+//! Settings changed for the span of one closure, as a function's SET clause changes them.
+
+use pgrx::pg_sys;
+use std::ffi::{CStr, CString};
+
+/// Runs `work` with each setting (name, value) in force, at a nesting level of its own:
+/// undone when `work` returns, whatever `work` itself SET meanwhile ("false" below undoes
+/// every change made at the level, as a subtransaction abort would; "true" would keep
+/// plain SETs for the rest of the session). On an error the enclosing (sub)transaction's
+/// abort undoes them.
+pub fn with<R>(settings: &[(&CStr, &str)], work: impl FnOnce() -> R) -> R {
+    let level = unsafe { pg_sys::NewGUCNestLevel() };
+    for (name, value) in settings {
+        let value = CString::new(*value).unwrap_or_default();
+        // SAFETY: both strings are NUL-terminated and live across the call; an invalid
+        // value raises an ERROR, as SET would.
+        unsafe {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                pgrx::PgLogLevel::ERROR as i32,
+                false,
+            );
+        }
+    }
+    let result = work();
+    unsafe { pg_sys::AtEOXact_GUC(false, level) };
+    result
+}
