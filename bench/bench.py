@@ -1,22 +1,29 @@
 """etc_batch against what users would otherwise write, on the same data, in one run.
 
     bench/run            (starts its own cluster; see there)
-    python bench/bench.py --orders 100000 --reps 3 --out bench/results
+    python bench/bench.py --orders 100000 --reps 5 --out bench/results
 
 Drains: 100,000 pending orders of one tenant among 100,000 of another, approved as one
 list, cancelled chunk by chunk with an audit row per order and a checkpoint per chunk:
-  A  CALL etc_batch.drain_job                      (registration timed separately)
+  A  CALL etc_batch.drain_job, the approval registered from a query (timed separately)
   B  PL/pgSQL, the seed's way: one UPDATE ... RETURNING and one audit INSERT per item
-  C  PL/pgSQL, per chunk one statement: the items read, the guarded UPDATE, the audit
-     INSERT from what it returned
+  C  PL/pgSQL as a competent DBA writes it: per chunk the job row locked, one statement
+     that reads the chunk's items, makes the guarded change and inserts the audit rows
+     from what it returned, the count checked, the checkpoint moved, COMMIT
   D  a client loop in Python (psycopg 3), one statement per round trip
   E  the floor: one UPDATE and one audit INSERT for every row, no chunks, no checkpoint
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
-PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a 1,000,000-item
-job one chunk per call (bench/million_job.py). Concurrency: 1, 2, 4, 8 drainers on
-separate jobs, and 8 on one job.
+PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
+10,000,000-item job registered from a query and drained by one call
+(bench/big_job.py). Concurrency: 1, 2, 4, 8 drainers on separate jobs, and 8 on one job.
 
-It reports; it does not judge: numbers go to stdout and to --out (JSON, Markdown, PNG).
+This machine's speed wanders by tens of percent within minutes, so every repetition
+runs every method once, back to back and each time in another order, and a ratio is the
+median of the repetitions' own ratios: two methods are compared on the same stretch of
+the machine's time.
+
+Numbers go to stdout and to --out (JSON, Markdown, PNG), with each target of the
+benchmark and whether this run met it.
 """
 
 import argparse
@@ -132,10 +139,9 @@ class Bench:
             if method == "A":
                 t = time.perf_counter()
                 c.execute(
-                    "SELECT etc_batch.register_job(%s, 'A', 'orders', "
-                    "(SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision, 'qty', qty)) "
-                    "FROM orders WHERE tenant = 'A'), %s, '{\"status\": \"cancelled\"}', "
-                    "'{\"status\": \"pending\"}')",
+                    "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
+                    "$$SELECT id, revision, qty FROM orders WHERE tenant = 'A'$$, %s, "
+                    "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
                     (job, chunk),
                 )
                 extra["register_s"] = time.perf_counter() - t
@@ -205,7 +211,7 @@ class Bench:
 
     # -- chains ------------------------------------------------------------------------
 
-    def chains(self, steps):
+    def chains(self, steps, seed_first=False):
         out = {}
         with quiet(connect(self.db)) as c:
             c.execute("TRUNCATE etc_batch.batch_log, alt.batch_log")
@@ -219,7 +225,8 @@ class Bench:
             c.execute("VACUUM ANALYZE etc_batch.batch_log")
             c.execute("VACUUM ANALYZE alt.batch_log")
             c.execute("CHECKPOINT")
-            for name, call in (("A", "CALL etc_batch.exec_batch_from_id(1)"), ("seed", "CALL alt.exec_batch_from_id(1)")):
+            calls = [("A", "CALL etc_batch.exec_batch_from_id(1)"), ("seed", "CALL alt.exec_batch_from_id(1)")]
+            for name, call in reversed(calls) if seed_first else calls:
                 cpu = backend_cpu(c)
                 t = time.perf_counter()
                 c.execute(call)
@@ -245,10 +252,9 @@ class Bench:
             for k in range(parts):
                 job = f"conc-{drainers}-{one_job}-{k}-{time.monotonic_ns()}"
                 c.execute(
-                    "SELECT etc_batch.register_job(%s, 'A', 'orders', "
-                    "(SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision, 'qty', qty)) "
-                    "FROM orders WHERE tenant = 'A' AND id > %s AND id <= %s), %s, "
-                    "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
+                    "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
+                    "format('SELECT id, revision, qty FROM orders WHERE tenant = %%L AND id > %%s AND id <= %%s', "
+                    "'A', %s, %s), %s, '{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
                     (job, k * size, (k + 1) * size, chunk),
                 )
                 jobs.append(job)
@@ -304,41 +310,92 @@ def environment(db):
     }
 
 
+def paired(a_runs, other_runs):
+    """The ratios of A to another method, repetition by repetition."""
+    return summary([a / o for a, o in zip(a_runs, other_runs)])
+
+
+# What the benchmark must show, each as (what, how it is read from the results, bound,
+# whether the bound is a floor or a ceiling).
+TARGETS = [
+    ("A ≥ 1.0 × C at chunk 10", lambda r: r["ratios"]["on"]["10"]["C"]["median"], 1.0, "≥"),
+    ("A ≥ 1.0 × C at chunk 100", lambda r: r["ratios"]["on"]["100"]["C"]["median"], 1.0, "≥"),
+    ("A ≥ 1.0 × C at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["C"]["median"], 1.0, "≥"),
+    ("A ≥ 1.5 × B at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["B"]["median"], 1.5, "≥"),
+    ("A ≥ 1.2 × B at chunk 10", lambda r: r["ratios"]["on"]["10"]["B"]["median"], 1.2, "≥"),
+    ("A ≥ 0.85 × E at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["E"]["median"], 0.85, "≥"),
+    ("chains ≥ 1.0 × the seed's runner", lambda r: r["chains"]["ratio"]["median"], 1.0, "≥"),
+    ("big job: per-chunk time at the end ≤ 1.2 × the start",
+     lambda r: r["scale"]["end_over_start"], 1.2, "≤"),
+    ("big job: registration's private memory, peak over before, MB",
+     lambda r: r["scale"]["register_rss_mb"]["peak"] - r["scale"]["register_rss_mb"]["before"], 64, "≤"),
+    ("big job: the draining call's private memory, peak over before, MB",
+     lambda r: r["scale"]["drain_rss_mb"]["peak"] - r["scale"]["drain_rss_mb"]["before"], 16, "≤"),
+    ("register_job of 1,000,000 jsonb items: memory kept after the call, MB",
+     lambda r: r["scale"]["jsonb"]["rss_mb"]["after"] - r["scale"]["jsonb"]["rss_mb"]["before"], 16, "≤"),
+]
+
+
+def targets(r):
+    """Each target with what this run measured and whether it met it."""
+    out = []
+    for what, read, bound, sense in TARGETS:
+        try:
+            value = read(r)
+        except (KeyError, TypeError):
+            continue
+        met = value >= bound if sense == "≥" else value <= bound
+        out.append({"target": what, "measured": round(value, 2), "met": met})
+    return out
+
+
 def markdown(r):
     env = r["environment"]
     lines = [
         f"Measured {env['date']} on {env['machine']}; PostgreSQL {env['postgres']}; commit {env['commit']}.",
         "Settings: " + ", ".join(f"{k}={v}" for k, v in sorted(env["settings"].items())) + ".",
-        f"{r['orders']:,} orders of one tenant among {r['orders']:,} of another; rows per second, median of "
-        f"{r['reps']} runs (min to max). D drains the first {r['client_orders']:,} orders of the same list "
-        "(a client loop at a few thousand rows a second would take most of the run); every session runs "
-        "with client_min_messages = warning.",
+        f"{r['orders']:,} orders of one tenant among {r['orders']:,} of another; {r['reps']} repetitions, "
+        "each running every method once, back to back, in an order that turns from one repetition to "
+        f"the next. D drains the first {r['client_orders']:,} orders of the same list (a client loop "
+        "at a few thousand rows a second would take most of the run); every session runs with "
+        "client_min_messages = warning.",
         "",
     ]
     for sync in r["drains"]:
-        lines += [f"**synchronous_commit = {sync}**", ""]
+        table = r["drains"][sync]
+        lines += [f"**synchronous_commit = {sync}**: rows per second, median (min to max)", ""]
         lines.append("| method | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
         lines.append("|---|" + "---|" * len(CHUNKS))
-        table = r["drains"][sync]
         for m in METHODS:
+            if m not in table[str(CHUNKS[0])]:
+                continue
             cells = []
             for k in CHUNKS:
-                s = table[str(k)][m]
-                cells.append(f"{s['median']:,.0f} ({s['min']:,.0f} to {s['max']:,.0f})")
+                x = table[str(k)][m]
+                cells.append(f"{x['median']:,.0f} ({x['min']:,.0f} to {x['max']:,.0f})")
             lines.append(f"| {m}: {NAMES[m]} | " + " | ".join(cells) + " |")
         lines.append("")
-        lines.append("| ratio | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
-        lines.append("|---|" + "---|" * len(CHUNKS))
-        for other in ("B", "C", "D", "E"):
-            cells = [f"{table[str(k)]['A']['median'] / table[str(k)][other]['median']:.2f}" for k in CHUNKS]
-            lines.append(f"| A / {other} | " + " | ".join(cells) + " |")
-        lines.append("")
+        ratios = r["ratios"].get(sync)
+        if ratios:
+            lines.append("A's rows per second over each other method's, the median of the repetitions' "
+                         "own ratios (min to max):")
+            lines.append("")
+            lines.append("| ratio | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
+            lines.append("|---|" + "---|" * len(CHUNKS))
+            for other in ("B", "C", "D", "E"):
+                if other not in ratios[str(CHUNKS[0])]:
+                    continue
+                cells = []
+                for k in CHUNKS:
+                    x = ratios[str(k)][other]
+                    cells.append(f"{x['median']:.2f}" + (f" ({x['min']:.2f} to {x['max']:.2f})" if len(x["runs"]) > 1 else ""))
+                lines.append(f"| A / {other} | " + " | ".join(cells) + " |")
+            lines.append("")
         cpu = r.get("cpu", {}).get(sync)
         if cpu and all("A" in cpu[str(k)] for k in CHUNKS):
             lines.append(
                 "Server CPU per row, in microseconds (median; the backend's user + system time "
-                "from /proc). Where it tracks the wall clock, the method is bound by CPU, not "
-                "by waiting for the disk:"
+                "from /proc, which with fsync on includes the WAL flush of each COMMIT):"
             )
             lines.append("")
             lines.append("| method | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
@@ -347,46 +404,51 @@ def markdown(r):
                 if all(m in cpu[str(k)] for k in CHUNKS):
                     cells = [f"{cpu[str(k)][m]['median']:.1f}" for k in CHUNKS]
                     lines.append(f"| {m}: {NAMES[m]} | " + " | ".join(cells) + " |")
-            for other in ("B", "C", "E"):
-                if all(other in cpu[str(k)] for k in CHUNKS):
-                    # a ratio of speeds: other's CPU per row over A's
-                    cells = [f"{cpu[str(k)][other]['median'] / cpu[str(k)]['A']['median']:.2f}" for k in CHUNKS]
-                    lines.append(f"| A / {other} by CPU | " + " | ".join(cells) + " |")
             lines.append("")
     reg = r.get("register_s")
     if reg:
-        lines.append(f"Registering the {r['orders']:,}-item approval for A (not in A's time): median {reg['median']:.2f} s.")
+        lines.append(f"Registering A's {r['orders']:,}-item approval from a query (not in A's time): median {reg['median']:.2f} s.")
         lines.append("")
-    ch = r["chains"]
-    lines += [
-        f"**Chains**, {r['steps']:,} trivial steps: etc_batch.exec_batch_from_id {ch['A']['median']:,.0f} steps/s, "
-        f"the seed's PL/pgSQL procedure {ch['seed']['median']:,.0f} steps/s; ratio {ch['A']['median'] / ch['seed']['median']:.2f}"
-        + (
-            f" (server CPU per step {ch['A_cpu_us']['median']:.0f} µs against {ch['seed_cpu_us']['median']:.0f} µs; "
-            f"ratio by CPU {ch['seed_cpu_us']['median'] / ch['A_cpu_us']['median']:.2f})."
-            if "A_cpu_us" in ch and "seed_cpu_us" in ch
-            else "."
-        ),
-        "",
-    ]
+    ch = r.get("chains")
+    if ch:
+        lines += [
+            f"**Chains**, {r['steps']:,} trivial steps: etc_batch.exec_batch_from_id {ch['A']['median']:,.0f} steps/s, "
+            f"the seed's PL/pgSQL procedure {ch['seed']['median']:,.0f} steps/s (medians); ratio, the median of the "
+            f"repetitions' own, {ch['ratio']['median']:.2f} ({ch['ratio']['min']:.2f} to {ch['ratio']['max']:.2f})"
+            + (
+                f"; server CPU per step {ch['A_cpu_us']['median']:.0f} µs against {ch['seed_cpu_us']['median']:.0f} µs."
+                if "A_cpu_us" in ch and "seed_cpu_us" in ch
+                else "."
+            ),
+            "",
+        ]
     sc = r.get("scale")
     if sc:
         lines += [
-            f"**Scale**, a {sc['items']:,}-item job one chunk ({sc['chunk_size']:,}) per call: registration "
-            f"{sc['register_seconds']} s; per chunk {sc['chunk_ms_start']} ms at the start, {sc['chunk_ms_middle']} ms "
-            f"in the middle, {sc['chunk_ms_end']} ms at the end (end / start {sc['end_over_start']}); backend private "
-            f"memory {sc['rss_anon_kb_after_first_chunk'] / 1024:.1f} MB after the first chunk, "
-            f"{sc['rss_anon_kb_after_last_chunk'] / 1024:.1f} MB after the last.",
+            f"**A {sc['items']:,}-item job** registered from a query and drained by one call, chunk "
+            f"{sc['chunk_size']:,}: registration {sc['register_seconds']} s ({sc['register_us_per_item']} µs "
+            f"an item), the registering backend's private memory {sc['register_rss_mb']['before']} MB before, "
+            f"{sc['register_rss_mb']['peak']} MB at its peak, {sc['register_rss_mb']['after']} MB after; "
+            f"the drain {sc['drain_seconds']} s ({sc['drain_rows_per_s']:,} rows/s), its memory "
+            f"{sc['drain_rss_mb']['before']} MB before and {sc['drain_rss_mb']['peak']} MB at its peak, "
+            f"returning {sc['drain_result']}; per chunk {sc['chunk_ms_start']} ms at the start, "
+            f"{sc['chunk_ms_middle']} ms in the middle, {sc['chunk_ms_end']} ms at the end (end / start "
+            f"{sc['end_over_start']}; the median chunk of each tenth: "
+            + ", ".join(str(v) for v in sc["chunk_ms_by_tenth"])
+            + f" ms; {sc['checkpoints_during_drain']} checkpoints during the drain); history "
+            f"{sc['history_bytes_per_item']['total']} bytes an item (job_item "
+            f"{sc['history_bytes_per_item']['job_item']}, job_audit {sc['history_bytes_per_item']['job_audit']}, "
+            f"indexes included); pruned in {sc['prune_seconds']} s with {sc['prune_wal_bytes']:,} bytes of WAL.",
             "",
         ]
-        if "chunk_ms_by_tenth" in sc:
+        js = sc.get("jsonb")
+        if js:
             lines += [
-                "Median chunk time of each tenth of the job, in ms: "
-                + ", ".join(f"{v}" for v in sc["chunk_ms_by_tenth"])
-                + f" ({sc['checkpoints_during_drain']} checkpoints and "
-                f"{sc['buffers_written_by_backends_during_drain']} buffers written by backends during the drain).",
+                f"register_job with a jsonb list of {js['items']:,} items: {js['seconds']} s, the backend's "
+                f"private memory {js['rss_mb']['before']} MB before, {js['rss_mb']['peak']} MB at its peak, "
+                f"{js['rss_mb']['after']} MB after.",
                 "",
-        ]
+            ]
     co = r.get("concurrency")
     if co:
         lines.append(f"**Concurrency**, chunk {co['chunk']}, rows per second in all:")
@@ -396,6 +458,11 @@ def markdown(r):
         for d in co["drainers"]:
             one = co["one_job"].get(str(d))
             lines.append(f"| {d} | {co['separate'][str(d)]:,.0f} | {'' if one is None else f'{one:,.0f}'} |")
+        lines.append("")
+    if r.get("targets"):
+        lines += ["**Targets**", "", "| target | measured | |", "|---|---|---|"]
+        for t in r["targets"]:
+            lines.append(f"| {t['target']} | {t['measured']} | {'met' if t['met'] else 'missed'} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -427,11 +494,12 @@ def plot(r, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--orders", type=int, default=100_000)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--client-orders", type=int, default=10_000,
                     help="orders D drains (the first of the same list): a client loop is slow")
-    ap.add_argument("--million", type=int, default=1_000_000, help="items of the scale job; 0 to skip")
+    ap.add_argument("--big", type=int, default=10_000_000, help="items of the big job; 0 to skip")
+    ap.add_argument("--concurrency", type=int, default=1, help="0 to skip the concurrency runs")
     ap.add_argument("--db", default="bench")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--only", default=None, help="comma-separated methods to run (default all)")
@@ -441,14 +509,16 @@ def main():
     b = Bench(a.db, a.orders, a.client_orders)
     b.setup()
     result = {"orders": a.orders, "client_orders": min(a.client_orders, a.orders), "reps": a.reps,
-              "steps": a.steps, "drains": {}, "environment": environment(a.db)}
+              "steps": a.steps, "drains": {}, "ratios": {}, "environment": environment(a.db)}
     registers = []
     for sync, reps in (("on", a.reps), ("off", 1)):
         runs = {str(k): {m: [] for m in methods} for k in CHUNKS}
         cpu = {str(k): {m: [] for m in methods} for k in CHUNKS}
         for rep in range(reps):
+            # the order turns, so that no method always runs first or after another
+            order = methods[rep % len(methods):] + methods[:rep % len(methods)]
             for k in CHUNKS:
-                for m in methods:
+                for m in order:
                     r = b.run(m, k, sync)
                     runs[str(k)][m].append(r["rows_per_s"])
                     if "cpu_us_per_row" in r:
@@ -457,34 +527,42 @@ def main():
                         registers.append(r["register_s"])
                     print(f"sync={sync} rep={rep + 1} chunk={k} {m}: {r['rows_per_s']:,.0f} rows/s", flush=True)
         result["drains"][sync] = {k: {m: summary(v) for m, v in ms.items()} for k, ms in runs.items()}
+        if "A" in methods:
+            result["ratios"][sync] = {
+                k: {o: paired(ms["A"], ms[o]) for o in methods if o != "A"} for k, ms in runs.items()
+            }
         result.setdefault("cpu", {})[sync] = {
             k: {m: summary(v) for m, v in ms.items() if v} for k, ms in cpu.items()
         }
     if registers:
         result["register_s"] = summary(registers)
 
-    chains = {"A": [], "seed": [], "A_cpu_us": [], "seed_cpu_us": []}
-    for rep in range(a.reps):
-        c = b.chains(a.steps)
-        for k in chains:
-            if k in c:
-                chains[k].append(c[k])
-        print(f"chains rep={rep + 1}: A {c['A']:,.0f} steps/s, seed {c['seed']:,.0f} steps/s", flush=True)
-    result["chains"] = {k: summary(v) for k, v in chains.items() if v}
+    if a.steps:
+        chains = {"A": [], "seed": [], "A_cpu_us": [], "seed_cpu_us": []}
+        for rep in range(a.reps):
+            c = b.chains(a.steps, seed_first=rep % 2 == 1)
+            for k in chains:
+                if k in c:
+                    chains[k].append(c[k])
+            print(f"chains rep={rep + 1}: A {c['A']:,.0f} steps/s, seed {c['seed']:,.0f} steps/s", flush=True)
+        result["chains"] = {k: summary(v) for k, v in chains.items() if v}
+        result["chains"]["ratio"] = paired(chains["A"], chains["seed"])
 
-    conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "separate": {}, "one_job": {}}
-    for d in conc["drainers"]:
-        conc["separate"][str(d)] = b.concurrency(100, d, one_job=False)
-        print(f"concurrency: {d} drainers on separate jobs: {conc['separate'][str(d)]:,.0f} rows/s", flush=True)
-    conc["one_job"]["8"] = b.concurrency(100, 8, one_job=True)
-    print(f"concurrency: 8 drainers on one job: {conc['one_job']['8']:,.0f} rows/s", flush=True)
-    result["concurrency"] = conc
+    if a.concurrency:
+        conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "separate": {}, "one_job": {}}
+        for d in conc["drainers"]:
+            conc["separate"][str(d)] = b.concurrency(100, d, one_job=False)
+            print(f"concurrency: {d} drainers on separate jobs: {conc['separate'][str(d)]:,.0f} rows/s", flush=True)
+        conc["one_job"]["8"] = b.concurrency(100, 8, one_job=True)
+        print(f"concurrency: 8 drainers on one job: {conc['one_job']['8']:,.0f} rows/s", flush=True)
+        result["concurrency"] = conc
 
-    if a.million:
-        import million_job
+    if a.big:
+        import big_job
 
-        result["scale"] = million_job.measure(items=a.million, chunk=1000, db=a.db + "_million")
+        result["scale"] = big_job.measure(items=a.big, chunk=1000, db=a.db + "_big")
         print("scale:", json.dumps(result["scale"]), flush=True)
+    result["targets"] = targets(result)
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

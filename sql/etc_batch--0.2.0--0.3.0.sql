@@ -227,3 +227,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
 COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
 REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure) FROM PUBLIC;
+
+-- A step's row is changed once or twice per run of its chain: half of each new page is
+-- left free so that the change is a HOT update.
+ALTER TABLE etc_batch.batch_log SET (fillfactor = 50);

@@ -81,10 +81,13 @@ pub enum BatchError {
     HandlerMissing {
         job: String,
     },
-    /// A job's audit partition whose columns are not the ones etc_batch writes (one was
-    /// added, dropped or retyped by hand).
-    AuditLayout {
-        partition: String,
+    /// A row locked in a REPEATABLE READ or SERIALIZABLE transaction had been changed
+    /// since its snapshot, as SELECT ... FOR UPDATE reports it.
+    SerializationFailure,
+    /// One of etc_batch's tables whose columns are not the ones etc_batch writes into
+    /// it (one was added, dropped or retyped by hand).
+    TableLayout {
+        table: String,
         column: String,
     },
     /// A column named in a job that the target does not have.
@@ -321,14 +324,18 @@ impl BatchError {
                 "Abort the job (etc_batch.abort_job('{}', ...)) and register what is left under a new job id.",
                 job.replace('\'', "''")
             )),
-            AuditLayout { partition, column } => report(
+            SerializationFailure => report(
+                Code::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "could not serialize access due to concurrent update",
+            ),
+            TableLayout { table, column } => report(
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                format!("audit partition etc_batch.{partition} does not have the columns etc_batch writes"),
+                format!("table etc_batch.{table} does not have the columns etc_batch writes"),
             )
             .detail(format!(
-                "Column \"{column}\" is not one of job_id text, position integer, revision_after bigint, chunk integer, txid bigint, committed_at timestamptz, or is missing; nothing was written."
+                "Column \"{column}\" was added, dropped or changed its type since the extension created the table; nothing was written."
             ))
-            .hint("Give etc_batch.job_audit back the columns it was created with."),
+            .hint("Give the table back the columns it was created with (see the extension's script)."),
             UndefinedColumn { column } => report(
                 Code::ERRCODE_UNDEFINED_COLUMN,
                 format!("column \"{column}\" does not exist in the target"),
@@ -614,10 +621,11 @@ mod tests {
             UndefinedColumn {
                 column: "qty".into(),
             },
-            AuditLayout {
-                partition: "job_audit_7".into(),
+            TableLayout {
+                table: "job_audit_7".into(),
                 column: "note".into(),
             },
+            SerializationFailure,
             Unsupported {
                 message: "key column \"id\" has type numeric".into(),
                 detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
@@ -696,7 +704,8 @@ mod tests {
                 UnknownFunction { .. } => 12,
                 HandlerMissing { .. } => 13,
                 UndefinedColumn { .. } => 14,
-                AuditLayout { .. } => 30,
+                TableLayout { .. } => 30,
+                SerializationFailure => 31,
                 Unsupported { .. } => 15,
                 UnknownJob { .. } => 16,
                 VersionMismatch { .. } => 17,
@@ -713,7 +722,7 @@ mod tests {
                 Internal(_) => 28,
             })
             .collect();
-        assert_eq!(covered, (0..=30).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=31).collect(), "every variant has an example");
         all
     }
 

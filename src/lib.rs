@@ -14,9 +14,10 @@
 //! txn        the one place that talks to SPI in non-atomic mode, commits, and opens
 //!            subtransactions.
 //! query      every statement etc_batch sends: kept plans, rows read in place, cursors.
-//! memory     a memory context reset for every round of a loop.
+//! memory     a memory context reset for every round of a loop; memory handed back.
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
+//! rows       rows written straight into etc_batch's own tables, as COPY writes them.
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
 //! activity   what pg_stat_activity shows while a chain or a job runs.
@@ -35,6 +36,7 @@ pub mod memory;
 pub mod procedure;
 pub mod query;
 pub mod roles;
+pub mod rows;
 pub mod settings;
 pub mod status;
 pub mod txn;

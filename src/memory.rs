@@ -41,3 +41,49 @@ impl Scratch {
         result
     }
 }
+
+thread_local! {
+    /// Whether the transaction's end should hand free memory back (see hand_back).
+    static HAND_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether the transaction callback below is registered in this backend.
+    static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Hands memory freed by a large piece of work (a registration of a million items) back
+/// to the operating system, now and once more at the end of the transaction, when the
+/// statement that called it, and the argument it was given, are freed too: otherwise
+/// the C library keeps the freed memory in the backend for as long as the connection
+/// lives.
+pub fn hand_back() {
+    trim();
+    HAND_BACK.with(|h| h.set(true));
+    if !REGISTERED.with(|r| r.replace(true)) {
+        // SAFETY: a callback with the signature PostgreSQL expects, registered once.
+        unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::XactEvent::*;
+    if matches!(
+        event,
+        XACT_EVENT_COMMIT
+            | XACT_EVENT_ABORT
+            | XACT_EVENT_PARALLEL_COMMIT
+            | XACT_EVENT_PARALLEL_ABORT
+    ) && HAND_BACK.with(|h| h.replace(false))
+    {
+        trim();
+    }
+}
+
+fn trim() {
+    // SAFETY: malloc_trim only returns free heap pages; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

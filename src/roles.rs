@@ -70,6 +70,20 @@ pub fn as_author<R>(
     })
 }
 
+/// Whether a role with this OID exists (it may have been dropped since it was recorded).
+pub fn exists(role: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache probe by OID.
+    unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::AUTHOID as i32,
+            pg_sys::Datum::from(role.to_u32()),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        )
+    }
+}
+
 /// The role running the current statement (current_user).
 pub fn current_user() -> pg_sys::Oid {
     unsafe { pg_sys::GetUserId() }

@@ -110,6 +110,13 @@ impl Drop for TxnLoop {
     }
 }
 
+/// The id of the current (top-level) transaction, assigned now if it has none, as
+/// txid_current() returns it.
+pub fn txid_current() -> i64 {
+    // SAFETY: assigns an xid if needed, as any write does; raises an ERROR when it cannot.
+    unsafe { pg_sys::GetTopFullTransactionId().value as i64 }
+}
+
 /// Runs `work` in a subtransaction. On success the subtransaction is released
 /// (its writes become part of the enclosing transaction); on an error it is rolled
 /// back, so none of `work`'s writes survive, and the error is returned, not raised.

@@ -63,7 +63,7 @@ fn register_job(
     register(
         || {
             Ok(register::Items::Json(required(
-                jsonb_arg(items, "items")?,
+                jsonb_text(items, "items")?,
                 "items",
             )?))
         },
@@ -170,6 +170,7 @@ fn register(
     .or_raise();
     let job_id = request.job_id.clone();
     let registered = register::register(request).or_raise();
+    crate::memory::hand_back();
     TableIterator::once((
         job_id,
         registered.created,
@@ -182,6 +183,13 @@ fn register(
 /// JsonB turns jsonb that serde_json cannot hold (nesting deeper than it reads, a number
 /// beyond double precision) into an internal error; this refuses it with a clear one.
 fn jsonb_arg(arg: Option<Internal>, what: &str) -> Result<Option<serde_json::Value>> {
+    jsonb_text(arg, what)?
+        .map(|text| approval::read_json(what, &text))
+        .transpose()
+}
+
+/// A jsonb argument as JSON text (jsonb_out), for reading an item at a time.
+fn jsonb_text(arg: Option<Internal>, what: &str) -> Result<Option<String>> {
     let Some(datum) = arg.and_then(Internal::unwrap) else {
         return Ok(None);
     };
@@ -191,7 +199,7 @@ fn jsonb_arg(arg: Option<Internal>, what: &str) -> Result<Option<serde_json::Val
         let text = pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)])
             .ok_or_else(|| BatchError::Internal(format!("jsonb_out returned NULL for {what}")))?;
         let value = match text.to_str() {
-            Ok(text) => approval::read_json(what, text),
+            Ok(text) => Ok(text.to_string()),
             Err(_) => Err(BatchError::Unsupported {
                 message: format!("{what} is not valid UTF-8"),
                 detail: "etc_batch reads approvals in UTF8 databases only.".into(),

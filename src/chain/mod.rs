@@ -4,8 +4,10 @@
 //! - `command` checks a step's SQL when it is added.
 //! - `steps`   add_step, reset_batch, retry_step.
 //! - `runner`  the commit loop: lock, re-check, run, record, COMMIT, next.
+//! - `audit`   a step's audit row.
 //! - `sql`     every statement the runner and the chain functions send, in one place.
 
+pub mod audit;
 pub mod command;
 pub mod runner;
 pub mod sql;

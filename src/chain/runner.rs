@@ -6,6 +6,7 @@
 //! The lock is the step's row lock (SELECT ... FOR UPDATE), held until that COMMIT, so a
 //! second runner waits on the same step and then reads the status the first committed.
 
+use super::audit::{Attempt, StepAuditWriter};
 use super::sql;
 use super::step::{action_for, Action, StepStatus};
 use crate::activity::Activity;
@@ -14,10 +15,13 @@ use crate::installed;
 use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
+use crate::rows::{self, Lock};
 use crate::txn::{subtransaction, FailureKind, TxnLoop};
-use pgrx::datum::clock_timestamp as now;
+use pgrx::datum::{clock_timestamp as now, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::IntoDatum;
+use std::cell::RefCell;
 
 /// What the runner knows once it holds a step's lock.
 struct LockedStep {
@@ -27,7 +31,6 @@ struct LockedStep {
     attempts: i32,
     last_sqlstate: Option<String>,
     last_error: Option<String>,
-    owner_exists: bool,
     search_path: String,
 }
 
@@ -51,6 +54,41 @@ struct Runner {
     caller: pg_sys::Oid,
     bookkeeper: pg_sys::Oid,
     wait: bool,
+    audit: RefCell<StepAuditWriter>,
+}
+
+/// When the runner asked for a step's lock and got it: what every audit row of the step
+/// says.
+struct Locked {
+    run_by: pg_sys::Oid,
+    lock_requested: TimestampWithTimeZone,
+    lock_acquired: TimestampWithTimeZone,
+}
+
+impl Locked {
+    /// The audit row of an attempt on a step read as pending, its outcome and times to
+    /// be filled in.
+    fn attempt<'a>(
+        &self,
+        id: i64,
+        batch: &'a str,
+        attempt: i32,
+        added_by: pg_sys::Oid,
+    ) -> Attempt<'a> {
+        Attempt {
+            step_id: id,
+            batch,
+            attempt,
+            run_by: self.run_by,
+            ran_as: added_by,
+            lock_requested: self.lock_requested,
+            lock_acquired: self.lock_acquired,
+            status_seen: StepStatus::Pending.as_str(),
+            outcome: "done",
+            ran: None,
+            error: None,
+        }
+    }
 }
 
 pub fn exec_batch_from_id(
@@ -73,6 +111,7 @@ pub fn exec_batch_from_id(
         caller: current_user(),
         bookkeeper,
         wait,
+        audit: RefCell::new(as_role(bookkeeper, StepAuditWriter::new)?),
     };
 
     let mut next = Some(first);
@@ -107,20 +146,33 @@ impl Runner {
             self.report_holder(id)?;
             return Ok(Flow::Yielded);
         };
-        let lock_acquired = now();
+        let locked = Locked {
+            run_by: self.caller,
+            lock_requested,
+            lock_acquired: now(),
+        };
 
         match action_for(step.status) {
             Action::Skip => {
-                let next = as_role(self.bookkeeper, || {
-                    query::one::<i64>(
-                        sql::RECORD_SKIP,
-                        &[
-                            id.into(),
-                            self.caller.into(),
-                            lock_requested.into(),
-                            lock_acquired.into(),
-                        ],
-                    )
+                let next = self.owner(|| {
+                    let (batch, attempt, added_by, next) =
+                        query::row(sql::STEP_SKIPPED, &[id.into()], |r| {
+                            Ok((
+                                r.get::<String>(1)?.unwrap_or_default(),
+                                r.get::<i32>(2)?.unwrap_or_default(),
+                                r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+                                r.get::<i64>(4)?,
+                            ))
+                        })?
+                        .ok_or(BatchError::UnknownStep { id })?;
+                    self.audit.borrow_mut().write(&Attempt {
+                        status_seen: StepStatus::Done.as_str(),
+                        outcome: "skipped",
+                        ran: None,
+                        error: None,
+                        ..locked.attempt(id, &batch, attempt, added_by)
+                    })?;
+                    Ok(next)
                 })?;
                 notice!(
                     "step {id} of batch \"{}\" is already done, skipping",
@@ -136,7 +188,7 @@ impl Runner {
                 error: step.last_error,
             }),
             Action::Run => {
-                if !step.owner_exists {
+                if !crate::roles::exists(step.added_by) {
                     return Err(BatchError::StepOwnerMissing {
                         id,
                         batch: self.batch.clone(),
@@ -149,20 +201,17 @@ impl Runner {
                     })
                 });
                 let finished = now();
-                let times = || -> Vec<pgrx::datum::DatumWithOid<'static>> {
-                    vec![
-                        id.into(),
-                        started.into(),
-                        finished.into(),
-                        self.caller.into(),
-                        lock_requested.into(),
-                        lock_acquired.into(),
-                    ]
-                };
                 match outcome {
                     Ok(()) => {
-                        let next = as_role(self.bookkeeper, || {
-                            query::one::<i64>(sql::MARK_DONE, &times())
+                        let next = self.owner(|| {
+                            let (batch, attempt, added_by, next) =
+                                mark_done(id, started, finished)?;
+                            self.audit.borrow_mut().write(&Attempt {
+                                outcome: "done",
+                                ran: Some((started, finished)),
+                                ..locked.attempt(id, &batch, attempt, added_by)
+                            })?;
+                            Ok(next)
                         })?;
                         Ok(Flow::Ran(next))
                     }
@@ -175,13 +224,34 @@ impl Runner {
                         )
                     }
                     Err(failure) => {
-                        let mut args = times();
-                        args.push(failure.message.clone().into());
-                        args.push(failure.sqlstate().into());
-                        let attempt = as_role(self.bookkeeper, || {
-                            query::one::<i32>(sql::MARK_FAILED, &args)
-                        })?
-                        .unwrap_or_default();
+                        let sqlstate = failure.sqlstate();
+                        let attempt = self.owner(|| {
+                            let (batch, attempt, added_by) = query::row(
+                                sql::MARK_FAILED,
+                                &[
+                                    id.into(),
+                                    started.into(),
+                                    finished.into(),
+                                    failure.message.as_str().into(),
+                                    sqlstate.as_str().into(),
+                                ],
+                                |r| {
+                                    Ok((
+                                        r.get::<String>(1)?.unwrap_or_default(),
+                                        r.get::<i32>(2)?.unwrap_or_default(),
+                                        r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+                                    ))
+                                },
+                            )?
+                            .ok_or(BatchError::UnknownStep { id })?;
+                            self.audit.borrow_mut().write(&Attempt {
+                                outcome: "failed",
+                                ran: Some((started, finished)),
+                                error: Some((&failure.message, &sqlstate)),
+                                ..locked.attempt(id, &batch, attempt, added_by)
+                            })?;
+                            Ok(attempt)
+                        })?;
                         tx.commit();
                         failure.raise(
                             format!(
@@ -196,31 +266,36 @@ impl Runner {
         }
     }
 
+    fn owner<R>(&self, work: impl FnOnce() -> Result<R>) -> Result<R> {
+        as_role(self.bookkeeper, work)
+    }
+
     /// Takes the step's row lock and reads the step as it is now. `None`: another
     /// runner holds it and `wait` is false.
     fn lock(&self, id: i64) -> Result<Option<LockedStep>> {
-        let statement = if self.wait {
-            sql::LOCK_STEP
-        } else {
-            sql::LOCK_STEP_NOWAIT
-        };
         let step = as_role(self.bookkeeper, || {
-            query::row(statement, &[id.into()], |row| {
-                Ok(LockedStep {
-                    status: StepStatus::parse(&row.get::<String>(1)?.unwrap_or_default())?,
-                    command: row.get::<String>(2)?.unwrap_or_default(),
-                    added_by: row.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-                    attempts: row.get::<i32>(4)?.unwrap_or_default(),
-                    last_sqlstate: row.get::<String>(5)?,
-                    last_error: row.get::<String>(6)?,
-                    owner_exists: row.get::<bool>(7)?.unwrap_or(false),
-                    search_path: row.get::<String>(8)?.unwrap_or_default(),
+            rows::with_table("batch_log", |steps| {
+                steps.lock_by_key("id", id, self.wait, |row| {
+                    Ok(LockedStep {
+                        status: StepStatus::parse(
+                            &row.get::<String>("status")?.unwrap_or_default(),
+                        )?,
+                        command: row.get::<String>("command")?.unwrap_or_default(),
+                        added_by: row
+                            .get::<pg_sys::Oid>("added_by")?
+                            .unwrap_or(pg_sys::Oid::INVALID),
+                        attempts: row.get::<i32>("attempts")?.unwrap_or_default(),
+                        last_sqlstate: row.get::<String>("last_sqlstate")?,
+                        last_error: row.get::<String>("last_error")?,
+                        search_path: row.get::<String>("search_path")?.unwrap_or_default(),
+                    })
                 })
             })
         })?;
         match step {
-            None if self.wait => Err(BatchError::UnknownStep { id }),
-            step => Ok(step),
+            Lock::Row(step) => Ok(Some(step)),
+            Lock::HeldByAnother => Ok(None),
+            Lock::Missing => Err(BatchError::UnknownStep { id }),
         }
     }
 
@@ -259,4 +334,62 @@ fn run_command(command: &str, deferrable: bool) {
     if deferrable {
         query::run("SET CONSTRAINTS ALL IMMEDIATE", &[]).or_raise();
     }
+}
+
+/// Marks the step done, as MARK_DONE does, without a statement where batch_log has no
+/// trigger for it (see `rows`): the step's row is locked, and no other transaction can
+/// have changed it. Returns its batch, its attempts and who added it, and the next step
+/// of its batch.
+fn mark_done(
+    id: i64,
+    started: TimestampWithTimeZone,
+    finished: TimestampWithTimeZone,
+) -> Result<(String, i32, pg_sys::Oid, Option<i64>)> {
+    let direct = rows::with_table("batch_log", |steps| {
+        if steps.fires_on_update() {
+            return Ok(None);
+        }
+        let (batch, attempt, added_by) = steps
+            .update_by_key("id", id, |row| {
+                let attempt = row.get::<i32>("attempts")?.unwrap_or_default() + 1;
+                let batch = row.get::<String>("batch")?.unwrap_or_default();
+                let added_by = row
+                    .get::<pg_sys::Oid>("added_by")?
+                    .unwrap_or(pg_sys::Oid::INVALID);
+                let set = vec![
+                    ("status", StepStatus::Done.as_str().into_datum()),
+                    ("attempts", attempt.into_datum()),
+                    ("started_at", started.into_datum()),
+                    ("finished_at", finished.into_datum()),
+                ];
+                Ok((set, (batch, attempt, added_by)))
+            })?
+            .ok_or(BatchError::UnknownStep { id })?;
+        // The step after it by id belongs to the same batch unless batches interleave.
+        let after = steps.next_by_key("id", id, |row| {
+            Ok((row.get::<i64>("id")?, row.get::<String>("batch")?))
+        })?;
+        Ok(Some((batch, attempt, added_by, after)))
+    })?;
+    let Some((batch, attempt, added_by, after)) = direct else {
+        return query::row(
+            sql::MARK_DONE,
+            &[id.into(), started.into(), finished.into()],
+            |r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<i32>(2)?.unwrap_or_default(),
+                    r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+                    r.get::<i64>(4)?,
+                ))
+            },
+        )?
+        .ok_or(BatchError::UnknownStep { id });
+    };
+    let next = match after {
+        None => None,
+        Some((next, Some(b))) if b == batch => next,
+        Some(_) => query::one::<i64>(sql::NEXT_IN_BATCH, &[batch.as_str().into(), id.into()])?,
+    };
+    Ok((batch, attempt, added_by, next))
 }

@@ -9,31 +9,6 @@
 pub const STEP_BATCH: &str = "\
 SELECT b.batch FROM etc_batch.batch_log b WHERE b.id OPERATOR(pg_catalog.=) $1";
 
-/// Takes the step's row lock and reads the step again: the row returned is the latest
-/// committed version, even when another runner changed it while this one waited. A row
-/// lock never blocks a plain SELECT. `$suffix` chooses between waiting and SKIP LOCKED.
-macro_rules! lock_step {
-    ($suffix:literal) => {
-        concat!(
-            "SELECT b.status, b.command, b.added_by::pg_catalog.oid, b.attempts,
-       b.last_sqlstate, b.last_error,
-       EXISTS (SELECT FROM pg_catalog.pg_roles r
-               WHERE r.oid OPERATOR(pg_catalog.=) b.added_by::pg_catalog.oid),
-       b.search_path
-  FROM etc_batch.batch_log b
- WHERE b.id OPERATOR(pg_catalog.=) $1
-   FOR UPDATE OF b",
-            $suffix
-        )
-    };
-}
-
-/// Waits for a runner that holds the step.
-pub const LOCK_STEP: &str = lock_step!("");
-
-/// Returns no row at once when another runner holds the step.
-pub const LOCK_STEP_NOWAIT: &str = lock_step!(" SKIP LOCKED");
-
 /// The backend holding a step's row lock: the row's xmax is the locker's transaction.
 /// No row means the step is gone; a NULL pid means the holder finished meanwhile.
 pub const STEP_HOLDER: &str = "\
@@ -45,62 +20,64 @@ SELECT (SELECT l.pid FROM pg_catalog.pg_locks l
   FROM etc_batch.batch_log b
  WHERE b.id OPERATOR(pg_catalog.=) $1";
 
-/// Marks the step done and writes its audit row in one statement, so the step's own
-/// writes, its done mark and its audit row are in the same transaction; returns the next
-/// step of the batch, if any.
-/// $1 id, $2 started, $3 finished, $4 caller, $5 lock requested, $6 lock acquired.
-pub const MARK_DONE: &str = "\
-WITH s AS (
-  UPDATE etc_batch.batch_log
-     SET status = 'done', attempts = attempts OPERATOR(pg_catalog.+) 1,
-         started_at = $2, finished_at = $3
-   WHERE id OPERATOR(pg_catalog.=) $1
-  RETURNING id, batch, attempts, added_by),
-a AS (
-  INSERT INTO etc_batch.step_audit
-    (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
-     status_seen, outcome, started_at, finished_at, txid)
-  SELECT s.id, s.batch, s.attempts, pg_catalog.pg_backend_pid(), $4, s.added_by, $5, $6,
-         'pending', 'done', $2, $3, pg_catalog.txid_current()
-    FROM s)
-SELECT (SELECT b.id FROM etc_batch.batch_log b
-         WHERE b.batch OPERATOR(pg_catalog.=) s.batch AND b.id OPERATOR(pg_catalog.>) s.id
-         ORDER BY b.id LIMIT 1)
-  FROM s";
+/// The next step of the step's batch, if any: a subquery of the statements below, where
+/// `batch_log` is the step's row. The step after it by id is looked up first, in the
+/// primary key, whose integer keys cost little to compare: it belongs to the same batch
+/// unless batches interleave, and only then is the batch's own index read.
+macro_rules! next_step {
+    () => {
+        "(SELECT CASE WHEN n.batch OPERATOR(pg_catalog.=) batch_log.batch THEN n.id
+             ELSE (SELECT m.id FROM etc_batch.batch_log m
+                    WHERE m.batch OPERATOR(pg_catalog.=) batch_log.batch
+                      AND m.id OPERATOR(pg_catalog.>) batch_log.id
+                    ORDER BY m.id LIMIT 1) END
+          FROM etc_batch.batch_log n
+         WHERE n.id OPERATOR(pg_catalog.>) batch_log.id
+         ORDER BY n.id LIMIT 1)"
+    };
+}
 
-/// Marks the step failed with the error and writes its audit row.
-/// $1..$6 as MARK_DONE, $7 message, $8 SQLSTATE.
+/// Marks the step done; its audit row follows in the same transaction (see `audit`), so
+/// the step's own writes, its done mark and its audit row commit together. Returns what
+/// the audit row needs and the next step of the batch.
+/// $1 id, $2 started, $3 finished.
+pub const MARK_DONE: &str = concat!(
+    "UPDATE etc_batch.batch_log
+   SET status = 'done', attempts = attempts OPERATOR(pg_catalog.+) 1,
+       started_at = $2, finished_at = $3
+ WHERE id OPERATOR(pg_catalog.=) $1
+RETURNING batch, attempts, added_by::pg_catalog.oid, ",
+    next_step!()
+);
+
+/// Marks the step failed with the error; its audit row follows. Returns what the audit
+/// row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE.
 pub const MARK_FAILED: &str = "\
-WITH s AS (
-  UPDATE etc_batch.batch_log
-     SET status = 'failed', attempts = attempts OPERATOR(pg_catalog.+) 1,
-         started_at = $2, finished_at = $3, last_error = $7, last_sqlstate = $8
-   WHERE id OPERATOR(pg_catalog.=) $1
-  RETURNING id, batch, attempts, added_by)
-INSERT INTO etc_batch.step_audit
-  (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
-   status_seen, outcome, started_at, finished_at, error, sqlstate, txid)
-SELECT s.id, s.batch, s.attempts, pg_catalog.pg_backend_pid(), $4, s.added_by, $5, $6,
-       'pending', 'failed', $2, $3, $7, $8, pg_catalog.txid_current()
-  FROM s
-RETURNING attempt";
+UPDATE etc_batch.batch_log
+   SET status = 'failed', attempts = attempts OPERATOR(pg_catalog.+) 1,
+       started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5
+ WHERE id OPERATOR(pg_catalog.=) $1
+RETURNING batch, attempts, added_by::pg_catalog.oid";
 
-/// Records that a runner found the step already done; returns the next step of the
-/// batch, if any. $1 id, $2 caller, $3 lock requested, $4 lock acquired.
-pub const RECORD_SKIP: &str = "\
-WITH a AS (
-  INSERT INTO etc_batch.step_audit
-    (step_id, batch, attempt, pid, run_by, ran_as, lock_requested_at, lock_acquired_at,
-     status_seen, outcome, txid)
-  SELECT b.id, b.batch, b.attempts, pg_catalog.pg_backend_pid(), $2, b.added_by, $3, $4,
-         'done', 'skipped', pg_catalog.txid_current()
-    FROM etc_batch.batch_log b
-   WHERE b.id OPERATOR(pg_catalog.=) $1
-  RETURNING batch)
-SELECT (SELECT b.id FROM etc_batch.batch_log b
-         WHERE b.batch OPERATOR(pg_catalog.=) a.batch AND b.id OPERATOR(pg_catalog.>) $1
-         ORDER BY b.id LIMIT 1)
-  FROM a";
+/// A step found done, for the audit row of the skip, and the next step of the batch.
+/// $1 id.
+pub const STEP_SKIPPED: &str = concat!(
+    "SELECT batch, attempts, added_by::pg_catalog.oid, ",
+    next_step!(),
+    "
+  FROM etc_batch.batch_log
+ WHERE id OPERATOR(pg_catalog.=) $1"
+);
+
+/// The next step of batch $1 after step $2.
+pub const NEXT_IN_BATCH: &str = "\
+SELECT b.id FROM etc_batch.batch_log b
+ WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.id OPERATOR(pg_catalog.>) $2
+ ORDER BY b.id LIMIT 1";
+
+/// The sequence behind step_audit's audit_id.
+pub const STEP_AUDIT_SEQUENCE: &str = "\
+SELECT pg_catalog.pg_get_serial_sequence('etc_batch.step_audit', 'audit_id')::pg_catalog.regclass::pg_catalog.oid";
 
 /// Serializes add_step calls that let etc_batch choose the id, so that two of them
 /// never pick the same one. Transaction-scoped, like every lock etc_batch takes.

@@ -62,7 +62,39 @@ pub struct Item {
     pub key: Key,
     pub revision: i64,
     /// Every other field of the item: a column that must still hold this value.
-    pub guards: BTreeMap<String, Value>,
+    pub guards: Guards,
+}
+
+/// An item's guards, column -> value, in column-name order: a short sorted list rather
+/// than a map, since a list of a million items holds a million of them, most of one or
+/// two entries, and an empty map node alone weighs ten times what its entries do.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Guards(Vec<(String, Value)>);
+
+impl Guards {
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Value)> {
+        self.0.iter().map(|(c, v)| (c, v))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(c, _)| c)
+    }
+
+    /// JSON text with the columns in order, as canonical_object writes a map.
+    pub fn canonical(&self) -> String {
+        let mut out = String::new();
+        write_object(self.iter(), &mut out);
+        out
+    }
+}
+
+impl FromIterator<(String, Value)> for Guards {
+    fn from_iter<I: IntoIterator<Item = (String, Value)>>(entries: I) -> Guards {
+        let mut list: Vec<(String, Value)> = entries.into_iter().collect();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        list.shrink_to_fit();
+        Guards(list)
+    }
 }
 
 impl Shape {
@@ -131,7 +163,33 @@ impl Shape {
             .collect()
     }
 
-    /// Parses, checks and normalizes the approved list.
+    /// Parses, checks and normalizes the approved list given as JSON text, one item at
+    /// a time: the items are never all held as parsed JSON, only in their normal form.
+    pub fn normalize_json(&self, what: &str, text: &str) -> Result<Vec<Item>> {
+        if !text.trim_start().starts_with('[') {
+            // not an array: parsed whole, to say what it is
+            return self.normalize(&read_json(what, text)?);
+        }
+        let mut items = Vec::new();
+        let mut failure = None;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let streamed = serde::de::Deserializer::deserialize_seq(
+            &mut de,
+            EachItem {
+                shape: self,
+                items: &mut items,
+                failure: &mut failure,
+            },
+        )
+        .and_then(|()| de.end());
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        streamed.map_err(|e| json_error(what, e))?;
+        self.in_key_order(items)
+    }
+
+    /// Checks and normalizes the approved list.
     pub fn normalize(&self, items: &Value) -> Result<Vec<Item>> {
         let list = items.as_array().ok_or_else(|| {
             BatchError::invalid_because(
@@ -139,84 +197,124 @@ impl Shape {
                 format!("It is {}.", json_kind(items)),
             )
         })?;
-        if list.is_empty() {
+        let normalized = list
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| self.item(entry, index + 1))
+            .collect::<Result<Vec<Item>>>()?;
+        self.in_key_order(normalized)
+    }
+
+    /// The list sorted by key, refused when empty, too long or with a key twice.
+    fn in_key_order(&self, mut items: Vec<Item>) -> Result<Vec<Item>> {
+        if items.is_empty() {
             return Err(BatchError::invalid_because(
                 "items must not be empty",
                 "An approval names at least one item.",
             ));
         }
-        if list.len() > i32::MAX as usize {
+        if items.len() > i32::MAX as usize {
             return Err(BatchError::invalid_because(
                 "too many items",
                 "An approval holds at most 2147483647 items.",
             ));
         }
-        let revision_column = self.column(&self.revision_column)?;
-        let mut normalized = Vec::with_capacity(list.len());
-        for (index, entry) in list.iter().enumerate() {
-            let position = index + 1;
-            let object = entry.as_object().ok_or_else(|| {
-                BatchError::invalid_because(
-                    format!("item {position} is not a JSON object"),
-                    format!("It is {}.", json_kind(entry)),
-                )
-            })?;
-            let key_value = object.get(&self.key_column).ok_or_else(|| {
-                BatchError::invalid_because(
-                    format!("item {position} has no key"),
-                    format!("It has no field \"{}\".", self.key_column),
-                )
-            })?;
-            let key = self.key_of(key_value, position)?;
-            let revision = object
-                .get(&self.revision_column)
-                .ok_or_else(|| {
-                    BatchError::invalid_because(
-                        format!("item {position} has no revision"),
-                        format!("It has no field \"{}\".", self.revision_column),
-                    )
-                })?
-                .as_i64()
-                .filter(|r| {
-                    matches!(revision_column.kind, Kind::Int { min, max } if *r >= min && *r <= max)
-                })
-                .ok_or_else(|| {
-                    BatchError::invalid_because(
-                        format!("item {position} has a revision of the wrong type"),
-                        format!(
-                            "Revision column \"{}\" is {}, so the revision must be an integer in its range.",
-                            revision_column.name, revision_column.type_name
-                        ),
-                    )
-                })?;
-            let mut guards = BTreeMap::new();
-            for (field, value) in object {
-                if field == &self.key_column || field == &self.revision_column {
-                    continue;
-                }
-                if field == &self.tenant_column {
-                    return Err(BatchError::invalid_because(
-                        format!("item {position} names the tenant column \"{field}\""),
-                        "The tenant is given once for the whole job, not per item.",
-                    ));
-                }
-                let value = self.normal_value(field, value, &format!("item {position}"))?;
-                guards.insert(field.clone(), value);
-            }
-            normalized.push(Item {
-                key,
-                revision,
-                guards,
-            });
-        }
-        normalized.sort_by(|a, b| a.key.cmp(&b.key));
-        if let Some(pair) = normalized.windows(2).find(|w| w[0].key == w[1].key) {
+        items.sort_by(|a, b| a.key.cmp(&b.key));
+        if let Some(pair) = items.windows(2).find(|w| w[0].key == w[1].key) {
             return Err(BatchError::invalid_because(
                 "items contain a duplicate key",
                 format!("Key {} appears more than once.", pair[0].key.text()),
             ));
         }
-        Ok(normalized)
+        Ok(items)
+    }
+
+    /// Checks and normalizes item `position` (1-based) of the list.
+    fn item(&self, entry: &Value, position: usize) -> Result<Item> {
+        let revision_column = self.column(&self.revision_column)?;
+        let object = entry.as_object().ok_or_else(|| {
+            BatchError::invalid_because(
+                format!("item {position} is not a JSON object"),
+                format!("It is {}.", json_kind(entry)),
+            )
+        })?;
+        let key_value = object.get(&self.key_column).ok_or_else(|| {
+            BatchError::invalid_because(
+                format!("item {position} has no key"),
+                format!("It has no field \"{}\".", self.key_column),
+            )
+        })?;
+        let key = self.key_of(key_value, position)?;
+        let revision = object
+            .get(&self.revision_column)
+            .ok_or_else(|| {
+                BatchError::invalid_because(
+                    format!("item {position} has no revision"),
+                    format!("It has no field \"{}\".", self.revision_column),
+                )
+            })?
+            .as_i64()
+            .filter(|r| matches!(revision_column.kind, Kind::Int { min, max } if *r >= min && *r <= max))
+            .ok_or_else(|| {
+                BatchError::invalid_because(
+                    format!("item {position} has a revision of the wrong type"),
+                    format!(
+                        "Revision column \"{}\" is {}, so the revision must be an integer in its range.",
+                        revision_column.name, revision_column.type_name
+                    ),
+                )
+            })?;
+        let mut guards = Vec::new();
+        for (field, value) in object {
+            if field == &self.key_column || field == &self.revision_column {
+                continue;
+            }
+            if field == &self.tenant_column {
+                return Err(BatchError::invalid_because(
+                    format!("item {position} names the tenant column \"{field}\""),
+                    "The tenant is given once for the whole job, not per item.",
+                ));
+            }
+            let value = self.normal_value(field, value, &format!("item {position}"))?;
+            guards.push((field.clone(), value));
+        }
+        Ok(Item {
+            key,
+            revision,
+            guards: guards.into_iter().collect(),
+        })
+    }
+}
+
+/// Reads the elements of a JSON array one at a time into their normal form. An item that
+/// fails its checks stops the parse; its error is kept in `failure`.
+struct EachItem<'a> {
+    shape: &'a Shape,
+    items: &'a mut Vec<Item>,
+    failure: &'a mut Option<BatchError>,
+}
+
+impl<'de> serde::de::Visitor<'de> for EachItem<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while let Some(entry) = seq.next_element::<Value>()? {
+            match self.shape.item(&entry, self.items.len() + 1) {
+                Ok(item) => self.items.push(item),
+                Err(e) => {
+                    *self.failure = Some(e);
+                    return Err(serde::de::Error::custom("an item was refused"));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -229,20 +327,23 @@ const MAX_DEPTH: usize = 127;
 /// internal error. Numbers keep every digit (arbitrary_precision), so no number is out
 /// of serde_json's range.
 pub fn read_json(what: &str, text: &str) -> Result<Value> {
-    serde_json::from_str(text).map_err(|e| {
-        let reason = e.to_string();
-        if reason.starts_with("recursion limit exceeded") {
-            BatchError::invalid_because(
-                format!("{what} is nested too deeply"),
-                format!("Arrays and objects may be nested at most {MAX_DEPTH} levels deep."),
-            )
-        } else {
-            BatchError::invalid_because(
-                format!("{what} is not valid JSON"),
-                format!("The JSON parser says: {reason}."),
-            )
-        }
-    })
+    serde_json::from_str(text).map_err(|e| json_error(what, e))
+}
+
+/// The error for JSON text serde_json could not read.
+fn json_error(what: &str, e: serde_json::Error) -> BatchError {
+    let reason = e.to_string();
+    if reason.starts_with("recursion limit exceeded") {
+        BatchError::invalid_because(
+            format!("{what} is nested too deeply"),
+            format!("Arrays and objects may be nested at most {MAX_DEPTH} levels deep."),
+        )
+    } else {
+        BatchError::invalid_because(
+            format!("{what} is not valid JSON"),
+            format!("The JSON parser says: {reason}."),
+        )
+    }
 }
 
 /// A JSON object stored by etc_batch itself (guards, set_values, expect), read back.
@@ -375,11 +476,7 @@ impl Approval {
     pub fn fingerprint(&self) -> String {
         let mut f = Fingerprint::begin(&self.terms);
         for item in &self.items {
-            f.item(
-                &item.key.text(),
-                item.revision,
-                &canonical_object(&item.guards),
-            );
+            f.item(&item.key.text(), item.revision, &item.guards.canonical());
         }
         f.finish()
     }
@@ -429,8 +526,8 @@ pub fn first_difference<E>(
                     return Ok(Some(format!(
                         "Item {} was approved with {} and is now given {}.",
                         a.key.text(),
-                        canonical_object(&a.guards),
-                        canonical_object(&b.guards)
+                        a.guards.canonical(),
+                        b.guards.canonical()
                     )));
                 }
             }
@@ -689,7 +786,7 @@ mod tests {
         b.items.push(Item {
             key: Key::Int(7),
             revision: 1,
-            guards: BTreeMap::new(),
+            guards: Guards::default(),
         });
         assert_eq!(a.difference(&b).unwrap(), "Item 7 was not in the approval.");
         let mut b = a.clone();

@@ -239,22 +239,24 @@ impl Job {
             self.owner(|| fence.check())?;
         }
         let locked = self.owner(|| {
-            query::by_index(|| query::row(&self.lock_sql, &[self.id().into()], |r| {
-                Ok(Locked {
-                    status: JobStatus::parse(&r.get::<String>(1)?.unwrap_or_default())?,
-                    progress: Progress {
-                        next_index: r.get::<i32>(2)?.unwrap_or(0),
-                        item_count: r.get::<i32>(5)?.unwrap_or(0),
-                        chunk_size: r.get::<i32>(6)?.unwrap_or(1),
-                    },
-                    audit_changes: r.get::<i64>(3)?.unwrap_or(0),
-                    item_changes: r.get::<i64>(4)?.unwrap_or(0),
-                    sealed: r.get::<bool>(7)?.unwrap_or(false),
-                    audit_beyond: r.get::<i32>(8)?,
-                    first_key: r.get::<String>(9)?.unwrap_or_default(),
-                    last_key: r.get::<String>(10)?.unwrap_or_default(),
+            query::by_index(|| {
+                query::row(&self.lock_sql, &[self.id().into()], |r| {
+                    Ok(Locked {
+                        status: JobStatus::parse(&r.get::<String>(1)?.unwrap_or_default())?,
+                        progress: Progress {
+                            next_index: r.get::<i32>(2)?.unwrap_or(0),
+                            item_count: r.get::<i32>(5)?.unwrap_or(0),
+                            chunk_size: r.get::<i32>(6)?.unwrap_or(1),
+                        },
+                        audit_changes: r.get::<i64>(3)?.unwrap_or(0),
+                        item_changes: r.get::<i64>(4)?.unwrap_or(0),
+                        sealed: r.get::<bool>(7)?.unwrap_or(false),
+                        audit_beyond: r.get::<i32>(8)?,
+                        first_key: r.get::<String>(9)?.unwrap_or_default(),
+                        last_key: r.get::<String>(10)?.unwrap_or_default(),
+                    })
                 })
-            }))
+            })
         })?;
         locked.ok_or_else(|| BatchError::UnknownJob {
             job: self.id().to_string(),
@@ -312,7 +314,12 @@ impl Job {
                             range.len(),
                             found.unwrap_or(0)
                         );
-                        return Err(job.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+                        return Err(job.record_problem(
+                            tx,
+                            JobStatus::Corrupt,
+                            &reason,
+                            Value::Null,
+                        )?);
                     }
                     let position = match known {
                         Some(position) => Some(position),
@@ -328,10 +335,10 @@ impl Job {
         let status = self
             .owner(|| {
                 audit.write(&ChunkAudit {
-                        job_id: self.id(),
-                        chunk: number,
-                        changed: &changed,
-                    })?;
+                    job_id: self.id(),
+                    chunk: number,
+                    changed: &changed,
+                })?;
                 query::one::<String>(
                     sql::ADVANCE,
                     &[self.id().into(), range.start.into(), range.end.into()],

@@ -86,7 +86,7 @@ impl<'a> Writer<'a> {
             ));
         }
         let key = item.key.text();
-        let guards = canonical_object(&item.guards);
+        let guards = item.guards.canonical();
         self.fingerprint.item(&key, item.revision, &guards);
         for column in item.guards.keys() {
             if !self.guard_columns.contains(column) {
@@ -192,7 +192,9 @@ impl ItemCursor {
             parse_object(&canonical_object(&parse_object(&text)))
         } else {
             parse_object(&text)
-        };
+        }
+        .into_iter()
+        .collect();
         Ok(Item {
             key: Key::from_text(kind, &key),
             revision,

@@ -12,7 +12,7 @@
 //! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
-//! - `audit`      a chunk's audit rows, written into the job's partition as COPY writes.
+//! - `audit`      a chunk's audit rows, written into the job's partition.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
 //! - `crash`      the crash_at test aid, in test builds only.

@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 
 /// Where the approved items come from.
 pub enum Items {
-    /// register_job: a jsonb array of item objects.
-    Json(Value),
+    /// register_job: a jsonb array of item objects, as JSON text.
+    Json(String),
     /// register_job_from_query: a SELECT whose rows are the items.
     Query(String),
 }
@@ -82,10 +82,9 @@ pub fn register(mut req: Request) -> Result<Registered> {
         &req.revision_column,
     )?;
     let shape = &target.shape;
-    let source = match std::mem::replace(&mut req.items, Items::Json(Value::Null)) {
-        // The parsed JSON of a large approval weighs more than its normal form: let it
-        // go as soon as the normal form exists.
-        Items::Json(items) => Source::List(shape.normalize(&items)?),
+    let source = match std::mem::replace(&mut req.items, Items::Json(String::new())) {
+        // read an item at a time, and the text let go as soon as the normal form exists
+        Items::Json(items) => Source::List(shape.normalize_json("items", &items)?),
         Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
     };
     let action = match (&req.set_values, req.handler) {
@@ -158,7 +157,6 @@ pub fn register(mut req: Request) -> Result<Registered> {
             }
         }
     };
-    release_free_memory();
     Ok(registered)
 }
 
@@ -191,15 +189,6 @@ fn same_request(
         items: stored.item_count,
         chunks: chunk_count(stored.item_count, stored.chunk_size),
     })
-}
-
-/// Hands memory freed by a large registration back to the operating system, instead of
-/// keeping it in the backend for as long as the connection lives.
-fn release_free_memory() {
-    // SAFETY: malloc_trim only returns free heap pages; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Value>> {
@@ -270,7 +259,7 @@ fn check_casts(
         }
     };
     for item in items {
-        for (column, value) in &item.guards {
+        for (column, value) in item.guards.iter() {
             add(column, value);
         }
     }

@@ -1,7 +1,7 @@
 //! Reading a job back: job_report, job_summary, verify_job (which marks a pending job
 //! that fails it corrupt).
 
-use super::approval::{canonical_object, Fingerprint};
+use super::approval::Fingerprint;
 use super::definition::Definition;
 use super::freeze::{ItemCursor, BATCH};
 use super::progress::Progress;
@@ -233,9 +233,11 @@ pub fn audit_problems(
 ) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     let beyond = query::by_index(|| {
-        query::row(&tables.sql(sql::AUDIT_BEYOND), &[p.next_index.into()], |r| {
-            Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?))
-        })
+        query::row(
+            &tables.sql(sql::AUDIT_BEYOND),
+            &[p.next_index.into()],
+            |r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?)),
+        )
     })?;
     if let Some((position, key)) = beyond {
         let approved = match key {
@@ -249,13 +251,18 @@ pub fn audit_problems(
     }
     if p.next_index > from {
         let args = [from.into(), p.next_index.into(), limit.into()];
-        problems.extend(query::rows(&tables.sql(sql::AUDIT_MISSING), &args, 0, |r| {
-            Ok(format!(
-                "The audit row of position {} (key {}) is missing.",
-                r.get::<i32>(1)?.unwrap_or(0),
-                r.get::<String>(2)?.unwrap_or_default()
-            ))
-        })?);
+        problems.extend(query::rows(
+            &tables.sql(sql::AUDIT_MISSING),
+            &args,
+            0,
+            |r| {
+                Ok(format!(
+                    "The audit row of position {} (key {}) is missing.",
+                    r.get::<i32>(1)?.unwrap_or(0),
+                    r.get::<String>(2)?.unwrap_or_default()
+                ))
+            },
+        )?);
     }
     Ok(problems)
 }
@@ -266,11 +273,7 @@ fn fingerprint(def: &Definition) -> Result<String> {
     let mut f = Fingerprint::begin(&def.terms());
     for item in ItemCursor::stored(&def.tables, kind)? {
         let item = item?;
-        f.item(
-            &item.key.text(),
-            item.revision,
-            &canonical_object(&item.guards),
-        );
+        f.item(&item.key.text(), item.revision, &item.guards.canonical());
     }
     Ok(f.finish())
 }

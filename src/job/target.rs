@@ -6,13 +6,13 @@
 //! supplies is ever spliced into SQL as text (but an items query, which is SQL by its
 //! nature, run as the role that gave it: see items_query).
 
+use super::columns::scalar_text;
 use super::columns::{Column, Kind, Shape};
 use super::sql::{COLUMNS, RELATION, UNIQUE_KEY};
 use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::pg_sys;
 use pgrx::spi::{quote_identifier, quote_literal};
-use super::columns::scalar_text;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 

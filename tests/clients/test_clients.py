@@ -178,7 +178,7 @@ def audit_by_key(pg, job):
         {
             int(k): n
             for k, n in pg.admin.execute(
-                "SELECT item_key, count(*) FROM etc_batch.job_audit WHERE job_id = %s GROUP BY item_key",
+                "SELECT item_key, count(*) FROM etc_batch.job_audit_items WHERE job_id = %s GROUP BY item_key",
                 (job,),
             )
         }

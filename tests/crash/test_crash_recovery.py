@@ -216,12 +216,11 @@ def drained(keys, chunks, status):
 
 # Every approved item against its row and its audit row, in one snapshot: below the
 # checkpoint, changed once (revision + 1, cancelled, qty kept) in the transaction of
-# its audit row, whose revisions and chunk agree; at or beyond it, not audited and as
+# its audit row, whose revision after and chunk agree; at or beyond it, not audited and as
 # it was created. The approved revision must be the one the row was created with.
 ITEM_CHECK = """
 SELECT i.position, i.item_key, i.revision AS approved_revision, o.revision, o.qty,
-       o.status, o.changed_in, a.position AS audited, a.revision_before,
-       a.revision_after, a.chunk, a.txid
+       o.status, o.changed_in, a.position AS audited, a.revision_after, a.chunk, a.txid
   FROM etc_batch.job j
   JOIN etc_batch.job_item i ON i.job_id = j.job_id
   LEFT JOIN {t} o ON o.tenant = 'A' AND o.id = i.item_key::integer
@@ -230,8 +229,7 @@ SELECT i.position, i.item_key, i.revision AS approved_revision, o.revision, o.qt
    AND (i.revision = 1 + i.item_key::integer %% 4
         AND o.qty = (i.guards ->> 'qty')::integer
         AND CASE WHEN i.position < j.next_index THEN
-                 a.item_key = i.item_key AND a.revision_before = i.revision
-             AND a.revision_after = i.revision + 1
+                 a.revision_after = i.revision + 1
              AND a.chunk = i.position / j.chunk_size + 1
              AND o.revision = i.revision + 1 AND o.status = 'cancelled'
              AND o.changed_in = a.txid

@@ -242,7 +242,7 @@ def job_row(db, job):
 
 def audit_by_key(db, job):
     rows = db.execute(
-        "SELECT item_key, count(*) AS n FROM etc_batch.job_audit WHERE job_id = %s GROUP BY item_key",
+        "SELECT item_key, count(*) AS n FROM etc_batch.job_audit_items WHERE job_id = %s GROUP BY item_key",
         (job,),
     ).fetchall()
     return {int(r["item_key"]): r["n"] for r in rows}

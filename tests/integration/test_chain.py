@@ -717,3 +717,71 @@ def test_settings_changed_by_a_step_do_not_reach_the_callers_session(db):
     assert conn.execute("SHOW work_mem").fetchone() == ("5MB",)
     # and one step's setting did not reach the next step
     assert db.side_counts(batch) == {3: 1}
+
+
+# 10. etc_batch's own writes --------------------------------------------------------------
+
+
+def test_triggers_on_the_chain_tables_see_every_write(db):
+    """A step's done mark and its audit row are written without a statement, except
+    where the table has a trigger for the write: then through one, so that a trigger a
+    DBA put on batch_log or step_audit sees every step, failed ones included."""
+    batch = db.new_batch("triggers")
+    seen = sql.Identifier(f"{batch}_seen")
+    fn = sql.Identifier(f"{batch}_note")
+    db.set_knob(batch, divisor=0)
+    ids = db.add_steps(batch, [
+        db.side_command(batch, 1),
+        db.side_command(batch, 2),
+        db.side_command(batch, 3, then=db.divide_clause(batch)),
+    ])
+    db.admin.execute(sql.SQL("CREATE TABLE {} (tbl text, op text, row jsonb)").format(seen))
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {seen} VALUES (TG_TABLE_NAME, TG_OP, to_jsonb(NEW)); RETURN NULL; END $$"
+    ).format(fn=fn, seen=seen))
+    triggers = [("batch_log", "UPDATE"), ("step_audit", "INSERT")]
+    try:
+        for table, op in triggers:
+            db.admin.execute(sql.SQL(
+                "CREATE TRIGGER seen AFTER {op} ON etc_batch.{t} FOR EACH ROW EXECUTE FUNCTION {fn}()"
+            ).format(op=sql.SQL(op), t=sql.Identifier(table), fn=fn))
+        with pytest.raises(errors.DivisionByZero):
+            db.call(ids[0])
+        rows = db.admin.execute(sql.SQL("SELECT tbl, op, row FROM {}").format(seen)).fetchall()
+        marks = sorted((r["row"]["id"], r["row"]["status"]) for r in rows if r["tbl"] == "batch_log")
+        audit = sorted((r["row"]["step_id"], r["row"]["outcome"]) for r in rows if r["tbl"] == "step_audit")
+        assert marks == [(ids[0], "done"), (ids[1], "done"), (ids[2], "failed")]
+        assert audit == [(ids[0], "done"), (ids[1], "done"), (ids[2], "failed")]
+        assert [(r["step_id"], r["outcome"]) for r in db.audit(batch)] == audit
+    finally:
+        for table, _ in triggers:
+            db.admin.execute(sql.SQL("DROP TRIGGER IF EXISTS seen ON etc_batch.{}").format(
+                sql.Identifier(table)))
+    assert db.side_counts(batch) == {1: 1, 2: 1}
+
+
+def test_a_column_added_to_step_audit_stops_the_runner_cleanly(db):
+    """etc_batch writes step_audit's columns itself: a column added by hand is refused
+    (55000), with the step rolled back and still pending, never a row written without
+    it; once the column is dropped again the chain runs."""
+    batch = db.new_batch("audit_column")
+    ids = db.add_steps(batch, [db.side_command(batch, 1), db.side_command(batch, 2)])
+    db.admin.execute("ALTER TABLE etc_batch.step_audit ADD COLUMN note text")
+    try:
+        with pytest.raises(errors.ObjectNotInPrerequisiteState) as refused:
+            db.call(ids[0])
+        assert refused.value.diag.message_primary == (
+            "table etc_batch.step_audit does not have the columns etc_batch writes")
+        assert refused.value.diag.message_detail.startswith('Column "note" was added')
+        steps = db.steps(batch)
+        assert [(steps[i]["status"], steps[i]["attempts"]) for i in ids] == [("pending", 0)] * 2
+        assert db.side_counts(batch) == {}
+        assert db.audit(batch) == []
+    finally:
+        db.admin.execute("ALTER TABLE etc_batch.step_audit DROP COLUMN IF EXISTS note")
+    # a dropped column stays in the row type, invisible: the writer leaves it NULL
+    db.call(ids[0])
+    assert db.side_counts(batch) == {1: 1, 2: 1}
+    assert [(r["step_id"], r["outcome"]) for r in db.audit(batch)] == [
+        (ids[0], "done"), (ids[1], "done")]

@@ -161,7 +161,7 @@ def audit_rows(db, job):
     return db.admin.execute(
         """SELECT position, item_key, revision_before, revision_after, guards, chunk, txid,
                   committed_at
-             FROM etc_batch.job_audit WHERE job_id = %s ORDER BY position""",
+             FROM etc_batch.job_audit_items WHERE job_id = %s ORDER BY position""",
         (job,),
     ).fetchall()
 
@@ -693,16 +693,15 @@ def tamper_past_end(db, job, keys):
 def tamper_insert_foreign_audit_row(db, job, keys):
     db.admin.execute(
         """INSERT INTO etc_batch.job_audit
-             (job_id, position, item_key, revision_before, revision_after, guards, chunk,
-              txid, committed_at)
-           VALUES (%s, 20, '999999', 1, 2, '{}', 3, txid_current(), now())""",
+             (job_id, position, revision_after, chunk, txid, committed_at)
+           VALUES (%s, 20, 2, 3, txid_current(), now())""",
         (job,),
     )
 
 
-def tamper_rename_audit_key(db, job, keys):
+def tamper_rewrite_audit_row(db, job, keys):
     db.admin.execute(
-        "UPDATE etc_batch.job_audit SET item_key = '999999' WHERE job_id = %s AND position = 12",
+        "UPDATE etc_batch.job_audit SET revision_after = 99 WHERE job_id = %s AND position = 12",
         (job,),
     )
 
@@ -712,7 +711,7 @@ TAMPERING = {
     "next_index_mid_chunk": tamper_mid_chunk,
     "next_index_past_end": tamper_past_end,
     "foreign_audit_row_at_checkpoint": tamper_insert_foreign_audit_row,
-    "audit_row_renamed": tamper_rename_audit_key,
+    "audit_row_rewritten": tamper_rewrite_audit_row,
 }
 
 
@@ -1082,3 +1081,64 @@ def test_row_level_security_of_the_registering_role_applies(db, roles):
 
     assert drain(db.connect(), job_a)["status"] == "done"
     assert_job_complete(db, orders, job_a, keys)
+
+
+# etc_batch's own writes -------------------------------------------------------------------
+
+
+def test_a_trigger_on_the_audit_sees_every_audit_row(db):
+    """A chunk's audit rows are written without a statement, except where the job's
+    audit partition has a trigger for INSERT: then by statements, so that a trigger a
+    DBA put on etc_batch.job_audit (and PostgreSQL cloned onto every partition) sees
+    every row, once."""
+    keys = pick_keys(71, 25, range(1, 60))
+    orders = Orders(db, "audit_trigger", a_ids=range(1, 60), b_ids=range(1, 10))
+    job = db.new_batch("audit_trigger")
+    seen = sql.Identifier(f"{job}_seen")
+    fn = sql.Identifier(f"{job}_note")
+    db.admin.execute(sql.SQL("CREATE TABLE {} (job_id text, position int)").format(seen))
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {seen} VALUES (NEW.job_id, NEW.position); RETURN NULL; END $$"
+    ).format(fn=fn, seen=seen))
+    register(db.connect(), job, orders.name, shuffled(orders.items(keys), 3))
+    db.admin.execute(sql.SQL(
+        "CREATE TRIGGER seen AFTER INSERT ON etc_batch.job_audit FOR EACH ROW EXECUTE FUNCTION {}()"
+    ).format(fn))
+    try:
+        assert drain(db.connect(), job)["status"] == "done"
+    finally:
+        db.admin.execute("DROP TRIGGER IF EXISTS seen ON etc_batch.job_audit")
+    positions = db.admin.execute(
+        sql.SQL("SELECT position FROM {} WHERE job_id = %s ORDER BY position").format(seen), (job,)
+    ).fetchall()
+    assert [r["position"] for r in positions] == list(range(25))
+    assert_job_complete(db, orders, job, keys)
+
+
+def test_a_column_added_to_the_audit_stops_the_drain_cleanly(db):
+    """etc_batch writes the audit partition's columns itself: a column added by hand is
+    refused (55000), with the chunk rolled back and the job still pending, never an
+    audit row written without it; once the column is dropped again the job drains."""
+    keys = pick_keys(72, 12, range(1, 30))
+    orders = Orders(db, "audit_column", a_ids=range(1, 30))
+    job = db.new_batch("audit_column")
+    register(db.connect(), job, orders.name, orders.items(keys), chunk_size=5)
+    partition = db.admin.execute(
+        "SELECT 'job_audit_' || job_number AS p FROM etc_batch.job WHERE job_id = %s", (job,)
+    ).fetchone()["p"]
+    db.admin.execute("ALTER TABLE etc_batch.job_audit ADD COLUMN note text")
+    try:
+        with pytest.raises(errors.ObjectNotInPrerequisiteState) as refused:
+            drain(db.connect(), job)
+        assert refused.value.diag.message_primary == (
+            f"table etc_batch.{partition} does not have the columns etc_batch writes")
+        assert refused.value.diag.message_detail.startswith('Column "note" was added')
+        assert orders.snapshot() == orders.initial
+        assert (job_row(db, job)["status"], job_row(db, job)["next_index"]) == ("pending", 0)
+        assert audit_rows(db, job) == []
+    finally:
+        db.admin.execute("ALTER TABLE etc_batch.job_audit DROP COLUMN IF EXISTS note")
+    # a dropped column stays in the row type, invisible: the writer leaves it NULL
+    assert drain(db.connect(), job)["status"] == "done"
+    assert_job_complete(db, orders, job, keys)

@@ -314,8 +314,8 @@ TYPE_PROBES = {
     "bytea": "'\\x00'",
 }
 
-ETC_BATCH_RELATIONS = ["batch_log", "step_audit", "job", "job_item", "job_audit", "lease",
-                       "leases", "locks", "job_progress", "chain_progress"]
+ETC_BATCH_RELATIONS = ["batch_log", "step_audit", "job", "job_item", "job_audit", "job_audit_items",
+                       "lease", "leases", "locks", "job_progress", "chain_progress"]
 CATALOG_RELATIONS = ["pg_locks", "pg_stat_activity", "pg_class", "pg_proc", "pg_namespace",
                      "pg_attribute", "pg_index", "pg_type", "pg_roles", "pg_extension",
                      "pg_settings", "pg_file_settings", "pg_constraint", "pg_trigger",
@@ -628,7 +628,7 @@ def job_state(db, job):
 
 def audit_keys(db, job):
     return [r["item_key"] for r in db.admin.execute(
-        "SELECT item_key FROM etc_batch.job_audit WHERE job_id = %s ORDER BY position", (job,))]
+        "SELECT item_key FROM etc_batch.job_audit_items WHERE job_id = %s ORDER BY position", (job,))]
 
 
 def register_sql(handler=False):
@@ -795,7 +795,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     caller.row(register_sql(), (job3, "A", target, Jsonb(world.items("A", [10, 12])), 1,
                                 cancel, pending))
     caller.row("CALL etc_batch.drain_job(%s, 1)", (job3,))
-    admin.execute("UPDATE etc_batch.job_audit SET guards = guards WHERE job_id = %s", (job3,))
+    admin.execute("UPDATE etc_batch.job_audit SET chunk = chunk WHERE job_id = %s", (job3,))
     with pytest.raises(errors.DataCorrupted):
         caller.row("CALL etc_batch.drain_job(%s)", (job3,))
     assert job_state(db, job3)["status"] == "corrupt"
@@ -1058,7 +1058,7 @@ def test_odd_identifiers_and_values_reach_exactly_the_approved_rows(db):
         assert r["revision"] == item[REV]
         assert r["guards"] == {c: v for c, v in item.items() if c not in (KEY, REV)}
     audit = db.admin.execute(
-        "SELECT item_key, revision_before, revision_after, guards FROM etc_batch.job_audit "
+        "SELECT item_key, revision_before, revision_after, guards FROM etc_batch.job_audit_items "
         "WHERE job_id = %s ORDER BY position", (job,)).fetchall()
     assert [(a["item_key"], a["revision_before"], a["revision_after"]) for a in audit] == [
         (k, table.item(k)[REV], table.item(k)[REV] + 1) for k in order]
@@ -1332,8 +1332,9 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
               AND c.relkind IN ('r', 'v', 'm', 'S', 'p', 'f')
             GROUP BY c.relname""").fetchall()
     assert {r["relname"] for r in relations} >= {"batch_log", "step_audit", "job", "job_item",
-                                                 "job_audit", "lease", "leases", "locks",
-                                                 "job_progress", "chain_progress"}
+                                                 "job_audit", "job_audit_items", "lease",
+                                                 "leases", "locks", "job_progress",
+                                                 "chain_progress"}
     assert [r["relname"] for r in relations if r["public"]] == []
 
 

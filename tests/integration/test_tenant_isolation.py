@@ -89,7 +89,7 @@ def test_a_job_changes_its_tenant_only_with_colliding_keys(conn, tenant_type, a,
         (str(k), "matching", before[(a, k)][0] + 1) for k in approved
     ]
     audit = conn.execute(
-        "SELECT count(*) AS n, count(DISTINCT item_key) AS keys FROM etc_batch.job_audit "
+        "SELECT count(*) AS n, count(DISTINCT item_key) AS keys FROM etc_batch.job_audit_items "
         "WHERE job_id = %s",
         (f"iso-{tenant_type}",),
     ).fetchone()

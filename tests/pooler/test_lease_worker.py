@@ -43,7 +43,7 @@ def test_readme_worker_loop_drains_a_job_under_one_lease(pg, bouncer):
     # one worker led and committed all ten chunks; the others only asked
     assert sorted(results.values()) == [0, 0, 10], results
     assert db.execute(
-        "SELECT count(*), count(DISTINCT item_key) FROM etc_batch.job_audit WHERE job_id = 'festival'"
+        "SELECT count(*), count(DISTINCT item_key) FROM etc_batch.job_audit_items WHERE job_id = 'festival'"
     ).fetchone() == (50, 50)
     assert db.execute(
         "SELECT count(*) FROM orders WHERE tenant = 'A' AND (status, revision) <> ('cancelled', 2)"

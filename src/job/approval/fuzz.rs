@@ -459,7 +459,7 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
         assert!((rmin..=rmax).contains(&item.revision), "{item:?}");
         // The stored key reads back as the same key, so a stored approval compares equal.
         assert_eq!(Key::from_text(key_kind, &item.key.text()), item.key);
-        for (column, value) in &item.guards {
+        for (column, value) in item.guards.iter() {
             assert!(shape.columns.contains_key(column), "{column:?}");
             assert!(
                 ![
@@ -473,7 +473,7 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             if any_float && value.is_f64() {
                 continue;
             }
-            let stored: Value = serde_json::from_str(&canonical_object(&item.guards)).unwrap();
+            let stored: Value = serde_json::from_str(&item.guards.canonical()).unwrap();
             assert_eq!(
                 stored.get(column),
                 Some(value),
@@ -504,7 +504,7 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             "two items, one key"
         );
         assert_eq!(Some(item.revision), object[&shape.revision_column].as_i64());
-        let fields: BTreeMap<String, Value> = object
+        let fields: Guards = object
             .iter()
             .filter(|(k, _)| **k != shape.key_column && **k != shape.revision_column)
             .map(|(k, v)| (k.clone(), canon(v)))
@@ -529,7 +529,7 @@ fn as_stored(key_kind: Kind, items: &[Item]) -> Vec<Item> {
         .map(|i| Item {
             key: Key::from_text(key_kind, &i.key.text()),
             revision: i.revision,
-            guards: match serde_json::from_str(&canonical_object(&i.guards)).unwrap() {
+            guards: match serde_json::from_str(&i.guards.canonical()).unwrap() {
                 Value::Object(m) => m.into_iter().collect(),
                 other => panic!("guards stored as {other}"),
             },

@@ -1,0 +1,247 @@
+"""A job of many items registered from a query and drained to the end by one call:
+registration time and the registering backend's private memory, the draining
+backend's memory and what the call returns, per-chunk time at the start, in the middle
+and at the end of the job (from the commit times the audit records), the bytes of
+history per item, and the time and WAL of pruning the finished job. Then register_job
+with a jsonb list: the memory it takes, and what it hands back.
+
+Run by bench/run (or alone, against the cluster libpq finds through PGHOST/PGPORT):
+    python bench/big_job.py [--items N] [--chunk N] [--jsonb-items N] [--out FILE]
+It reports; it does not judge: tests/scale runs it smaller and asserts what must hold.
+"""
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import psycopg
+
+
+def rss_anon_kb(pid):
+    """The backend's private, anonymous memory (palloc'd contexts, Rust heap): what
+    would grow if a registration or a chunk kept what it used. Shared buffers it touches
+    are not counted."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return None
+
+
+class Watch:
+    """Samples a backend's private memory every 20 ms while a statement runs."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            kb = rss_anon_kb(self.pid)
+            if kb is not None:
+                self.samples.append(kb)
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self.before = rss_anon_kb(self.pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.after = rss_anon_kb(self.pid)
+
+    @property
+    def peak(self):
+        return max(self.samples + [self.before, self.after])
+
+
+def mb(kb):
+    return round(kb / 1024, 1)
+
+
+def wal_bytes(c, since):
+    return int(c.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (since,)).fetchone()[0])
+
+
+def lsn(c):
+    return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+
+
+def chunk_times(c, audit, chunks, samples):
+    """Each chunk's time, as the commit times the audit records tell it: from one
+    chunk's commit to the next one's."""
+    commits = [
+        r[0]
+        for r in c.execute(
+            f"SELECT extract(epoch FROM max(committed_at))::float8 FROM etc_batch.{audit} "
+            "GROUP BY chunk ORDER BY chunk"
+        ).fetchall()
+    ]
+    assert len(commits) == chunks, (len(commits), chunks)
+    times = [b - a for a, b in zip(commits, commits[1:])]
+    n = min(samples, len(times) // 3) or 1
+    mid = len(times) // 2
+    return {
+        "chunk_ms_start": round(statistics.median(times[:n]) * 1000, 2),
+        "chunk_ms_middle": round(statistics.median(times[mid - n // 2: mid - n // 2 + n]) * 1000, 2),
+        "chunk_ms_end": round(statistics.median(times[-n:]) * 1000, 2),
+        "end_over_start": round(statistics.median(times[-n:]) / statistics.median(times[:n]), 3),
+        # the median chunk of each tenth of the job, to show the whole curve
+        "chunk_ms_by_tenth": [
+            round(statistics.median(times[k * len(times) // 10:(k + 1) * len(times) // 10]) * 1000, 2)
+            for k in range(10)
+        ],
+    }
+
+
+def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db="bench_big"):
+    """Runs the measurement and returns its numbers as a dict."""
+    with psycopg.connect("dbname=postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {db}")
+
+    r = {"items": items, "chunk_size": chunk, "chunks": (items + chunk - 1) // chunk}
+    with psycopg.connect(f"dbname={db}", autocommit=True, prepare_threshold=None) as c:
+        c.add_notice_handler(lambda d: None)
+        c.execute("CREATE EXTENSION etc_batch")
+        c.execute(
+            "CREATE TABLE orders (tenant text, id bigint, revision int NOT NULL DEFAULT 1, "
+            "qty int, status text NOT NULL DEFAULT 'pending', PRIMARY KEY (tenant, id))"
+        )
+        # tenant B's rows, with the same ids, must come out of it untouched
+        c.execute(
+            "INSERT INTO orders (tenant, id, qty) SELECT 'A', g, g %% 5 FROM generate_series(1, %s) g",
+            (items,),
+        )
+        c.execute(
+            "INSERT INTO orders (tenant, id, qty) SELECT 'B', g, g %% 5 FROM generate_series(1, %s) g",
+            (max(items // 10, jsonb_items),),
+        )
+        c.execute("VACUUM ANALYZE orders")
+        c.execute("CHECKPOINT")
+        pid = c.info.backend_pid
+
+        t = time.perf_counter()
+        with Watch(pid) as w:
+            created = c.execute(
+                "SELECT * FROM etc_batch.register_job_from_query('big', 'A', 'orders', "
+                "$$SELECT id, revision, qty FROM orders WHERE tenant = 'A' AND status = 'pending'$$, "
+                "%s, '{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
+                (chunk,),
+            ).fetchone()
+        seconds = time.perf_counter() - t
+        r["registered"] = list(created)
+        r["register_seconds"] = round(seconds, 1)
+        r["register_us_per_item"] = round(seconds * 1e6 / items, 2)
+        r["register_rss_mb"] = {"before": mb(w.before), "peak": mb(w.peak), "after": mb(w.after)}
+
+        number = c.execute("SELECT job_number FROM etc_batch.job WHERE job_id = 'big'").fetchone()[0]
+        audit = f"job_audit_{number}"
+        # the drain starts from a clean checkpoint, so that it does not pay for writing
+        # out what loading and registering dirtied
+        c.execute("CHECKPOINT")
+        checkpoints = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        checkpoints_before = c.execute(checkpoints).fetchone()[0]
+        t = time.perf_counter()
+        with Watch(pid) as w:
+            result = c.execute("CALL etc_batch.drain_job('big')").fetchone()
+        seconds = time.perf_counter() - t
+        r["drain_result"] = list(result)
+        r["drain_seconds"] = round(seconds, 1)
+        r["drain_rows_per_s"] = round(items / seconds)
+        r["drain_rss_mb"] = {"before": mb(w.before), "peak": mb(w.peak), "after": mb(w.after)}
+        r["checkpoints_during_drain"] = c.execute(checkpoints).fetchone()[0] - checkpoints_before
+        r.update(chunk_times(c, audit, r["chunks"], samples))
+
+        once = c.execute(
+            f"SELECT count(*), count(DISTINCT position) FROM etc_batch.{audit}"
+        ).fetchone()
+        r["audit_rows"], r["audited_positions"] = once
+        r["orders_changed_once"], r["orders_of_b_changed"] = c.execute(
+            "SELECT count(*) FILTER (WHERE tenant = 'A' AND status = 'cancelled' AND revision = 2), "
+            "count(*) FILTER (WHERE tenant = 'B' AND (status <> 'pending' OR revision <> 1)) FROM orders"
+        ).fetchone()
+        item_bytes, audit_bytes = c.execute(
+            f"SELECT pg_total_relation_size('etc_batch.job_item_{number}'), "
+            f"pg_total_relation_size('etc_batch.{audit}')"
+        ).fetchone()
+        r["history_bytes_per_item"] = {
+            "job_item": round(item_bytes / items, 1),
+            "job_audit": round(audit_bytes / items, 1),
+            "total": round((item_bytes + audit_bytes) / items, 1),
+        }
+
+        since = lsn(c)
+        t = time.perf_counter()
+        pruned = c.execute("SELECT * FROM etc_batch.prune_history('1 microsecond')").fetchone()
+        r["prune_seconds"] = round(time.perf_counter() - t, 3)
+        r["prune_wal_bytes"] = wal_bytes(c, since)
+        r["pruned"] = list(pruned)
+        r["tables_left"] = c.execute(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = 'etc_batch'::regnamespace "
+            "AND relname IN (%s, %s)",
+            (f"job_item_{number}", audit),
+        ).fetchone()[0]
+
+    if jsonb_items:
+        r["jsonb"] = jsonb_registration(db, jsonb_items, chunk)
+    with psycopg.connect("dbname=postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    return r
+
+
+def jsonb_registration(db, items, chunk):
+    """register_job with a jsonb list of `items` items, read from a table (as an
+    approval kept for review would be): its time, and the registering backend's private
+    memory before, at its peak and after the call."""
+    with psycopg.connect(f"dbname={db}", autocommit=True, prepare_threshold=None) as c:
+        c.add_notice_handler(lambda d: None)
+        c.execute(
+            "CREATE TABLE approval AS SELECT jsonb_agg(jsonb_build_object('id', id, "
+            "'revision', revision, 'qty', qty)) AS items FROM orders WHERE tenant = 'B' AND id <= %s",
+            (items,),
+        )
+        count = c.execute("SELECT jsonb_array_length(items) FROM approval").fetchone()[0]
+    # a connection of its own, so that building the list above weighs nothing here
+    with psycopg.connect(f"dbname={db}", autocommit=True, prepare_threshold=None) as c:
+        c.add_notice_handler(lambda d: None)
+        pid = c.info.backend_pid
+        t = time.perf_counter()
+        with Watch(pid) as w:
+            created = c.execute(
+                "SELECT * FROM etc_batch.register_job('from-jsonb', 'B', 'orders', "
+                "(SELECT items FROM approval), %s, '{\"status\": \"cancelled\"}')",
+                (chunk,),
+            ).fetchone()
+        seconds = time.perf_counter() - t
+        return {
+            "items": count,
+            "registered": list(created),
+            "seconds": round(seconds, 1),
+            "rss_mb": {"before": mb(w.before), "peak": mb(w.peak), "after": mb(w.after)},
+        }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=10_000_000)
+    ap.add_argument("--chunk", type=int, default=1000)
+    ap.add_argument("--jsonb-items", type=int, default=1_000_000)
+    ap.add_argument("--db", default="bench_big")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    result = measure(a.items, a.chunk, a.jsonb_items, db=a.db)
+    print(json.dumps(result, indent=2))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,677 @@
+//! Rows of etc_batch's own tables written without a statement, for what every chunk
+//! and every step writes: the audit rows, inserted the way COPY inserts them (a
+//! multi-insert into the heap, then each row into every index, unique checks included),
+//! and a step's own row, changed in place as catalog rows are (one heap update, the
+//! indexes only when it could not be a HOT update). No statement is planned, started
+//! and ended for them, which is most of what an INSERT or UPDATE of one row costs.
+//!
+//! What a statement would also do and this does not: evaluate defaults and check
+//! constraints (etc_batch gives every column, with values it made). Triggers are the
+//! exception that is kept: where a table has a trigger for the write (a DBA's, since
+//! etc_batch puts none there), the write goes through a statement, so that it fires.
+//! The table must have exactly the columns etc_batch writes: one added, dropped or
+//! retyped by hand stops the writer with a clear error, never a row left to a default.
+
+use crate::error::{BatchError, Result};
+use crate::query;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use std::ffi::CString;
+
+/// The columns a writer gives, by name and type (a domain's base type: a value is
+/// written as it is, its domain's check not evaluated), in the order `fill` gives them.
+pub type Columns = &'static [(&'static str, pg_sys::Oid)];
+
+/// The most columns a writer gives.
+const MAX_COLUMNS: usize = 16;
+
+/// Writes rows into one table of schema etc_batch, one call (a drain, a chain run)
+/// long. Its tuple slots are made once, in the memory context current when the writer
+/// was made (which outlives every transaction of the call), over a copy of the table's
+/// row type that no transaction's resources hold: a slot made per row and dropped again
+/// would cost more than the row.
+pub struct RowWriter {
+    table: CString,
+    columns: Columns,
+    context: pg_sys::MemoryContext,
+    /// For each attribute of the table, which of `columns` it holds; None: dropped.
+    layout: Vec<Option<usize>>,
+    desc: pg_sys::TupleDesc,
+    slots: Vec<*mut pg_sys::TupleTableSlot>,
+    /// The relation's descriptor and its number of attributes when the layout was last
+    /// checked.
+    checked: Option<(pg_sys::TupleDesc, i32)>,
+}
+
+impl RowWriter {
+    pub fn new(table: &str, columns: Columns) -> Result<RowWriter> {
+        assert!(columns.len() <= MAX_COLUMNS);
+        Ok(RowWriter {
+            table: CString::new(table)
+                .map_err(|_| BatchError::Internal("a table name contains a zero byte".into()))?,
+            columns,
+            // SAFETY: reads the current context, which the caller keeps for the call.
+            context: unsafe { pg_sys::CurrentMemoryContext },
+            layout: Vec::new(),
+            desc: std::ptr::null_mut(),
+            slots: Vec::new(),
+            checked: None,
+        })
+    }
+
+    fn name(&self) -> String {
+        self.table.to_string_lossy().into_owned()
+    }
+
+    /// Writes `rows` rows in the current transaction, as the current user (etc_batch's
+    /// owner: no privilege is checked here). `fill(i, values)` gives row i's values in
+    /// the order of the columns, None for NULL, as datums that live until this returns.
+    /// A row a unique index already has fails with unique_violation, as an INSERT would.
+    pub fn write(
+        &mut self,
+        rows: usize,
+        mut fill: impl FnMut(usize, &mut [Option<pg_sys::Datum>]),
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: the table is opened (and locked until the end of the transaction) for
+        // the span of the call and closed before returning; the executor state and the
+        // index descriptors are made and freed here, the slots are the writer's. An
+        // ERROR (a duplicate row, a dropped table) unwinds through this: the
+        // transaction's abort releases the table, the locks and the memory.
+        unsafe {
+            let range = pg_sys::makeRangeVar(
+                c"etc_batch".as_ptr() as *mut _,
+                self.table.as_ptr() as *mut _,
+                -1,
+            );
+            let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+            let rel = pg_sys::table_openrv(range, lock);
+            if fires(rel, Write::Insert) {
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                return self.insert_statements(rows, fill);
+            }
+            if let Err(e) = self.prepare(rel, rows) {
+                pg_sys::table_close(rel, lock);
+                return Err(e);
+            }
+            let estate = pg_sys::CreateExecutorState();
+            let result_rel = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
+                as *mut pg_sys::ResultRelInfo;
+            pg_sys::InitResultRelInfo(result_rel, rel, 0, std::ptr::null_mut(), 0);
+            pg_sys::ExecOpenIndices(result_rel, false);
+
+            let mut values = [None; MAX_COLUMNS];
+            let values = &mut values[..self.columns.len()];
+            let slots = &mut self.slots[..rows];
+            for (i, &slot) in slots.iter().enumerate() {
+                values.fill(None);
+                fill(i, values);
+                pg_sys::ExecClearTuple(slot);
+                for (a, column) in self.layout.iter().enumerate() {
+                    let value = column.and_then(|c| values[c]);
+                    *(*slot).tts_values.add(a) = value.unwrap_or(pg_sys::Datum::from(0));
+                    *(*slot).tts_isnull.add(a) = value.is_none();
+                }
+                pg_sys::ExecStoreVirtualTuple(slot);
+            }
+            let command = pg_sys::GetCurrentCommandId(true);
+            pg_sys::table_multi_insert(
+                rel,
+                slots.as_mut_ptr(),
+                rows as i32,
+                command,
+                0,
+                std::ptr::null_mut(),
+            );
+            for &slot in slots.iter() {
+                let recheck = insert_index_tuples(result_rel, slot, estate, false);
+                // etc_batch's unique indexes are immediate: a duplicate has failed already
+                if !recheck.is_null() {
+                    return Err(BatchError::Internal(format!(
+                        "a deferred unique constraint on etc_batch.{}",
+                        self.name()
+                    )));
+                }
+                pg_sys::ExecClearTuple(slot);
+            }
+            pg_sys::ExecCloseIndices(result_rel);
+            pg_sys::FreeExecutorState(estate);
+            // the lock stays until the transaction ends, as an INSERT's would
+            pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+        Ok(())
+    }
+
+    /// The rows written by INSERT statements, one per row, for a table with triggers.
+    fn insert_statements(
+        &self,
+        rows: usize,
+        mut fill: impl FnMut(usize, &mut [Option<pg_sys::Datum>]),
+    ) -> Result<()> {
+        let names: Vec<String> = self
+            .columns
+            .iter()
+            .map(|(n, _)| pgrx::spi::quote_identifier(n))
+            .collect();
+        let params: Vec<String> = (1..=self.columns.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "INSERT INTO etc_batch.{} ({}) OVERRIDING SYSTEM VALUE VALUES ({})",
+            pgrx::spi::quote_identifier(self.name()),
+            names.join(", "),
+            params.join(", ")
+        );
+        let mut values = [None; MAX_COLUMNS];
+        let values = &mut values[..self.columns.len()];
+        for i in 0..rows {
+            values.fill(None);
+            fill(i, values);
+            let args: Vec<DatumWithOid> = values
+                .iter()
+                .zip(self.columns)
+                .map(|(value, (_, type_oid))| match value {
+                    // SAFETY: a datum `fill` made for a column of this type
+                    Some(datum) => unsafe { DatumWithOid::new(*datum, *type_oid) },
+                    None => DatumWithOid::null_oid(*type_oid),
+                })
+                .collect();
+            query::run(&sql, &args)?;
+        }
+        Ok(())
+    }
+
+    /// Checks the table's columns (again: they may have changed since the last
+    /// transaction) and makes slots for `rows` rows, for the row type as it is now.
+    ///
+    /// # Safety
+    /// `rel` must be the open table.
+    unsafe fn prepare(&mut self, rel: pg_sys::Relation, rows: usize) -> Result<()> {
+        // The relation's descriptor as checked last time: a change of columns gives the
+        // relation a new one (the old one is freed only after it).
+        let checked = ((*rel).rd_att, (*(*rel).rd_att).natts);
+        if self.checked != Some(checked) {
+            let layout = self.layout_of(rel)?;
+            self.checked = Some(checked);
+            if layout != self.layout || self.desc.is_null() || (*self.desc).natts != checked.1 {
+                // the old slots are the writer context's memory, left to it
+                self.slots.clear();
+                let previous = pg_sys::MemoryContextSwitchTo(self.context);
+                self.desc = pg_sys::CreateTupleDescCopy((*rel).rd_att);
+                pg_sys::MemoryContextSwitchTo(previous);
+                self.layout = layout;
+            }
+        }
+        while self.slots.len() < rows {
+            let previous = pg_sys::MemoryContextSwitchTo(self.context);
+            let slot = pg_sys::MakeSingleTupleTableSlot(self.desc, &pg_sys::TTSOpsVirtual);
+            pg_sys::MemoryContextSwitchTo(previous);
+            self.slots.push(slot);
+        }
+        Ok(())
+    }
+
+    /// For each attribute of the table, which of the columns it holds: every column must
+    /// be there with its type, and nothing else.
+    ///
+    /// # Safety
+    /// `rel` must be an open relation.
+    unsafe fn layout_of(&self, rel: pg_sys::Relation) -> Result<Vec<Option<usize>>> {
+        let desc = pgrx::tupdesc::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
+        let mismatch = |column: &str| BatchError::TableLayout {
+            table: self.name(),
+            column: column.to_string(),
+        };
+        let mut layout = Vec::with_capacity(desc.len());
+        let mut seen = [false; MAX_COLUMNS];
+        for i in 0..desc.len() {
+            let attribute = desc.get(i).expect("the attribute exists");
+            if attribute.attisdropped {
+                layout.push(None);
+                continue;
+            }
+            let name = attribute.name();
+            let c = self
+                .columns
+                .iter()
+                .position(|(n, _)| *n == name)
+                .ok_or_else(|| mismatch(name))?;
+            // a domain's base type is looked up only where the type is not the one given
+            let type_oid = attribute.atttypid;
+            if type_oid != self.columns[c].1 && pg_sys::getBaseType(type_oid) != self.columns[c].1 {
+                return Err(mismatch(name));
+            }
+            seen[c] = true;
+            layout.push(Some(c));
+        }
+        if let Some(missing) = (0..self.columns.len()).find(|&c| !seen[c]) {
+            return Err(mismatch(self.columns[missing].0));
+        }
+        Ok(layout)
+    }
+}
+
+/// ExecInsertIndexTuples for a new row or row version (into the summarizing indexes only,
+/// for an update that needs no others), whose last argument came with PostgreSQL 16.
+/// Never with "update": that only hints that an update left the indexed values alone,
+/// and would read a statement's list of updated columns, which there is none of.
+///
+/// # Safety
+/// As ExecInsertIndexTuples: the slot holds a tuple just written into the result
+/// relation, whose indexes are open.
+unsafe fn insert_index_tuples(
+    result_rel: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    only_summarizing: bool,
+) -> *mut pg_sys::List {
+    #[cfg(feature = "pg15")]
+    {
+        let _ = only_summarizing;
+        pg_sys::ExecInsertIndexTuples(
+            result_rel,
+            slot,
+            estate,
+            false,
+            false,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    #[cfg(not(feature = "pg15"))]
+    {
+        pg_sys::ExecInsertIndexTuples(
+            result_rel,
+            slot,
+            estate,
+            false,
+            false,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            only_summarizing,
+        )
+    }
+}
+
+/// The kinds of write a trigger may be for.
+#[derive(Clone, Copy)]
+enum Write {
+    Insert,
+    Update,
+}
+
+/// Whether the relation has a trigger that an INSERT (or an UPDATE) would fire.
+///
+/// # Safety
+/// `rel` must be an open relation.
+unsafe fn fires(rel: pg_sys::Relation, write: Write) -> bool {
+    let triggers = (*rel).trigdesc;
+    if triggers.is_null() {
+        return false;
+    }
+    let t = &*triggers;
+    match write {
+        Write::Insert => {
+            t.trig_insert_before_row
+                || t.trig_insert_after_row
+                || t.trig_insert_instead_row
+                || t.trig_insert_before_statement
+                || t.trig_insert_after_statement
+                || t.trig_insert_new_table
+        }
+        Write::Update => {
+            t.trig_update_before_row
+                || t.trig_update_after_row
+                || t.trig_update_instead_row
+                || t.trig_update_before_statement
+                || t.trig_update_after_statement
+                || t.trig_update_old_table
+                || t.trig_update_new_table
+        }
+    }
+}
+
+/// What locking a row came to.
+pub enum Lock<R> {
+    /// Locked, and read.
+    Row(R),
+    /// Another transaction holds its lock, and the caller asked not to wait.
+    HeldByAnother,
+    /// There is no such row (any more).
+    Missing,
+}
+
+/// A row as read from one of etc_batch's tables, its columns by name.
+pub struct Fields<'t> {
+    table: &'t Table<'t>,
+    tuple: pg_sys::HeapTuple,
+}
+
+impl Fields<'_> {
+    /// Column `name` as a Rust value.
+    pub fn get<T: pgrx::FromDatum>(&self, name: &str) -> Result<Option<T>> {
+        let (attnum, type_oid) = self.table.attribute(name)?;
+        // SAFETY: the tuple is a row of the open table, whose descriptor this is.
+        unsafe {
+            let mut is_null = false;
+            let datum = pg_sys::heap_getattr(self.tuple, attnum, self.table.desc(), &mut is_null);
+            Ok(T::from_polymorphic_datum(datum, is_null, type_oid))
+        }
+    }
+}
+
+/// One of etc_batch's tables, open for the span of `with_table`'s closure, its rows read
+/// in one snapshot taken when it was opened, which sees this transaction's own writes so
+/// far.
+pub struct Table<'a> {
+    name: &'a str,
+    rel: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    /// Each live column: its name, attribute number (1-based) and type, read once.
+    columns: Vec<(String, i32, pg_sys::Oid)>,
+}
+
+/// The table etc_batch.`table`, open (RowExclusiveLock, kept until the transaction
+/// ends, as a statement's would be) for the span of `work`.
+pub fn with_table<R>(table: &str, work: impl FnOnce(&Table) -> Result<R>) -> Result<R> {
+    let name = CString::new(table)
+        .map_err(|_| BatchError::Internal("a table name contains a zero byte".into()))?;
+    // SAFETY: the snapshot is registered and the relation open until the closure
+    // returns; an ERROR inside leaves both to the transaction's abort.
+    unsafe {
+        let range =
+            pg_sys::makeRangeVar(c"etc_batch".as_ptr() as *mut _, name.as_ptr() as *mut _, -1);
+        let rel = pg_sys::table_openrv(range, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        // what the statements of this transaction wrote so far is visible
+        pg_sys::CommandCounterIncrement();
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let desc = pgrx::tupdesc::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
+        let columns = (0..desc.len())
+            .filter_map(|i| {
+                let a = desc.get(i).expect("the attribute exists");
+                (!a.attisdropped).then(|| (a.name().to_string(), i as i32 + 1, a.atttypid))
+            })
+            .collect();
+        drop(desc);
+        let t = Table {
+            name: table,
+            rel,
+            snapshot,
+            columns,
+        };
+        let result = work(&t);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        result
+    }
+}
+
+impl Table<'_> {
+    fn desc(&self) -> pg_sys::TupleDesc {
+        // SAFETY: the relation is open.
+        unsafe { (*self.rel).rd_att }
+    }
+
+    /// Whether the table has a trigger an UPDATE would fire: then the caller changes the
+    /// row with a statement, so that it fires.
+    pub fn fires_on_update(&self) -> bool {
+        // SAFETY: the relation is open.
+        unsafe { fires(self.rel, Write::Update) }
+    }
+
+    /// The attribute number (1-based) and type of column `name`.
+    fn attribute(&self, name: &str) -> Result<(i32, pg_sys::Oid)> {
+        self.columns
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|&(_, attnum, type_oid)| (attnum, type_oid))
+            .ok_or_else(|| BatchError::TableLayout {
+                table: self.name.to_string(),
+                column: name.to_string(),
+            })
+    }
+
+    /// The first row, in the order of the primary key, whose bigint key column `column`
+    /// compares to `key` by `strategy` (`procedure`), read with `read`.
+    fn first_by_key<R>(
+        &self,
+        column: &str,
+        strategy: u32,
+        procedure: u32,
+        key: i64,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let (attnum, _) = self.attribute(column)?;
+        // SAFETY: a scan of the open table's primary key in the table's snapshot, ended
+        // before returning; the row is read while the scan holds it.
+        unsafe {
+            let mut scankey = pg_sys::ScanKeyData::default();
+            pg_sys::ScanKeyInit(
+                &mut scankey,
+                attnum as pg_sys::AttrNumber,
+                strategy as pg_sys::StrategyNumber,
+                pg_sys::Oid::from(procedure),
+                pg_sys::Datum::from(key),
+            );
+            let index = pg_sys::RelationGetPrimaryKeyIndex(self.rel);
+            let scan =
+                pg_sys::systable_beginscan(self.rel, index, true, self.snapshot, 1, &mut scankey);
+            let tuple = pg_sys::systable_getnext(scan);
+            let result = if tuple.is_null() {
+                Ok(None)
+            } else {
+                read(&Fields { table: self, tuple }).map(Some)
+            };
+            pg_sys::systable_endscan(scan);
+            result
+        }
+    }
+
+    /// Locks the row whose primary key (the bigint column `column`) is `key`, as
+    /// `SELECT ... WHERE column = key FOR UPDATE` (`SKIP LOCKED` unless `wait`) would,
+    /// and reads its latest version with `read`: a row another transaction changed
+    /// while this one waited is read as that one committed it.
+    pub fn lock_by_key<R>(
+        &self,
+        column: &str,
+        key: i64,
+        wait: bool,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Lock<R>> {
+        let found = self.first_by_key(
+            column,
+            pg_sys::BTEqualStrategyNumber,
+            pg_sys::F_INT8EQ,
+            key,
+            |row| {
+                // SAFETY: the scan holds the row
+                Ok(unsafe { (*row.tuple).t_self })
+            },
+        )?;
+        let Some(mut tid) = found else {
+            return Ok(Lock::Missing);
+        };
+        // SAFETY: the row's lock taken as ExecLockRows takes it: in READ COMMITTED the
+        // latest version of the row (its update chain followed), in REPEATABLE READ and
+        // SERIALIZABLE the version this transaction's snapshot sees, or a serialization
+        // failure. The slot is dropped before returning.
+        unsafe {
+            let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
+            let repeatable = pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32;
+            let flags = if repeatable {
+                0
+            } else {
+                pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8
+            };
+            let mut failure = pg_sys::TM_FailureData::default();
+            let outcome = pg_sys::table_tuple_lock(
+                self.rel,
+                &mut tid,
+                self.snapshot,
+                slot,
+                pg_sys::GetCurrentCommandId(true),
+                pg_sys::LockTupleMode::LockTupleExclusive,
+                if wait {
+                    pg_sys::LockWaitPolicy::LockWaitBlock
+                } else {
+                    pg_sys::LockWaitPolicy::LockWaitSkip
+                },
+                flags,
+                &mut failure,
+            );
+            let result = match outcome {
+                pg_sys::TM_Result::TM_Ok => {
+                    let mut free = false;
+                    let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
+                    read(&Fields { table: self, tuple }).map(Lock::Row)
+                }
+                pg_sys::TM_Result::TM_WouldBlock => Ok(Lock::HeldByAnother),
+                pg_sys::TM_Result::TM_Deleted => Ok(Lock::Missing),
+                pg_sys::TM_Result::TM_Updated if repeatable => {
+                    Err(BatchError::SerializationFailure)
+                }
+                other => Err(BatchError::Internal(format!(
+                    "locking a row of etc_batch.{} returned {other}",
+                    self.name
+                ))),
+            };
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            result
+        }
+    }
+
+    /// Reads the row with the smallest primary key greater than `key` (the bigint column
+    /// `column`). None: there is none.
+    pub fn next_by_key<R>(
+        &self,
+        column: &str,
+        key: i64,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Option<R>> {
+        self.first_by_key(
+            column,
+            pg_sys::BTGreaterStrategyNumber,
+            pg_sys::F_INT8GT,
+            key,
+            read,
+        )
+    }
+
+    /// Changes the row whose primary key (the bigint column `column`) is `key`, as
+    /// `UPDATE ... WHERE column = key` would, without a statement: `change` reads the row
+    /// as it is now and returns the new values of the columns it changes (None for
+    /// NULL), with what the caller wants to know of it. The caller must hold the row's
+    /// lock (SELECT ... FOR UPDATE earlier in the transaction), so that no other
+    /// transaction can have changed it, and must have asked `fires_on_update`. None:
+    /// there is no such row.
+    pub fn update_by_key<R>(
+        &self,
+        column: &str,
+        key: i64,
+        change: impl FnOnce(&Fields) -> Result<(Vec<(&'static str, Option<pg_sys::Datum>)>, R)>,
+    ) -> Result<Option<R>> {
+        let found = self.first_by_key(
+            column,
+            pg_sys::BTEqualStrategyNumber,
+            pg_sys::F_INT8EQ,
+            key,
+            |row| {
+                // SAFETY: a copy of the row, which outlives the scan
+                let old = unsafe { pg_sys::heap_copytuple(row.tuple) };
+                let (changes, result) = change(row)?;
+                Ok((old, changes, result))
+            },
+        )?;
+        let Some((old, changes, result)) = found else {
+            return Ok(None);
+        };
+        let mut columns = Vec::with_capacity(changes.len());
+        let mut values = Vec::with_capacity(changes.len());
+        let mut nulls = Vec::with_capacity(changes.len());
+        for (name, value) in changes {
+            columns.push(self.attribute(name)?.0);
+            values.push(value.unwrap_or(pg_sys::Datum::from(0)));
+            nulls.push(value.is_none());
+        }
+        // SAFETY: the new version of a row of the open table, written in its place as
+        // the caller's row lock allows; its index entries follow unless it was HOT.
+        unsafe {
+            let new = pg_sys::heap_modify_tuple_by_cols(
+                old,
+                self.desc(),
+                columns.len() as i32,
+                columns.as_mut_ptr(),
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
+            if let Some(only_summarizing) = heap_update(self.rel, old, new) {
+                index_new_version(self.rel, new, only_summarizing);
+            }
+        }
+        Ok(Some(result))
+    }
+}
+
+/// simple_heap_update; returns whether the indexes need entries for the new version, and
+/// if so whether only the summarizing ones (PostgreSQL 16 on; 15 tells HOT or not).
+///
+/// # Safety
+/// `old` is the latest version of a row of `rel` that no other transaction can update.
+unsafe fn heap_update(
+    rel: pg_sys::Relation,
+    old: pg_sys::HeapTuple,
+    new: pg_sys::HeapTuple,
+) -> Option<bool> {
+    #[cfg(feature = "pg15")]
+    {
+        pg_sys::simple_heap_update(rel, &mut (*old).t_self, new);
+        if pg_sys::HeapTupleHeaderIsHeapOnly((*new).t_data) {
+            None
+        } else {
+            Some(false)
+        }
+    }
+    #[cfg(not(feature = "pg15"))]
+    {
+        let mut update = pg_sys::TU_UpdateIndexes::TU_None;
+        pg_sys::simple_heap_update(rel, &mut (*old).t_self, new, &mut update);
+        match update {
+            pg_sys::TU_UpdateIndexes::TU_None => None,
+            pg_sys::TU_UpdateIndexes::TU_Summarizing => Some(true),
+            _ => Some(false),
+        }
+    }
+}
+
+/// Index entries for a new row version that was not a HOT update.
+///
+/// # Safety
+/// `new` was just written into `rel` by heap_update.
+unsafe fn index_new_version(rel: pg_sys::Relation, new: pg_sys::HeapTuple, only_summarizing: bool) {
+    let estate = pg_sys::CreateExecutorState();
+    let result_rel =
+        pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
+    pg_sys::InitResultRelInfo(result_rel, rel, 0, std::ptr::null_mut(), 0);
+    pg_sys::ExecOpenIndices(result_rel, false);
+    let slot = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, &pg_sys::TTSOpsHeapTuple);
+    pg_sys::ExecStoreHeapTuple(new, slot, false);
+    (*slot).tts_tableOid = (*rel).rd_id;
+    insert_index_tuples(result_rel, slot, estate, only_summarizing);
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::ExecCloseIndices(result_rel);
+    pg_sys::FreeExecutorState(estate);
+}
+
+/// The next value of sequence `sequence`, as nextval() gives it.
+pub fn nextval(sequence: pg_sys::Oid) -> i64 {
+    // SAFETY: nextval(regclass) takes the sequence's OID and returns an int8 datum; it
+    // raises an ERROR (a missing sequence, a privilege) as nextval() would.
+    let datum = unsafe {
+        pg_sys::OidFunctionCall1Coll(
+            pg_sys::Oid::from(pg_sys::F_NEXTVAL),
+            pg_sys::InvalidOid,
+            pg_sys::Datum::from(sequence.to_u32()),
+        )
+    };
+    datum.value() as i64
+}
