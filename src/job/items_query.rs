@@ -97,7 +97,8 @@ impl ItemsQuery {
             sql: format!(
                 "SELECT s.k::pg_catalog.text, s.r, s.g::pg_catalog.text\n  FROM (SELECT {} AS k, CAST({} AS pg_catalog.int8) AS r, {} AS g\n          FROM (\n{statement}\n) q) s\n ORDER BY s.k{order}",
                 cast(&shape.key_column),
-                col(&shape.revision_column),
+                // in the column's own type first: a revision the column cannot hold fails
+                cast(&shape.revision_column),
                 guards,
             ),
             guard_columns,

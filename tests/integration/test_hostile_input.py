@@ -828,3 +828,114 @@ def test_numbers_beyond_a_columns_range_precision_or_scale_are_refused_at_regist
         assert refused.value.sqlstate in ("22003", "22023"), (field, refused.value.sqlstate)
         assert c.execute("SELECT count(*) FROM etc_batch.job WHERE job_id = %s",
                          (job,)).fetchone() == (0,)
+
+
+# -- register_job_from_query ------------------------------------------------------------
+
+QUERY_SYNTAX = {"42601"}
+FROM_QUERY = {"22023"}
+CASES_QUERY = [
+    # not a SELECT
+    ("statement: INSERT", "INSERT INTO {orders} (tenant, id, revision, qty) VALUES ('A', 999, 1, 1) "
+                          "RETURNING id, revision", FROM_QUERY),
+    ("statement: UPDATE", "UPDATE {orders} SET qty = 0 RETURNING id, revision", FROM_QUERY),
+    ("statement: DELETE", "DELETE FROM {orders} RETURNING id, revision", FROM_QUERY),
+    ("statement: MERGE", "MERGE INTO {orders} o USING (SELECT 1 AS id) s ON o.id = s.id "
+                         "WHEN MATCHED THEN DELETE", FROM_QUERY),
+    ("statement: TRUNCATE", "TRUNCATE {orders}", FROM_QUERY),
+    ("statement: COPY", "COPY {orders} TO STDOUT", FROM_QUERY),
+    ("statement: DO", "DO $x$ BEGIN DELETE FROM {orders}; END $x$", FROM_QUERY),
+    ("statement: CALL", "CALL etc_batch.drain_job('x')", FROM_QUERY),
+    ("statement: EXPLAIN ANALYZE", "EXPLAIN ANALYZE DELETE FROM {orders}", FROM_QUERY),
+    ("statement: CREATE TABLE AS", "CREATE TABLE stolen AS SELECT id, revision FROM {orders}", FROM_QUERY),
+    ("statement: SELECT INTO", "SELECT id, revision INTO stolen FROM {orders}", FROM_QUERY),
+    ("statement: DECLARE", "DECLARE c CURSOR FOR SELECT id, revision FROM {orders}", FROM_QUERY),
+    ("statement: PREPARE", "PREPARE p AS SELECT id, revision FROM {orders}", FROM_QUERY),
+    ("statement: SET ROLE", "SET ROLE postgres", FROM_QUERY),
+    ("statement: transaction control", "COMMIT", FROM_QUERY),
+    ("statement: LISTEN", "LISTEN hostile", FROM_QUERY),
+    ("statement: VACUUM", "VACUUM {orders}", FROM_QUERY),
+    # a SELECT that writes through its WITH
+    ("with: DELETE", "WITH d AS (DELETE FROM {orders} RETURNING id, revision) SELECT * FROM d", FROM_QUERY),
+    ("with: UPDATE", "WITH u AS (UPDATE {orders} SET qty = 0 RETURNING id, revision) SELECT * FROM u",
+     FROM_QUERY),
+    ("with: INSERT, nested", "WITH a AS (SELECT id, revision FROM {orders}), "
+                             "b AS (INSERT INTO {orders} (tenant, id, revision) VALUES ('A', 998, 1) "
+                             "RETURNING id, revision) SELECT * FROM a", FROM_QUERY),
+    # more than one statement, or none
+    ("statements: two", "SELECT id, revision FROM {orders}; DELETE FROM {orders}", FROM_QUERY),
+    ("statements: injection after a quote",
+     "SELECT id, revision FROM {orders} WHERE tenant = 'A'; DROP TABLE {orders}; --", FROM_QUERY),
+    ("statements: only semicolons", ";;", FROM_QUERY),
+    ("statements: only a comment", "-- nothing", FROM_QUERY),
+    ("statements: empty", "", FROM_QUERY),
+    ("syntax: truncated", "SELECT id, revision FROM", QUERY_SYNTAX),
+    ("syntax: unterminated quote", "SELECT id, revision FROM {orders} WHERE tenant = 'A", QUERY_SYNTAX),
+    ("syntax: unterminated dollar quote", "SELECT $q$ AS id", QUERY_SYNTAX),
+    ("syntax: misspelt", "SELCT id, revision FROM {orders}", QUERY_SYNTAX),
+    # what it returns
+    ("columns: TABLE", "TABLE {orders}", FROM_QUERY),
+    ("columns: VALUES", "VALUES (1, 1)", NO_COLUMN),
+    ("columns: no revision", "SELECT id FROM {orders}", FROM_QUERY),
+    ("columns: no key", "SELECT revision FROM {orders}", FROM_QUERY),
+    ("columns: one twice", "SELECT id, revision, qty, qty FROM {orders}", FROM_QUERY),
+    ("columns: the tenant", "SELECT id, revision, tenant FROM {orders}", FROM_QUERY),
+    ("columns: unknown", "SELECT id, revision, 1 AS colour FROM {orders}", NO_COLUMN),
+    ("columns: empty name", 'SELECT id, revision, 1 AS "" FROM {orders}', {"42601", "42703"}),
+    ("type: text key", "SELECT id::text AS id, revision FROM {orders}", {"42804"}),
+    ("type: text revision", "SELECT id, revision::text AS revision FROM {orders}", {"42804"}),
+    ("type: text guard", "SELECT id, revision, qty::text AS qty FROM {orders}", {"42804"}),
+    ("type: jsonb guard on a date", "SELECT id, revision, '{}'::jsonb AS due FROM {orders}", {"42804"}),
+    ("value: key NULL", "SELECT NULL::int AS id, revision FROM {orders}", FROM_QUERY),
+    ("value: revision NULL", "SELECT id, NULL::int AS revision FROM {orders}", FROM_QUERY),
+    ("value: key twice", "SELECT id % 3 AS id, revision FROM {orders}", FROM_QUERY),
+    ("value: no rows", "SELECT id, revision FROM {orders} WHERE false", FROM_QUERY),
+    ("value: revision beyond the column", "SELECT id, 2147483648::bigint AS revision FROM {orders}",
+     {"22003"}),
+    # errors of the query itself, at registration
+    ("runtime: division by zero", "SELECT id, revision FROM {orders} WHERE 1 / 0 = 1", {"22012"}),
+    ("runtime: unknown table", "SELECT id, revision FROM no_such_table_hostile", {"42P01"}),
+    ("runtime: unknown function", "SELECT id, revision FROM {orders} WHERE no_such_fn(id)", {"42883"}),
+    ("runtime: bad cast", "SELECT 'x'::int AS id, 1 AS revision", {"22P02"}),
+]
+
+
+def from_query(job, query, target):
+    return (
+        "SELECT * FROM etc_batch.register_job_from_query(job_id => %s, tenant => 'A', "
+        "target => %s::regclass, items_query => %s, chunk_size => 10, "
+        "set_values => '{\"status\": \"cancelled\"}')",
+        (job, target, query),
+    )
+
+
+@pytest.mark.parametrize("kind, query, allowed", CASES_QUERY, ids=[c[0] for c in CASES_QUERY])
+def test_hostile_items_query_is_refused_cleanly(db, hostile, kind, query, allowed):
+    conn = db.connect()
+    pid = conn.info.backend_pid
+    what = f"items_query {kind}"
+    job = job_id("query")
+    text = query.replace("{orders}", sql.Identifier(hostile.orders).as_string(db.admin))
+    statement_text, params = from_query(job, text, hostile.orders)
+    before = hostile.snapshot()
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute(statement_text, params)
+    code = refused.value.sqlstate
+    SEEN["items_query " + kind.split(":")[0]][code] += 1
+    shown = f"{what}: SQLSTATE {code}: {str(refused.value)[:400]}"
+    assert code is not None, f"no SQLSTATE, the connection was lost: {shown}"
+    assert not code.startswith("XX"), f"internal error: {shown}"
+    assert code in allowed, f"expected one of {sorted(allowed)}: {shown}"
+    assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == pid, shown
+    hostile.assert_intact(what)
+    assert hostile.stored(job) == (0, 0), f"{what}: something was stored"
+    # nothing the query tried was done, and no table was left behind
+    assert hostile.snapshot() == before, f"{what}: the business table changed"
+    assert db.admin.execute("SELECT to_regclass('stolen') IS NULL AS gone").fetchone()["gone"]
+    hostile.refused += 1
+    # the connection that saw the error registers a valid query right after it
+    good = job_id("after_query")
+    row = conn.execute(*from_query(
+        good, sql.SQL("SELECT id, revision, qty FROM {} WHERE tenant = 'A' AND id <= 3")
+        .format(sql.Identifier(hostile.orders)).as_string(db.admin), hostile.orders)).fetchone()
+    assert row == (good, True, 3, 1)

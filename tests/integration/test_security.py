@@ -1552,3 +1552,74 @@ def test_the_registering_role_privileges_bound_the_change_whoever_drains(db, rol
             state = job_state(db, job)
             assert (state["status"], state["next_index"]) == ("pending", 0)
     assert [r for r in table() if r["id"] >= 3] == [r for r in initial if r["id"] >= 3]
+
+
+def test_an_items_query_reads_with_the_registering_roles_privileges(db, roles):
+    """register_job_from_query runs its query as the registering role, with that
+    session's search_path: what the role may not read it cannot register (42501, nothing
+    stored), row-level security decides which rows become the approval, and an
+    unqualified name is the role's own."""
+    clerk = roles("clerk")
+    tag = secrets.token_hex(3)
+    orders, secret, schema = f"q_orders_{tag}", f"q_secret_{tag}", f"q_private_{tag}"
+    c = ident(clerk)
+    db.admin.execute(sql.SQL("CREATE TABLE {} (tenant text, id int, revision int, st text, "
+                             "PRIMARY KEY (tenant, id))").format(ident(orders)))
+    db.admin.execute(sql.SQL("INSERT INTO {} SELECT 'A', g, 1, 'p' FROM generate_series(1, 8) g")
+                     .format(ident(orders)))
+    db.admin.execute(sql.SQL("CREATE TABLE {} (id int, revision int)").format(ident(secret)))
+    db.admin.execute(sql.SQL("INSERT INTO {} VALUES (1, 1)").format(ident(secret)))
+    db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(c))
+    db.admin.execute(sql.SQL(
+        "GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, "
+        "integer, jsonb, jsonb, name, name, name, regprocedure) TO {}").format(c))
+    db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(ident(orders), c))
+    # the clerk sees tenant A's orders up to id 5 only
+    db.admin.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(ident(orders)))
+    db.admin.execute(sql.SQL("CREATE POLICY few ON {} TO {} USING (id <= 5)").format(ident(orders), c))
+    # a schema of the clerk's own, with a table named like one the admin has elsewhere
+    db.admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(ident(schema), c))
+    db.admin.execute(sql.SQL("CREATE TABLE public.{} (id int, revision int)").format(ident(f"picks_{tag}")))
+    db.admin.execute(sql.SQL("INSERT INTO public.{} VALUES (7, 1), (8, 1)").format(ident(f"picks_{tag}")))
+
+    conn = db.connect()
+    conn.execute(sql.SQL("SET ROLE {}").format(c))
+
+    def register(job, query):
+        return conn.execute(
+            "SELECT * FROM etc_batch.register_job_from_query(%s, 'A', %s::regclass, %s, 2, "
+            "'{\"st\": \"x\"}')", (job, orders, query)).fetchone()
+
+    for label, query in (
+        ("a table the role may not read", f"SELECT id, revision FROM {secret}"),
+        ("a join with one", f"SELECT o.id, o.revision FROM {orders} o JOIN {secret} s USING (id)"),
+    ):
+        job = f"denied {label} {tag}"
+        with pytest.raises(errors.InsufficientPrivilege) as refused:
+            register(job, query)
+        assert f"permission denied for table {secret}" in str(refused.value), label
+        assert job_state(db, job) is None, label
+
+    # row-level security: the approval is the rows the role may see
+    job = f"rls {tag}"
+    assert register(job, f"SELECT id, revision FROM {orders} WHERE tenant = 'A'") == (job, True, 5, 3)
+    keys = db.admin.execute(
+        "SELECT array_agg(item_key ORDER BY position) AS k FROM etc_batch.job_item WHERE job_id = %s",
+        (job,)).fetchone()["k"]
+    assert keys == ["1", "2", "3", "4", "5"]
+
+    # the role's own search_path: its table shadows the admin's one of the same name
+    conn.execute(sql.SQL("CREATE TABLE {}.{} (id int, revision int)").format(
+        ident(schema), ident(f"picks_{tag}")))
+    conn.execute(sql.SQL("INSERT INTO {}.{} VALUES (2, 1), (4, 1)").format(
+        ident(schema), ident(f"picks_{tag}")))
+    conn.execute(sql.SQL("SET search_path = {}, public").format(ident(schema)))
+    job = f"path {tag}"
+    assert register(job, f"SELECT id, revision FROM picks_{tag}") == (job, True, 2, 1)
+    keys = db.admin.execute(
+        "SELECT array_agg(item_key ORDER BY position) AS k FROM etc_batch.job_item WHERE job_id = %s",
+        (job,)).fetchone()["k"]
+    assert keys == ["2", "4"]
+    conn.execute("RESET search_path")
+    conn.execute("RESET ROLE")
+    db.admin.execute(sql.SQL("DROP TABLE public.{}").format(ident(f"picks_{tag}")))
