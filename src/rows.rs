@@ -93,7 +93,8 @@ impl RowWriter {
                 return self.insert_statements(rows, fill);
             }
             if let Err(e) = self.prepare(rel, rows) {
-                pg_sys::table_close(rel, lock);
+                // the lock stays until the transaction ends, as a failed INSERT's would
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return Err(e);
             }
             let estate = pg_sys::CreateExecutorState();
@@ -341,6 +342,57 @@ pub enum Lock<R> {
     Missing,
 }
 
+/// A value of a key column that leads a btree index of the table: integer or bigint.
+#[derive(Clone, Copy, Debug)]
+pub enum Key {
+    Int4(i32),
+    Int8(i64),
+}
+
+/// How a scan compares the key column to a `Key`.
+#[derive(Clone, Copy)]
+enum Compare {
+    Equal,
+    Greater,
+    AtLeast,
+}
+
+impl Key {
+    fn type_oid(self) -> pg_sys::Oid {
+        match self {
+            Key::Int4(_) => pg_sys::INT4OID,
+            Key::Int8(_) => pg_sys::INT8OID,
+        }
+    }
+
+    /// The btree strategy and comparison function for `compare`, and the key's datum.
+    fn scan(self, compare: Compare) -> (u32, u32, pg_sys::Datum) {
+        let strategy = match compare {
+            Compare::Equal => pg_sys::BTEqualStrategyNumber,
+            Compare::Greater => pg_sys::BTGreaterStrategyNumber,
+            Compare::AtLeast => pg_sys::BTGreaterEqualStrategyNumber,
+        };
+        match self {
+            Key::Int4(k) => {
+                let procedure = match compare {
+                    Compare::Equal => pg_sys::F_INT4EQ,
+                    Compare::Greater => pg_sys::F_INT4GT,
+                    Compare::AtLeast => pg_sys::F_INT4GE,
+                };
+                (strategy, procedure, pg_sys::Datum::from(k))
+            }
+            Key::Int8(k) => {
+                let procedure = match compare {
+                    Compare::Equal => pg_sys::F_INT8EQ,
+                    Compare::Greater => pg_sys::F_INT8GT,
+                    Compare::AtLeast => pg_sys::F_INT8GE,
+                };
+                (strategy, procedure, pg_sys::Datum::from(k))
+            }
+        }
+    }
+}
+
 /// A row as read from one of etc_batch's tables, its columns by name.
 pub struct Fields<'t> {
     table: &'t Table<'t>,
@@ -348,16 +400,40 @@ pub struct Fields<'t> {
 }
 
 impl Fields<'_> {
-    /// Column `name` as a Rust value.
-    pub fn get<T: pgrx::FromDatum>(&self, name: &str) -> Result<Option<T>> {
-        let (attnum, type_oid) = self.table.attribute(name)?;
+    /// Column `name` as a Rust value. A column whose type (a domain's base type) is not
+    /// one `T` holds, retyped by hand, stops the read with a clear error, never a value
+    /// misread.
+    pub fn get<T: pgrx::FromDatum + pgrx::IntoDatum>(&self, name: &str) -> Result<Option<T>> {
+        let column = self.table.attribute(name)?;
+        // an OID alias (regrole, regclass, ...) is an oid as it is stored
+        let oid_alias = T::type_oid() == pg_sys::OIDOID
+            && [
+                pg_sys::REGROLEOID,
+                pg_sys::REGCLASSOID,
+                pg_sys::REGPROCEDUREOID,
+                pg_sys::REGNAMESPACEOID,
+                pg_sys::REGTYPEOID,
+            ]
+            .contains(&column.base_type);
+        if !T::is_compatible_with(column.base_type) && !oid_alias {
+            return Err(self.table.layout_error(name));
+        }
         // SAFETY: the tuple is a row of the open table, whose descriptor this is.
         unsafe {
             let mut is_null = false;
-            let datum = pg_sys::heap_getattr(self.tuple, attnum, self.table.desc(), &mut is_null);
-            Ok(T::from_polymorphic_datum(datum, is_null, type_oid))
+            let datum =
+                pg_sys::heap_getattr(self.tuple, column.attnum, self.table.desc(), &mut is_null);
+            Ok(T::from_polymorphic_datum(datum, is_null, column.base_type))
         }
     }
+}
+
+/// A live column of a table: its attribute number (1-based), and its type, a domain
+/// read as its base type.
+struct TableColumn {
+    name: String,
+    attnum: i32,
+    base_type: pg_sys::Oid,
 }
 
 /// One of etc_batch's tables, open for the span of `with_table`'s closure, its rows read
@@ -367,13 +443,21 @@ pub struct Table<'a> {
     name: &'a str,
     rel: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
-    /// Each live column: its name, attribute number (1-based) and type, read once.
-    columns: Vec<(String, i32, pg_sys::Oid)>,
+    columns: Vec<TableColumn>,
 }
 
-/// The table etc_batch.`table`, open (RowExclusiveLock, kept until the transaction
-/// ends, as a statement's would be) for the span of `work`.
+/// The table etc_batch.`table`, open to be written (RowExclusiveLock, kept until the
+/// transaction ends, as a statement's would be) for the span of `work`.
 pub fn with_table<R>(table: &str, work: impl FnOnce(&Table) -> Result<R>) -> Result<R> {
+    open_table(table, pg_sys::RowExclusiveLock, work)
+}
+
+/// The table etc_batch.`table`, open to be read (AccessShareLock, as a SELECT's).
+pub fn reading_table<R>(table: &str, work: impl FnOnce(&Table) -> Result<R>) -> Result<R> {
+    open_table(table, pg_sys::AccessShareLock, work)
+}
+
+fn open_table<R>(table: &str, lock: u32, work: impl FnOnce(&Table) -> Result<R>) -> Result<R> {
     let name = CString::new(table)
         .map_err(|_| BatchError::Internal("a table name contains a zero byte".into()))?;
     // SAFETY: the snapshot is registered and the relation open until the closure
@@ -381,7 +465,7 @@ pub fn with_table<R>(table: &str, work: impl FnOnce(&Table) -> Result<R>) -> Res
     unsafe {
         let range =
             pg_sys::makeRangeVar(c"etc_batch".as_ptr() as *mut _, name.as_ptr() as *mut _, -1);
-        let rel = pg_sys::table_openrv(range, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let rel = pg_sys::table_openrv(range, lock as pg_sys::LOCKMODE);
         // what the statements of this transaction wrote so far is visible
         pg_sys::CommandCounterIncrement();
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
@@ -389,7 +473,11 @@ pub fn with_table<R>(table: &str, work: impl FnOnce(&Table) -> Result<R>) -> Res
         let columns = (0..desc.len())
             .filter_map(|i| {
                 let a = desc.get(i).expect("the attribute exists");
-                (!a.attisdropped).then(|| (a.name().to_string(), i as i32 + 1, a.atttypid))
+                (!a.attisdropped).then(|| TableColumn {
+                    name: a.name().to_string(),
+                    attnum: i as i32 + 1,
+                    base_type: pg_sys::getBaseType(a.atttypid),
+                })
             })
             .collect();
         drop(desc);
@@ -419,75 +507,170 @@ impl Table<'_> {
         unsafe { fires(self.rel, Write::Update) }
     }
 
-    /// The attribute number (1-based) and type of column `name`.
-    fn attribute(&self, name: &str) -> Result<(i32, pg_sys::Oid)> {
-        self.columns
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|&(_, attnum, type_oid)| (attnum, type_oid))
-            .ok_or_else(|| BatchError::TableLayout {
-                table: self.name.to_string(),
-                column: name.to_string(),
-            })
+    fn layout_error(&self, column: &str) -> BatchError {
+        BatchError::TableLayout {
+            table: self.name.to_string(),
+            column: column.to_string(),
+        }
     }
 
-    /// The first row, in the order of the primary key, whose bigint key column `column`
-    /// compares to `key` by `strategy` (`procedure`), read with `read`.
+    fn attribute(&self, name: &str) -> Result<&TableColumn> {
+        self.columns
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| self.layout_error(name))
+    }
+
+    /// The first row, in the order of a unique btree index that `column` leads, whose
+    /// `column` compares to `key` as `compare` says, read with `read`.
+    ///
+    /// Read by the index itself, never by systable_beginscan: that scans the heap, in no
+    /// order, when a session starts with ignore_system_indexes, which any role may set,
+    /// and "the next step" would be whichever came first.
     fn first_by_key<R>(
         &self,
         column: &str,
-        strategy: u32,
-        procedure: u32,
-        key: i64,
+        compare: Compare,
+        key: Key,
         read: impl FnOnce(&Fields) -> Result<R>,
     ) -> Result<Option<R>> {
-        let (attnum, _) = self.attribute(column)?;
-        // SAFETY: a scan of the open table's primary key in the table's snapshot, ended
-        // before returning; the row is read while the scan holds it.
+        let attribute = self.attribute(column)?;
+        if attribute.base_type != key.type_oid() {
+            return Err(self.layout_error(column));
+        }
+        let (strategy, procedure, datum) = key.scan(compare);
+        // SAFETY: an index scan of the open table in the table's snapshot; the index is
+        // opened and closed here, the scan and its slot ended and dropped before
+        // returning, and the row read while the slot holds it. An ERROR leaves them to
+        // the transaction's abort.
         unsafe {
+            let index = self.leading_index(attribute.attnum)?;
             let mut scankey = pg_sys::ScanKeyData::default();
+            // attribute 1: the index's own first column
             pg_sys::ScanKeyInit(
                 &mut scankey,
-                attnum as pg_sys::AttrNumber,
+                1,
                 strategy as pg_sys::StrategyNumber,
                 pg_sys::Oid::from(procedure),
-                pg_sys::Datum::from(key),
+                datum,
             );
-            let index = pg_sys::RelationGetPrimaryKeyIndex(self.rel);
-            let scan =
-                pg_sys::systable_beginscan(self.rel, index, true, self.snapshot, 1, &mut scankey);
-            let tuple = pg_sys::systable_getnext(scan);
-            let result = if tuple.is_null() {
-                Ok(None)
-            } else {
+            let scan = begin_index_scan(self.rel, index, self.snapshot);
+            pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
+            let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
+            let result = if pg_sys::index_getnext_slot(
+                scan,
+                pg_sys::ScanDirection::ForwardScanDirection,
+                slot,
+            ) {
+                let mut free = false;
+                let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
                 read(&Fields { table: self, tuple }).map(Some)
+            } else {
+                Ok(None)
             };
-            pg_sys::systable_endscan(scan);
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::index_endscan(scan);
+            pg_sys::index_close(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
             result
         }
     }
 
-    /// Locks the row whose primary key (the bigint column `column`) is `key`, as
-    /// `SELECT ... WHERE column = key FOR UPDATE` (`SKIP LOCKED` unless `wait`) would,
-    /// and reads its latest version with `read`: a row another transaction changed
-    /// while this one waited is read as that one committed it.
+    /// A unique btree index of the table whose first column is attribute `attnum`, open
+    /// (AccessShareLock): every table etc_batch reads this way has one.
+    ///
+    /// # Safety
+    /// The relation is open.
+    unsafe fn leading_index(&self, attnum: i32) -> Result<pg_sys::Relation> {
+        let indexes = pg_sys::RelationGetIndexList(self.rel);
+        let mut found = std::ptr::null_mut();
+        if !indexes.is_null() {
+            for i in 0..(*indexes).length {
+                let oid = pg_sys::list_nth_oid(indexes, i);
+                let index = pg_sys::index_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+                let form = &*(*index).rd_index;
+                // an expression's column number is 0, never a column's; a partial index
+                // would not hold every row
+                let leads = form.indnatts >= 1
+                    && form.indisunique
+                    && form.indisvalid
+                    && form.indkey.values.as_slice(1)[0] as i32 == attnum
+                    && (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+                    && pg_sys::heap_attisnull(
+                        (*index).rd_indextuple,
+                        pg_sys::Anum_pg_index_indpred as i32,
+                        std::ptr::null_mut(),
+                    );
+                if leads {
+                    found = index;
+                    break;
+                }
+                pg_sys::index_close(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            }
+            pg_sys::list_free(indexes);
+        }
+        if found.is_null() {
+            return Err(BatchError::TableLayout {
+                table: self.name.to_string(),
+                column: format!("{} (no unique index it leads)", self.column_name(attnum)),
+            });
+        }
+        Ok(found)
+    }
+
+    fn column_name(&self, attnum: i32) -> &str {
+        self.columns
+            .iter()
+            .find(|c| c.attnum == attnum)
+            .map_or("?", |c| c.name.as_str())
+    }
+
+    /// Reads the row whose key column `column` equals `key`. None: there is none.
+    pub fn find<R>(
+        &self,
+        column: &str,
+        key: Key,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Option<R>> {
+        self.first_by_key(column, Compare::Equal, key, read)
+    }
+
+    /// Reads the row with the smallest key greater than `key` in column `column`. None:
+    /// there is none.
+    pub fn next_by_key<R>(
+        &self,
+        column: &str,
+        key: Key,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Option<R>> {
+        self.first_by_key(column, Compare::Greater, key, read)
+    }
+
+    /// Reads the row with the smallest key at or above `key` in column `column`. None:
+    /// there is none.
+    pub fn first_from<R>(
+        &self,
+        column: &str,
+        key: Key,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Option<R>> {
+        self.first_by_key(column, Compare::AtLeast, key, read)
+    }
+
+    /// Locks the row whose key column `column` equals `key`, as `SELECT ... WHERE column
+    /// = key FOR UPDATE` (`SKIP LOCKED` unless `wait`) would, and reads its latest
+    /// version with `read`: a row another transaction changed while this one waited is
+    /// read as that one committed it.
     pub fn lock_by_key<R>(
         &self,
         column: &str,
-        key: i64,
+        key: Key,
         wait: bool,
         read: impl FnOnce(&Fields) -> Result<R>,
     ) -> Result<Lock<R>> {
-        let found = self.first_by_key(
-            column,
-            pg_sys::BTEqualStrategyNumber,
-            pg_sys::F_INT8EQ,
-            key,
-            |row| {
-                // SAFETY: the scan holds the row
-                Ok(unsafe { (*row.tuple).t_self })
-            },
-        )?;
+        let found = self.find(column, key, |row| {
+            // SAFETY: the slot holds the row
+            Ok(unsafe { (*row.tuple).t_self })
+        })?;
         let Some(mut tid) = found else {
             return Ok(Lock::Missing);
         };
@@ -540,48 +723,24 @@ impl Table<'_> {
         }
     }
 
-    /// Reads the row with the smallest primary key greater than `key` (the bigint column
-    /// `column`). None: there is none.
-    pub fn next_by_key<R>(
-        &self,
-        column: &str,
-        key: i64,
-        read: impl FnOnce(&Fields) -> Result<R>,
-    ) -> Result<Option<R>> {
-        self.first_by_key(
-            column,
-            pg_sys::BTGreaterStrategyNumber,
-            pg_sys::F_INT8GT,
-            key,
-            read,
-        )
-    }
-
-    /// Changes the row whose primary key (the bigint column `column`) is `key`, as
-    /// `UPDATE ... WHERE column = key` would, without a statement: `change` reads the row
-    /// as it is now and returns the new values of the columns it changes (None for
-    /// NULL), with what the caller wants to know of it. The caller must hold the row's
-    /// lock (SELECT ... FOR UPDATE earlier in the transaction), so that no other
-    /// transaction can have changed it, and must have asked `fires_on_update`. None:
-    /// there is no such row.
+    /// Changes the row whose key column `column` equals `key`, as `UPDATE ... WHERE
+    /// column = key` would, without a statement: `change` reads the row as it is now and
+    /// returns the new values of the columns it changes (None for NULL), with what the
+    /// caller wants to know of it. The caller must hold the row's lock (taken earlier in
+    /// the transaction), so that no other transaction can have changed it, and must have
+    /// asked `fires_on_update`. None: there is no such row.
     pub fn update_by_key<R>(
         &self,
         column: &str,
-        key: i64,
+        key: Key,
         change: impl FnOnce(&Fields) -> Result<(Vec<(&'static str, Option<pg_sys::Datum>)>, R)>,
     ) -> Result<Option<R>> {
-        let found = self.first_by_key(
-            column,
-            pg_sys::BTEqualStrategyNumber,
-            pg_sys::F_INT8EQ,
-            key,
-            |row| {
-                // SAFETY: a copy of the row, which outlives the scan
-                let old = unsafe { pg_sys::heap_copytuple(row.tuple) };
-                let (changes, result) = change(row)?;
-                Ok((old, changes, result))
-            },
-        )?;
+        let found = self.find(column, key, |row| {
+            // SAFETY: a copy of the row, which outlives the scan
+            let old = unsafe { pg_sys::heap_copytuple(row.tuple) };
+            let (changes, result) = change(row)?;
+            Ok((old, changes, result))
+        })?;
         let Some((old, changes, result)) = found else {
             return Ok(None);
         };
@@ -589,7 +748,7 @@ impl Table<'_> {
         let mut values = Vec::with_capacity(changes.len());
         let mut nulls = Vec::with_capacity(changes.len());
         for (name, value) in changes {
-            columns.push(self.attribute(name)?.0);
+            columns.push(self.attribute(name)?.attnum);
             values.push(value.unwrap_or(pg_sys::Datum::from(0)));
             nulls.push(value.is_none());
         }
@@ -609,6 +768,25 @@ impl Table<'_> {
             }
         }
         Ok(Some(result))
+    }
+}
+
+/// index_beginscan, which PostgreSQL 18 gave an argument for instrumentation.
+///
+/// # Safety
+/// As index_beginscan: both relations open, the snapshot registered.
+unsafe fn begin_index_scan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+) -> pg_sys::IndexScanDesc {
+    #[cfg(not(feature = "pg18"))]
+    {
+        pg_sys::index_beginscan(heap, index, snapshot, 1, 0)
+    }
+    #[cfg(feature = "pg18")]
+    {
+        pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), 1, 0)
     }
 }
 

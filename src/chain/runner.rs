@@ -15,7 +15,7 @@ use crate::installed;
 use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
-use crate::rows::{self, Lock};
+use crate::rows::{self, Key, Lock};
 use crate::txn::{subtransaction, FailureKind, TxnLoop};
 use pgrx::datum::{clock_timestamp as now, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -275,7 +275,7 @@ impl Runner {
     fn lock(&self, id: i64) -> Result<Option<LockedStep>> {
         let step = as_role(self.bookkeeper, || {
             rows::with_table("batch_log", |steps| {
-                steps.lock_by_key("id", id, self.wait, |row| {
+                steps.lock_by_key("id", Key::Int8(id), self.wait, |row| {
                     Ok(LockedStep {
                         status: StepStatus::parse(
                             &row.get::<String>("status")?.unwrap_or_default(),
@@ -350,7 +350,7 @@ fn mark_done(
             return Ok(None);
         }
         let (batch, attempt, added_by) = steps
-            .update_by_key("id", id, |row| {
+            .update_by_key("id", Key::Int8(id), |row| {
                 let attempt = row.get::<i32>("attempts")?.unwrap_or_default() + 1;
                 let batch = row.get::<String>("batch")?.unwrap_or_default();
                 let added_by = row
@@ -366,7 +366,7 @@ fn mark_done(
             })?
             .ok_or(BatchError::UnknownStep { id })?;
         // The step after it by id belongs to the same batch unless batches interleave.
-        let after = steps.next_by_key("id", id, |row| {
+        let after = steps.next_by_key("id", Key::Int8(id), |row| {
             Ok((row.get::<i64>("id")?, row.get::<String>("batch")?))
         })?;
         Ok(Some((batch, attempt, added_by, after)))

@@ -1,13 +1,14 @@
 //! The commit loop behind `CALL etc_batch.drain_job(job_id, max_chunks)`.
 //!
-//! One transaction per chunk, of three statements and a COMMIT, as a hand-written
-//! PL/pgSQL loop would have:
-//!   1. lock the job's row and check the progress it records (seal, counters, one index
-//!      probe for an audit row beyond it), as the extension's owner;
-//!   2. the chunk's change, as the registering role: its items read from the job's own
-//!      partition, every one that still matches changed, the changed rows counted;
-//!   3. the chunk's audit rows and the checkpoint moved past it, in one statement, as the
-//!      owner; then COMMIT.
+//! One transaction per chunk, of one statement and a COMMIT:
+//!   1. the job's row locked and the progress it records checked (seal, counters, one
+//!      index probe for an audit row beyond it), as the extension's owner, without a
+//!      statement (checkpoint.rs);
+//!   2. the chunk's change, the one statement, as the registering role: its items read
+//!      from the job's own partition, every one that still matches changed, the changed
+//!      rows counted;
+//!   3. the chunk's audit rows written as COPY writes them (audit.rs) and the checkpoint
+//!      moved past it in place (checkpoint.rs), as the owner; then COMMIT.
 //! The change, the audit rows and the checkpoint commit together or not at all. No
 //! subtransaction on that path: a chunk in which an item no longer matches is rolled
 //! back with its whole transaction, and the conflict is recorded in the next one, after
@@ -16,10 +17,10 @@
 
 use super::approval::{self, parse_object};
 use super::audit::{AuditWriter, ChunkAudit};
+use super::checkpoint::{self, Locked};
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
-use super::progress::Progress;
 use super::sql;
 use super::target::Constants;
 use crate::activity::Activity;
@@ -55,7 +56,6 @@ struct Job {
     def: Definition,
     /// The lease this drainer works under, checked again in every chunk's transaction.
     fence: Option<Fence>,
-    lock_sql: String,
     change_sql: String,
     mismatch_sql: String,
     item_sql: String,
@@ -63,6 +63,9 @@ struct Job {
     row_sql: String,
     /// The values the change sets and expects, as it binds them after $1-$3.
     constants: Vec<query::Opaque>,
+    /// An integer key's type: the change binds the chunk's first and last key after the
+    /// constants, as values of it.
+    key_type: Option<pg_sys::Oid>,
     bookkeeper: pg_sys::Oid,
     /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
     caller: pg_sys::Oid,
@@ -80,47 +83,6 @@ enum Chunk {
     Again,
     /// Nothing left to do: the job is done.
     Finished,
-}
-
-/// The job's row, locked, as the chunk's transaction found it.
-struct Locked {
-    status: JobStatus,
-    progress: Progress,
-    audit_changes: i64,
-    item_changes: i64,
-    sealed: bool,
-    audit_beyond: Option<i32>,
-    first_key: String,
-    last_key: String,
-}
-
-impl Locked {
-    /// The cheap, exact check (see progress.rs): why the checkpoint cannot be trusted.
-    fn untrusted(&self) -> Option<String> {
-        let p = &self.progress;
-        if let Err(reason) = p.check_position() {
-            return Some(reason);
-        }
-        if !self.sealed {
-            return Some(format!(
-                "The checkpoint (next_index {}) does not match its seal: it was changed outside etc_batch.",
-                p.next_index
-            ));
-        }
-        if self.audit_changes != 0 || self.item_changes != 0 {
-            return Some(format!(
-                "Since they were written, {} change(s) to the job's audit rows and {} change(s) to \
-                 its approved items were made outside etc_batch.",
-                self.audit_changes, self.item_changes
-            ));
-        }
-        self.audit_beyond.map(|position| {
-            format!(
-                "An audit row exists at position {position}, at or beyond the checkpoint {}.",
-                p.next_index
-            )
-        })
-    }
 }
 
 /// What the chunk's change did.
@@ -155,13 +117,21 @@ pub fn drain(
     let target = def.target()?;
     let items = def.tables.items();
     let constants = Constants::new(def.set_values.as_ref(), &def.expect);
+    let key_type = target
+        .key_is_integer()
+        .then(|| target.type_oids[&def.key_column]);
     let change_sql = match &def.handler {
         Some(handler) => target.handler_sql(items, def.chunk_size, handler),
-        None => target.change_sql(items, def.chunk_size, &def.guard_columns, &constants),
+        None => target.change_sql(
+            items,
+            def.chunk_size,
+            &def.guard_columns,
+            &constants,
+            key_type.is_some(),
+        ),
     };
     let job = Job {
         activity: Activity::begin(),
-        lock_sql: def.tables.sql(sql::LOCK_JOB),
         change_sql,
         mismatch_sql: target.first_mismatch_sql(
             items,
@@ -173,6 +143,7 @@ pub fn drain(
         items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
         row_sql: target.current_row_sql(),
         constants: constants.args(&target)?,
+        key_type,
         def,
         fence,
         bookkeeper,
@@ -233,34 +204,15 @@ impl Job {
         &self.def.job_id
     }
 
-    /// Statement 1: the fence, then the job's row locked and its progress read.
+    /// The fence, then the job's row locked and its progress read.
     fn lock(&self) -> Result<Locked> {
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
-        let locked = self.owner(|| {
-            query::by_index(|| {
-                query::row(&self.lock_sql, &[self.id().into()], |r| {
-                    Ok(Locked {
-                        status: JobStatus::parse(&r.get::<String>(1)?.unwrap_or_default())?,
-                        progress: Progress {
-                            next_index: r.get::<i32>(2)?.unwrap_or(0),
-                            item_count: r.get::<i32>(5)?.unwrap_or(0),
-                            chunk_size: r.get::<i32>(6)?.unwrap_or(1),
-                        },
-                        audit_changes: r.get::<i64>(3)?.unwrap_or(0),
-                        item_changes: r.get::<i64>(4)?.unwrap_or(0),
-                        sealed: r.get::<bool>(7)?.unwrap_or(false),
-                        audit_beyond: r.get::<i32>(8)?,
-                        first_key: r.get::<String>(9)?.unwrap_or_default(),
-                        last_key: r.get::<String>(10)?.unwrap_or_default(),
-                    })
-                })
+        self.owner(|| checkpoint::lock(self.id(), &self.def.tables))?
+            .ok_or_else(|| BatchError::UnknownJob {
+                job: self.id().to_string(),
             })
-        })?;
-        locked.ok_or_else(|| BatchError::UnknownJob {
-            job: self.id().to_string(),
-        })
     }
 
     fn next_chunk(&self, tx: &mut TxnLoop, audit: &mut AuditWriter) -> Result<Chunk> {
@@ -289,9 +241,9 @@ impl Job {
             locked.last_key
         ));
 
-        // Statement 2. Its error, a permission, a constraint, a cancel, rolls the chunk
+        // The change. Its error, a permission, a constraint, a cancel, rolls the chunk
         // back with the transaction; it is raised again, saying so.
-        let changed = match self.change(&range, number)? {
+        let changed = match self.change(&range, number, (&locked.first_key, &locked.last_key))? {
             Change::Done(changed) => changed,
             Change::Conflict(known) => {
                 tx.rollback();
@@ -331,20 +283,15 @@ impl Job {
         };
         crash::reached(Point::AfterChange);
 
-        // The audit rows, then statement 3.
-        let status = self
-            .owner(|| {
-                audit.write(&ChunkAudit {
-                    job_id: self.id(),
-                    chunk: number,
-                    changed: &changed,
-                })?;
-                query::one::<String>(
-                    sql::ADVANCE,
-                    &[self.id().into(), range.start.into(), range.end.into()],
-                )
-            })?
-            .ok_or_else(|| BatchError::Internal("the checkpoint did not move".into()))?;
+        // The audit rows, then the checkpoint.
+        let status = self.owner(|| {
+            audit.write(&ChunkAudit {
+                job_id: self.id(),
+                chunk: number,
+                changed: &changed,
+            })?;
+            checkpoint::advance(self.id(), &self.def.tables, &range)
+        })?;
         // nothing runs between the audit rows and the checkpoint: one point after both
         crash::reached(Point::AfterCheckpoint);
         tx.commit();
@@ -363,19 +310,23 @@ impl Job {
             items: len as i64,
             first_key: locked.first_key,
             last_key: locked.last_key,
-            last: JobStatus::parse(&status)? == JobStatus::Done,
+            last: status == JobStatus::Done,
         })
     }
 
     /// The business change of one chunk, as the registering role.
-    fn change(&self, range: &Range<i32>, number: i32) -> Result<Change> {
+    fn change(&self, range: &Range<i32>, number: i32, keys: (&str, &str)) -> Result<Change> {
+        let bounds = match self.key_type {
+            Some(key_type) => vec![query::typed(key_type, keys.0)?, query::typed(key_type, keys.1)?],
+            None => Vec::new(),
+        };
         let mut args: Vec<DatumWithOid> = vec![
             range.start.into(),
             range.end.into(),
             self.def.tenant.as_str().into(),
         ];
         if self.def.handler.is_none() {
-            args.extend(self.constants.iter().map(query::Opaque::arg));
+            args.extend(self.constants.iter().chain(&bounds).map(query::Opaque::arg));
         }
         let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
             as_author(
@@ -422,12 +373,10 @@ impl Job {
                     row.get::<String>(3)?.unwrap_or_default(),
                 ))
             })?;
+        // Fewer items than the chunk's positions: the frozen list is short, which the
+        // check after the rollback finds and reports as corrupt progress.
         if rows.len() != range.len() {
-            return Err(BatchError::Internal(format!(
-                "the handler was called for {} of {} items",
-                rows.len(),
-                range.len()
-            )));
+            return Ok(Change::Conflict(None));
         }
         let mut changed = Vec::with_capacity(rows.len());
         for (position, result, key) in rows {

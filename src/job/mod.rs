@@ -12,6 +12,7 @@
 //! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
+//! - `checkpoint` the job's row in a chunk: locked and checked, the checkpoint moved.
 //! - `audit`      a chunk's audit rows, written into the job's partition.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
@@ -21,6 +22,7 @@
 pub mod abort;
 pub mod approval;
 pub mod audit;
+pub mod checkpoint;
 pub mod columns;
 pub mod conflict;
 pub mod crash;

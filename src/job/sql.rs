@@ -49,31 +49,12 @@ macro_rules! seal {
     };
 }
 
-/// Locks the job's row, so that two drainers never pick the same next chunk, and reads
-/// the checkpoint as the last committed transaction left it: whether its seal holds, the
-/// first audit row at or beyond it (there must be none), and the keys the next chunk
-/// starts and ends with, for what pg_stat_activity shows: three index probes, which run
-/// once the lock is granted, on the row's latest version (the outer query reads what the
-/// locking one returns; run with `query::by_index`).
-pub const LOCK_JOB: &str = concat!(
-    "SELECT l.status, l.next_index, l.audit_changes, l.item_changes, l.item_count, l.chunk_size,
-       l.sealed,
-       (SELECT a.position FROM {audit} a
-         WHERE a.position OPERATOR(pg_catalog.>=) l.next_index
-         ORDER BY a.position LIMIT 1),
-       (SELECT i.item_key FROM {items} i WHERE i.position OPERATOR(pg_catalog.=) l.next_index),
-       (SELECT i.item_key FROM {items} i
-         WHERE i.position OPERATOR(pg_catalog.=)
-               (LEAST(l.next_index OPERATOR(pg_catalog.+) l.chunk_size, l.item_count)
-                OPERATOR(pg_catalog.-) 1))
-  FROM (SELECT j.status, j.next_index, j.audit_changes, j.item_changes, j.item_count,
-               j.chunk_size,
-               j.seal OPERATOR(pg_catalog.=) ",
-    seal!("j.job_id", "j.next_index", "j.chunks_committed"),
-    " AS sealed
-          FROM etc_batch.job j
-         WHERE j.job_id OPERATOR(pg_catalog.=) $1
-           FOR UPDATE OF j) l"
+/// The seal alone, $1 job, $2 next_index, $3 chunks_committed: what checkpoint.rs
+/// computes without a statement, held to the statements' by a test.
+#[cfg(any(test, feature = "pg_test"))]
+pub const SEAL: &str = concat!(
+    "SELECT ",
+    seal!("$1", "$2::pg_catalog.int4", "$3::pg_catalog.int4")
 );
 
 /// The first audit row at or beyond the checkpoint, and the key approved there; there
@@ -109,7 +90,9 @@ SELECT i.item_key, i.revision, i.guards::pg_catalog.text
  WHERE i.position OPERATOR(pg_catalog.=) $1";
 
 /// The checkpoint moved past the chunk [$2, $3), with its new seal, once the chunk's
-/// audit rows are written (see `audit`). $1 job. Returns the job's status after it.
+/// audit rows are written (see `audit`): what checkpoint::advance does in place, as a
+/// statement where etc_batch.job has a trigger for it. $1 job. Returns the job's status
+/// after it.
 pub const ADVANCE: &str = concat!(
     "UPDATE etc_batch.job
    SET next_index = $3,

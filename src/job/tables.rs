@@ -36,6 +36,11 @@ impl JobTables {
         &self.items
     }
 
+    /// The item partition's name within schema etc_batch, for direct reads.
+    pub fn items_relname(&self) -> String {
+        format!("job_item_{}", self.number)
+    }
+
     /// The audit partition's name within schema etc_batch, for the audit writer.
     pub fn audit_relname(&self) -> String {
         format!("job_audit_{}", self.number)

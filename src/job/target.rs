@@ -196,17 +196,30 @@ impl Target {
         }
     }
 
+    /// Whether the key column is an integer: then the frozen list's order (by value) is
+    /// the order of the target's key, and a chunk's keys lie between its first and last.
+    pub fn key_is_integer(&self) -> bool {
+        self.shape
+            .columns
+            .get(&self.shape.key_column)
+            .is_some_and(|c| matches!(c.kind, Kind::Int { .. }))
+    }
+
     /// The guarded change of one chunk, one statement, run as the registering role: the
     /// chunk's items read from the job's own partition, every one that still matches
     /// changed (its revision incremented). Returns the position of each item changed and
     /// the revision its row has now, for the audit. $1, $2 the chunk's positions,
-    /// $3 tenant, then the job's constants.
+    /// $3 tenant, then the job's constants; with `key_bounds` (an integer key, see
+    /// key_is_integer), then the chunk's first and last key, so that the planner reads
+    /// the chunk's rows of the target by one range of its key instead of one probe per
+    /// item.
     pub fn change_sql(
         &self,
         items: &str,
         chunk_size: i32,
         guard_columns: &[String],
         constants: &Constants,
+        key_bounds: bool,
     ) -> String {
         let s = &self.shape;
         let rev = self.col(&s.revision_column);
@@ -218,13 +231,21 @@ impl Target {
             })
             .collect();
         assignments.push(format!("{rev} = t.{rev} OPERATOR(pg_catalog.+) 1"));
+        let mut conditions = self.item_matches(guard_columns, constants);
+        if key_bounds {
+            let (key, first) = (self.col(&s.key_column), constants.after());
+            conditions.push_str(&format!(
+                "\n     AND t.{key} OPERATOR(pg_catalog.>=) ${first} AND t.{key} OPERATOR(pg_catalog.<=) ${}",
+                first + 1
+            ));
+        }
         format!(
             "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
              RETURNING it.position, t.{rev}::pg_catalog.int8",
             self.sql_name,
             assignments.join(", "),
             Self::chunk_items(items, chunk_size),
-            self.item_matches(guard_columns, constants),
+            conditions,
         )
     }
 
@@ -365,6 +386,16 @@ impl Constants {
     fn expected(&self) -> impl Iterator<Item = (&str, Option<usize>)> {
         let after_set = 4 + self.set.iter().filter(|(_, v)| v.is_some()).count();
         Self::numbered(&self.expect, after_set)
+    }
+
+    /// The number of the first parameter after the bound values.
+    fn after(&self) -> usize {
+        4 + self
+            .set
+            .iter()
+            .chain(&self.expect)
+            .filter(|(_, v)| v.is_some())
+            .count()
     }
 
     fn numbered(

@@ -785,3 +785,23 @@ def test_a_column_added_to_step_audit_stops_the_runner_cleanly(db):
     assert db.side_counts(batch) == {1: 1, 2: 1}
     assert [(r["step_id"], r["outcome"]) for r in db.audit(batch)] == [
         (ids[0], "done"), (ids[1], "done")]
+
+
+def test_steps_run_in_id_order_even_without_system_indexes(db):
+    """The runner reads "the next step" by batch_log's primary key itself, never by a
+    catalog scan that falls back to the heap, in no order, when a session starts with
+    ignore_system_indexes (which any role may set): steps added out of id order still
+    run in id order, each once."""
+    batch = db.new_batch("noindexes")
+    base = db.admin.execute("SELECT coalesce(max(id), 0) + 10 AS base FROM etc_batch.batch_log").fetchone()["base"]
+    # added 3, 1, 2: the heap holds them in that order
+    for k in (3, 1, 2):
+        db.admin.execute("SELECT etc_batch.add_step(%s, %s, %s)",
+                         (batch, db.side_command(batch, k), base + k))
+    conn = db.connect(options="-c ignore_system_indexes=on")
+    assert conn.execute("SHOW ignore_system_indexes").fetchone()[0] == "on"
+    notices = db.call(base + 1, conn=conn)
+    assert notices == [committed_notice(base + k, batch) for k in (1, 2, 3)]
+    assert db.side_counts(batch) == {1: 1, 2: 1, 3: 1}
+    assert [(r["step_id"], r["outcome"]) for r in db.audit(batch)] == [
+        (base + k, "done") for k in (1, 2, 3)]

@@ -143,7 +143,7 @@ def job_row(db, job):
     return db.admin.execute(
         """SELECT job_id, status, next_index, item_count, chunk_size, chunks_committed,
                   audit_changes, item_changes, problem, status_reason,
-                  registered_by::text AS registered_by, registered_at
+                  registered_by::text AS registered_by, registered_at, job_number
              FROM etc_batch.job WHERE job_id = %s""",
         (job,),
     ).fetchone()
@@ -910,6 +910,37 @@ def test_handler_conflict_rolls_back_the_chunk(db):
     j = job_row(db, job)
     assert (j["status"], j["next_index"]) == ("conflict", 10)
     assert j["problem"]["key"] == str(contested)
+
+
+@pytest.mark.parametrize("kind", ["set_values", "handler"])
+def test_an_item_removed_from_the_list_unseen_makes_the_job_corrupt(db, kind):
+    """An approved item deleted with the counting trigger bypassed (a superuser under
+    session_replication_role = replica) leaves the seal and the counters as they were;
+    the chunk that should hold it changes one row fewer than it has positions, is rolled
+    back whole, and the job is corrupt (XX001), for a guarded update as for a handler."""
+    orders = Orders(db, f"short_{kind}", a_ids=range(1, 40))
+    keys = pick_keys(13, 25, range(1, 40))
+    job = db.new_batch(f"short_{kind}")
+    if kind == "handler":
+        register(db.connect(), job, orders.name, orders.items(keys),
+                 set_values=None, expect=None, handler=make_handler(db, orders))
+    else:
+        register(db.connect(), job, orders.name, orders.items(keys))
+    assert drain(db.connect(), job, 1)["committed_chunks"] == 1
+    number = job_row(db, job)["job_number"]
+    with db.connect() as c:
+        c.execute("SET session_replication_role = replica")
+        c.execute(f"DELETE FROM etc_batch.job_item_{number} WHERE position = 13")
+    assert job_row(db, job)["item_changes"] == 0
+
+    with pytest.raises(errors.DataCorrupted) as refused:
+        drain(db.connect(), job)
+    assert refused.value.sqlstate == "XX001"
+    assert "Positions 10 to 19 should hold 10 approved items, but 9 were found." in str(refused.value)
+    assert_changed_once(orders, keys[:10])
+    assert_untouched(orders, keys[10:])
+    j = job_row(db, job)
+    assert (j["status"], j["next_index"]) == ("corrupt", 10)
 
 
 # 8. max_chunks, done jobs, aborted jobs ---------------------------------------------------
