@@ -8,7 +8,7 @@
 //! chain/     chains behind exec_batch_from_id: the rules (step), managing steps
 //!            (steps), the commit loop (runner), its statements (sql).
 //! job/       checkpointed jobs behind drain_job: the approval, the checkpoint's
-//!            rules, registration, the drain loop, reports.
+//!            rules and the job's row in a chunk, registration, the drain loop, reports.
 //! lease/     leases and the fence that stops a holder who lost one.
 //! procedure  a C-language procedure that commits: arguments by name, INOUT results.
 //! txn        the one place that talks to SPI in non-atomic mode, commits, and opens
@@ -17,7 +17,8 @@
 //! memory     a memory context reset for every round of a loop; memory handed back.
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
-//! rows       rows written straight into etc_batch's own tables, as COPY writes them.
+//! rows       rows of etc_batch's own tables read, locked and written without a
+//!            statement, by their index; audit rows written as COPY writes them.
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
 //! activity   what pg_stat_activity shows while a chain or a job runs.

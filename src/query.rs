@@ -86,7 +86,7 @@ impl Row<'_> {
 ///
 /// # Safety
 /// `desc` must be a valid tuple descriptor with more than `i` attributes.
-unsafe fn attribute<R>(
+pub(crate) unsafe fn attribute<R>(
     desc: pg_sys::TupleDesc,
     i: usize,
     read: impl FnOnce(&pg_sys::FormData_pg_attribute) -> R,

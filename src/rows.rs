@@ -1,9 +1,11 @@
-//! Rows of etc_batch's own tables written without a statement, for what every chunk
-//! and every step writes: the audit rows, inserted the way COPY inserts them (a
-//! multi-insert into the heap, then each row into every index, unique checks included),
-//! and a step's own row, changed in place as catalog rows are (one heap update, the
-//! indexes only when it could not be a HOT update). No statement is planned, started
-//! and ended for them, which is most of what an INSERT or UPDATE of one row costs.
+//! Rows of etc_batch's own tables read, locked and written without a statement, for
+//! what every chunk and every step does to them: the audit rows, inserted the way COPY
+//! inserts them (a multi-insert into the heap, then each row into every index, unique
+//! checks included); a step's or a job's own row, locked as FOR UPDATE locks it and
+//! changed in place as catalog rows are (one heap update, the indexes only when it
+//! could not be a HOT update); and single rows found by a unique index that their key
+//! column leads. No statement is planned, started and ended for them, which is most of
+//! what a statement of one row costs.
 //!
 //! What a statement would also do and this does not: evaluate defaults and check
 //! constraints (etc_batch gives every column, with values it made). Triggers are the
@@ -16,7 +18,9 @@ use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
-use std::ffi::CString;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 
 /// The columns a writer gives, by name and type (a domain's base type: a value is
 /// written as it is, its domain's check not evaluated), in the order `fill` gives them.
@@ -81,13 +85,8 @@ impl RowWriter {
         // ERROR (a duplicate row, a dropped table) unwinds through this: the
         // transaction's abort releases the table, the locks and the memory.
         unsafe {
-            let range = pg_sys::makeRangeVar(
-                c"etc_batch".as_ptr() as *mut _,
-                self.table.as_ptr() as *mut _,
-                -1,
-            );
             let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-            let rel = pg_sys::table_openrv(range, lock);
+            let rel = open_own_table(&self.table, lock);
             if fires(rel, Write::Insert) {
                 pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return self.insert_statements(rows, fill);
@@ -294,6 +293,46 @@ unsafe fn insert_index_tuples(
     }
 }
 
+thread_local! {
+    /// The OIDs of etc_batch's tables by name, looked up once per backend: a name
+    /// looked up in the catalog every time costs a namespace search and a cache probe
+    /// per open, several times per step or chunk.
+    static OIDS: RefCell<HashMap<CString, (pg_sys::Oid, pg_sys::Oid)>> = RefCell::new(HashMap::new());
+}
+
+/// The table etc_batch.`name`, opened with `lock` (an ERROR if there is none). A kept
+/// OID is used only if the relation it opens, once locked (so that it cannot go away
+/// meanwhile), still has that name in the schema it had (by the schema's OID, kept
+/// with it); otherwise (dropped, or a job's partitions pruned) the name is looked up
+/// again.
+///
+/// # Safety
+/// In a transaction; the caller closes the relation.
+unsafe fn open_own_table(name: &CStr, lock: pg_sys::LOCKMODE) -> pg_sys::Relation {
+    if let Some((oid, schema)) = OIDS.with(|o| o.borrow().get(name).copied()) {
+        let rel = pg_sys::try_table_open(oid, lock);
+        if !rel.is_null() {
+            let form = &*(*rel).rd_rel;
+            if form.relnamespace == schema && CStr::from_ptr(form.relname.data.as_ptr()) == name {
+                return rel;
+            }
+            pg_sys::table_close(rel, lock);
+        }
+        OIDS.with(|o| o.borrow_mut().remove(name));
+    }
+    let range = pg_sys::makeRangeVar(c"etc_batch".as_ptr() as *mut _, name.as_ptr() as *mut _, -1);
+    let rel = pg_sys::table_openrv(range, lock);
+    OIDS.with(|o| {
+        let mut oids = o.borrow_mut();
+        // a backend that drains thousands of jobs keeps no more than this
+        if oids.len() >= 256 {
+            oids.clear();
+        }
+        oids.insert(name.to_owned(), ((*rel).rd_id, (*(*rel).rd_rel).relnamespace))
+    });
+    rel
+}
+
 /// The kinds of write a trigger may be for.
 #[derive(Clone, Copy)]
 enum Write {
@@ -332,10 +371,14 @@ unsafe fn fires(rel: pg_sys::Relation, write: Write) -> bool {
     }
 }
 
+/// Where a row version lies: what a row lock found, for `update_locked`.
+#[derive(Clone, Copy)]
+pub struct Tid(pg_sys::ItemPointerData);
+
 /// What locking a row came to.
 pub enum Lock<R> {
-    /// Locked, and read.
-    Row(R),
+    /// Locked, and read; the version locked is at the Tid.
+    Row(R, Tid),
     /// Another transaction holds its lock, and the caller asked not to wait.
     HeldByAnother,
     /// There is no such row (any more).
@@ -405,17 +448,7 @@ impl Fields<'_> {
     /// misread.
     pub fn get<T: pgrx::FromDatum + pgrx::IntoDatum>(&self, name: &str) -> Result<Option<T>> {
         let column = self.table.attribute(name)?;
-        // an OID alias (regrole, regclass, ...) is an oid as it is stored
-        let oid_alias = T::type_oid() == pg_sys::OIDOID
-            && [
-                pg_sys::REGROLEOID,
-                pg_sys::REGCLASSOID,
-                pg_sys::REGPROCEDUREOID,
-                pg_sys::REGNAMESPACEOID,
-                pg_sys::REGTYPEOID,
-            ]
-            .contains(&column.base_type);
-        if !T::is_compatible_with(column.base_type) && !oid_alias {
+        if !holds::<T>(column.type_oid) {
             return Err(self.table.layout_error(name));
         }
         // SAFETY: the tuple is a row of the open table, whose descriptor this is.
@@ -423,17 +456,37 @@ impl Fields<'_> {
             let mut is_null = false;
             let datum =
                 pg_sys::heap_getattr(self.tuple, column.attnum, self.table.desc(), &mut is_null);
-            Ok(T::from_polymorphic_datum(datum, is_null, column.base_type))
+            Ok(T::from_polymorphic_datum(datum, is_null, column.type_oid))
         }
     }
 }
 
-/// A live column of a table: its attribute number (1-based), and its type, a domain
-/// read as its base type.
+/// Whether a column of type `type_oid` is read as a `T`: its own type, a domain's base
+/// type, or an OID alias (regrole, regclass, ...) read as an oid, which is how it is
+/// stored. The base type is looked up only when the type itself does not fit.
+fn holds<T: pgrx::IntoDatum>(type_oid: pg_sys::Oid) -> bool {
+    if T::is_compatible_with(type_oid) {
+        return true;
+    }
+    const OID_ALIASES: [pg_sys::Oid; 5] = [
+        pg_sys::REGROLEOID,
+        pg_sys::REGCLASSOID,
+        pg_sys::REGPROCEDUREOID,
+        pg_sys::REGNAMESPACEOID,
+        pg_sys::REGTYPEOID,
+    ];
+    if T::type_oid() == pg_sys::OIDOID && OID_ALIASES.contains(&type_oid) {
+        return true;
+    }
+    // SAFETY: a catalog lookup; an unknown type raises an ERROR, as a statement would
+    let base = unsafe { pg_sys::getBaseType(type_oid) };
+    base != type_oid && T::is_compatible_with(base)
+}
+
+/// A live column of a table: its attribute number (1-based) and its type.
 struct TableColumn {
-    name: String,
     attnum: i32,
-    base_type: pg_sys::Oid,
+    type_oid: pg_sys::Oid,
 }
 
 /// One of etc_batch's tables, open for the span of `with_table`'s closure, its rows read
@@ -443,7 +496,6 @@ pub struct Table<'a> {
     name: &'a str,
     rel: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
-    columns: Vec<TableColumn>,
 }
 
 /// The table etc_batch.`table`, open to be written (RowExclusiveLock, kept until the
@@ -463,29 +515,14 @@ fn open_table<R>(table: &str, lock: u32, work: impl FnOnce(&Table) -> Result<R>)
     // SAFETY: the snapshot is registered and the relation open until the closure
     // returns; an ERROR inside leaves both to the transaction's abort.
     unsafe {
-        let range =
-            pg_sys::makeRangeVar(c"etc_batch".as_ptr() as *mut _, name.as_ptr() as *mut _, -1);
-        let rel = pg_sys::table_openrv(range, lock as pg_sys::LOCKMODE);
+        let rel = open_own_table(&name, lock as pg_sys::LOCKMODE);
         // what the statements of this transaction wrote so far is visible
         pg_sys::CommandCounterIncrement();
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let desc = pgrx::tupdesc::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
-        let columns = (0..desc.len())
-            .filter_map(|i| {
-                let a = desc.get(i).expect("the attribute exists");
-                (!a.attisdropped).then(|| TableColumn {
-                    name: a.name().to_string(),
-                    attnum: i as i32 + 1,
-                    base_type: pg_sys::getBaseType(a.atttypid),
-                })
-            })
-            .collect();
-        drop(desc);
         let t = Table {
             name: table,
             rel,
             snapshot,
-            columns,
         };
         let result = work(&t);
         pg_sys::UnregisterSnapshot(snapshot);
@@ -514,11 +551,29 @@ impl Table<'_> {
         }
     }
 
-    fn attribute(&self, name: &str) -> Result<&TableColumn> {
-        self.columns
-            .iter()
-            .find(|c| c.name == name)
-            .ok_or_else(|| self.layout_error(name))
+    /// Column `name`, looked up in the relation's descriptor by its bytes (a few
+    /// columns: cheaper than building a map at every open).
+    fn attribute(&self, name: &str) -> Result<TableColumn> {
+        // SAFETY: the relation is open; its descriptor and attribute names live as long,
+        // and each name is NUL-terminated within its NameData.
+        unsafe {
+            let desc = self.desc();
+            for i in 0..(*desc).natts as usize {
+                let found = query::attribute(desc, i, |a| {
+                    (!a.attisdropped
+                        && std::ffi::CStr::from_ptr(a.attname.data.as_ptr()).to_bytes()
+                            == name.as_bytes())
+                    .then_some(a.atttypid)
+                });
+                if let Some(type_oid) = found {
+                    return Ok(TableColumn {
+                        attnum: i as i32 + 1,
+                        type_oid,
+                    });
+                }
+            }
+        }
+        Err(self.layout_error(name))
     }
 
     /// The first row, in the order of a unique btree index that `column` leads, whose
@@ -535,7 +590,7 @@ impl Table<'_> {
         read: impl FnOnce(&Fields) -> Result<R>,
     ) -> Result<Option<R>> {
         let attribute = self.attribute(column)?;
-        if attribute.base_type != key.type_oid() {
+        if attribute.type_oid != key.type_oid() {
             return Err(self.layout_error(column));
         }
         let (strategy, procedure, datum) = key.scan(compare);
@@ -617,11 +672,11 @@ impl Table<'_> {
         Ok(found)
     }
 
-    fn column_name(&self, attnum: i32) -> &str {
-        self.columns
-            .iter()
-            .find(|c| c.attnum == attnum)
-            .map_or("?", |c| c.name.as_str())
+    fn column_name(&self, attnum: i32) -> String {
+        // SAFETY: the relation is open.
+        let desc = unsafe { pgrx::tupdesc::PgTupleDesc::from_pg_unchecked(self.desc()) };
+        desc.get(attnum as usize - 1)
+            .map_or_else(|| "?".to_string(), |a| a.name().to_string())
     }
 
     /// Reads the row whose key column `column` equals `key`. None: there is none.
@@ -706,7 +761,8 @@ impl Table<'_> {
                 pg_sys::TM_Result::TM_Ok => {
                     let mut free = false;
                     let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
-                    read(&Fields { table: self, tuple }).map(Lock::Row)
+                    let at = Tid((*tuple).t_self);
+                    read(&Fields { table: self, tuple }).map(|row| Lock::Row(row, at))
                 }
                 pg_sys::TM_Result::TM_WouldBlock => Ok(Lock::HeldByAnother),
                 pg_sys::TM_Result::TM_Deleted => Ok(Lock::Missing),
@@ -733,7 +789,7 @@ impl Table<'_> {
         &self,
         column: &str,
         key: Key,
-        change: impl FnOnce(&Fields) -> Result<(Vec<(&'static str, Option<pg_sys::Datum>)>, R)>,
+        change: impl FnOnce(&Fields) -> Result<(Vec<Change>, R)>,
     ) -> Result<Option<R>> {
         let found = self.find(column, key, |row| {
             // SAFETY: a copy of the row, which outlives the scan
@@ -744,6 +800,49 @@ impl Table<'_> {
         let Some((old, changes, result)) = found else {
             return Ok(None);
         };
+        // SAFETY: `old` is a copy of the row's latest version, which the caller's lock
+        // keeps latest
+        unsafe { self.write_new_version(old, changes)? };
+        Ok(Some(result))
+    }
+
+    /// As update_by_key, for the row this transaction locked at `at` (lock_by_key): read
+    /// there, without looking it up again, unless a statement of this transaction has
+    /// changed it since; then found again by its key.
+    pub fn update_locked<R>(
+        &self,
+        at: Tid,
+        column: &str,
+        key: Key,
+        change: impl FnOnce(&Fields) -> Result<(Vec<Change>, R)>,
+    ) -> Result<Option<R>> {
+        // SAFETY: the version at `at` is fetched into a slot of the open table if this
+        // snapshot sees it (no later version of this transaction hides it), copied, and
+        // the slot dropped before the new version is written.
+        unsafe {
+            let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
+            let mut tid = at.0;
+            if !pg_sys::table_tuple_fetch_row_version(self.rel, &mut tid, self.snapshot, slot) {
+                pg_sys::ExecDropSingleTupleTableSlot(slot);
+                return self.update_by_key(column, key, change);
+            }
+            let mut free = false;
+            let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
+            let old = pg_sys::heap_copytuple(tuple);
+            let read = change(&Fields { table: self, tuple });
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            let (changes, result) = read?;
+            self.write_new_version(old, changes)?;
+            Ok(Some(result))
+        }
+    }
+
+    /// Writes the new version of row `old` with `changes`, in its place.
+    ///
+    /// # Safety
+    /// `old` is a copy of the latest version of a row of this table that the
+    /// transaction holds the lock of.
+    unsafe fn write_new_version(&self, old: pg_sys::HeapTuple, changes: Vec<Change>) -> Result<()> {
         let mut columns = Vec::with_capacity(changes.len());
         let mut values = Vec::with_capacity(changes.len());
         let mut nulls = Vec::with_capacity(changes.len());
@@ -752,24 +851,25 @@ impl Table<'_> {
             values.push(value.unwrap_or(pg_sys::Datum::from(0)));
             nulls.push(value.is_none());
         }
-        // SAFETY: the new version of a row of the open table, written in its place as
-        // the caller's row lock allows; its index entries follow unless it was HOT.
-        unsafe {
-            let new = pg_sys::heap_modify_tuple_by_cols(
-                old,
-                self.desc(),
-                columns.len() as i32,
-                columns.as_mut_ptr(),
-                values.as_mut_ptr(),
-                nulls.as_mut_ptr(),
-            );
-            if let Some(only_summarizing) = heap_update(self.rel, old, new) {
-                index_new_version(self.rel, new, only_summarizing);
-            }
+        // the new version written in its place as the caller's row lock allows; its index
+        // entries follow unless it was HOT
+        let new = pg_sys::heap_modify_tuple_by_cols(
+            old,
+            self.desc(),
+            columns.len() as i32,
+            columns.as_mut_ptr(),
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        );
+        if let Some(only_summarizing) = heap_update(self.rel, old, new) {
+            index_new_version(self.rel, new, only_summarizing);
         }
-        Ok(Some(result))
+        Ok(())
     }
 }
+
+/// A column's new value, None for NULL.
+pub type Change = (&'static str, Option<pg_sys::Datum>);
 
 /// index_beginscan, which PostgreSQL 18 gave an argument for instrumentation.
 ///

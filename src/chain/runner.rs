@@ -15,7 +15,7 @@ use crate::installed;
 use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
-use crate::rows::{self, Key, Lock};
+use crate::rows::{self, Key, Lock, Tid};
 use crate::txn::{subtransaction, FailureKind, TxnLoop};
 use pgrx::datum::{clock_timestamp as now, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -142,7 +142,7 @@ impl Runner {
             as_role(self.bookkeeper, || fence.check())?;
         }
         let lock_requested = now();
-        let Some(step) = self.lock(id)? else {
+        let Some((step, at)) = self.lock(id)? else {
             self.report_holder(id)?;
             return Ok(Flow::Yielded);
         };
@@ -205,7 +205,7 @@ impl Runner {
                     Ok(()) => {
                         let next = self.owner(|| {
                             let (batch, attempt, added_by, next) =
-                                mark_done(id, started, finished)?;
+                                mark_done(id, at, started, finished)?;
                             self.audit.borrow_mut().write(&Attempt {
                                 outcome: "done",
                                 ran: Some((started, finished)),
@@ -270,9 +270,10 @@ impl Runner {
         as_role(self.bookkeeper, work)
     }
 
-    /// Takes the step's row lock and reads the step as it is now. `None`: another
-    /// runner holds it and `wait` is false.
-    fn lock(&self, id: i64) -> Result<Option<LockedStep>> {
+    /// Takes the step's row lock and reads the step as it is now, and where the locked
+    /// version lies (for marking it done). `None`: another runner holds it and `wait` is
+    /// false.
+    fn lock(&self, id: i64) -> Result<Option<(LockedStep, Tid)>> {
         let step = as_role(self.bookkeeper, || {
             rows::with_table("batch_log", |steps| {
                 steps.lock_by_key("id", Key::Int8(id), self.wait, |row| {
@@ -293,7 +294,7 @@ impl Runner {
             })
         })?;
         match step {
-            Lock::Row(step) => Ok(Some(step)),
+            Lock::Row(step, at) => Ok(Some((step, at))),
             Lock::HeldByAnother => Ok(None),
             Lock::Missing => Err(BatchError::UnknownStep { id }),
         }
@@ -342,6 +343,7 @@ fn run_command(command: &str, deferrable: bool) {
 /// of its batch.
 fn mark_done(
     id: i64,
+    at: Tid,
     started: TimestampWithTimeZone,
     finished: TimestampWithTimeZone,
 ) -> Result<(String, i32, pg_sys::Oid, Option<i64>)> {
@@ -350,7 +352,7 @@ fn mark_done(
             return Ok(None);
         }
         let (batch, attempt, added_by) = steps
-            .update_by_key("id", Key::Int8(id), |row| {
+            .update_locked(at, "id", Key::Int8(id), |row| {
                 let attempt = row.get::<i32>("attempts")?.unwrap_or_default() + 1;
                 let batch = row.get::<String>("batch")?.unwrap_or_default();
                 let added_by = row

@@ -12,7 +12,7 @@ use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
 use crate::query;
-use crate::rows::{self, Key, Lock};
+use crate::rows::{self, Key, Lock, Tid};
 use crate::status::JobStatus;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -31,6 +31,8 @@ pub struct Locked {
     /// The keys of the first and the last item of the next chunk, if there is one.
     pub first_key: String,
     pub last_key: String,
+    /// Where the locked version of the job's row lies, for moving the checkpoint.
+    pub at: Tid,
 }
 
 impl Locked {
@@ -102,8 +104,8 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
             ))
         })
     })?;
-    let (id, status, progress, audit_changes, item_changes, sealed) = match row {
-        Lock::Row(row) => row,
+    let ((id, status, progress, audit_changes, item_changes, sealed), at) = match row {
+        Lock::Row(row, at) => (row, at),
         Lock::Missing => return Ok(None),
         Lock::HeldByAnother => unreachable!("a lock that waits is never skipped"),
     };
@@ -136,13 +138,19 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
         audit_beyond,
         first_key,
         last_key,
+        at,
     }))
 }
 
 /// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,
 /// once the chunk's audit rows are written; where etc_batch.job has a trigger for it (a
 /// DBA's), by sql::ADVANCE, so that it fires. Returns the job's status after it.
-pub fn advance(job_id: &str, tables: &JobTables, range: &Range<i32>) -> Result<JobStatus> {
+pub fn advance(
+    job_id: &str,
+    tables: &JobTables,
+    at: Tid,
+    range: &Range<i32>,
+) -> Result<JobStatus> {
     let moved = rows::with_table("job", |jobs| {
         if jobs.fires_on_update() {
             return Ok(None);
@@ -150,7 +158,7 @@ pub fn advance(job_id: &str, tables: &JobTables, range: &Range<i32>) -> Result<J
         // SAFETY: reads the start of the current transaction, now()
         let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
         let now = pg_sys::Datum::from(now);
-        let updated = jobs.update_by_key("job_number", Key::Int8(tables.number), |row| {
+        let updated = jobs.update_locked(at, "job_number", Key::Int8(tables.number), |row| {
             let next_index = row.get::<i32>("next_index")?.unwrap_or(-1);
             if next_index != range.start {
                 return Err(BatchError::Internal("the checkpoint did not move".into()));

@@ -6,7 +6,8 @@
 //! nothing at all.
 
 /// The points, in the order a chunk reaches them: after its change, after its audit
-/// rows and checkpoint (one statement), after its COMMIT.
+/// rows and checkpoint (written one after the other, nothing between them), after its
+/// COMMIT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Point {
     AfterChange,

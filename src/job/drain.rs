@@ -290,7 +290,7 @@ impl Job {
                 chunk: number,
                 changed: &changed,
             })?;
-            checkpoint::advance(self.id(), &self.def.tables, &range)
+            checkpoint::advance(self.id(), &self.def.tables, locked.at, &range)
         })?;
         // nothing runs between the audit rows and the checkpoint: one point after both
         crash::reached(Point::AfterCheckpoint);

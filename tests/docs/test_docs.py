@@ -261,3 +261,29 @@ def test_everything_of_etc_batch_is_documented(catalog):
     ).fetchall()
     missing = sorted(({("", r[0]) for r in routines} | set(relations)) - documented)
     assert not missing, f"not declared in any ```sql signature``` block: {missing}"
+
+
+# -- the benchmark ---------------------------------------------------------------------
+
+LATEST = ROOT / "bench" / "results" / "latest.md"
+QUOTE_START = "<!-- quoted whole: bench/results/latest.md -->"
+QUOTE_END = "<!-- end of bench/results/latest.md -->"
+
+
+def test_the_benchmark_page_quotes_the_latest_results_whole():
+    """docs/benchmark.md shows bench/results/latest.md as bench/run wrote it, every line."""
+    page = (ROOT / "docs" / "benchmark.md").read_text()
+    assert page.count(QUOTE_START) == 1 and page.count(QUOTE_END) == 1
+    quoted = page.split(QUOTE_START, 1)[1].split(QUOTE_END, 1)[0]
+    assert quoted.strip() == LATEST.read_text().strip()
+
+
+def test_the_readme_shows_the_latest_targets():
+    """README's "How fast" table is the Targets table of bench/results/latest.md."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## How fast", 1)[1].split("\n## ", 1)[0]
+    rows = [l for l in section.splitlines() if l.startswith("| ") and not l.startswith("| target")]
+    latest = LATEST.read_text()
+    targets = latest.split("**Targets**", 1)[1]
+    expected = [l for l in targets.splitlines() if l.startswith("| ") and not l.startswith("| target")]
+    assert rows and rows == expected
