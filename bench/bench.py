@@ -327,6 +327,8 @@ TARGETS = [
     ("chains ≥ 1.0 × the seed's runner", lambda r: r["chains"]["ratio"]["median"], 1.0, "≥"),
     ("big job: per-chunk time at the end ≤ 1.2 × the start",
      lambda r: r["scale"]["end_over_start"], 1.2, "≤"),
+    ("big job: registration time per item over a tenth-size job's",
+     lambda r: r["scale"]["register_per_item_over_tenth"], 1.1, "≤"),
     ("big job: registration's private memory, peak over before, MB",
      lambda r: r["scale"]["register_rss_mb"]["peak"] - r["scale"]["register_rss_mb"]["before"], 64, "≤"),
     ("big job: the draining call's private memory, peak over before, MB",
@@ -428,7 +430,10 @@ def markdown(r):
             f"**A {sc['items']:,}-item job** registered from a query and drained by one call, chunk "
             f"{sc['chunk_size']:,}: registration {sc['register_seconds']} s ({sc['register_us_per_item']} µs "
             f"an item), the registering backend's private memory {sc['register_rss_mb']['before']} MB before, "
-            f"{sc['register_rss_mb']['peak']} MB at its peak, {sc['register_rss_mb']['after']} MB after; "
+            f"{sc['register_rss_mb']['peak']} MB at its peak, {sc['register_rss_mb']['after']} MB after "
+            f"(jobs a tenth the size, registered before and after it: "
+            f"{' and '.join(str(v) for v in sc['tenth_register_us_per_item'])} µs an item, so "
+            f"{sc['register_per_item_over_tenth']} × as much per item at the full size); "
             f"the drain {sc['drain_seconds']} s ({sc['drain_rows_per_s']:,} rows/s), its memory "
             f"{sc['drain_rss_mb']['before']} MB before and {sc['drain_rss_mb']['peak']} MB at its peak, "
             f"returning {sc['drain_result']}; per chunk {sc['chunk_ms_start']} ms at the start, "

@@ -2,7 +2,9 @@
 registration time and the registering backend's private memory, the draining
 backend's memory and what the call returns, per-chunk time at the start, in the middle
 and at the end of the job (from the commit times the audit records), the bytes of
-history per item, and the time and WAL of pruning the finished job. Then register_job
+history per item, and the time and WAL of pruning the finished job; and two
+registrations a tenth the size, one before and one after the big one, for the time per
+item at either size. Then register_job
 with a jsonb list: the memory it takes, and what it hands back.
 
 Run by bench/run (or alone, against the cluster libpq finds through PGHOST/PGPORT):
@@ -127,6 +129,19 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
         c.execute("CHECKPOINT")
         pid = c.info.backend_pid
 
+        def register_tenth(job):
+            """A job of a tenth of the items, from the same table: the time per item of
+            a registration a tenth the size, to compare with the big one's."""
+            t = time.perf_counter()
+            c.execute(
+                "SELECT * FROM etc_batch.register_job_from_query(%s, 'A', 'orders', "
+                "$$SELECT id, revision, qty FROM orders WHERE tenant = 'A' AND id <= " + str(items // 10) + "$$, "
+                "%s, '{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
+                (job, chunk),
+            ).fetchone()
+            return (time.perf_counter() - t) * 1e6 / (items // 10)
+
+        tenth_before = register_tenth("tenth-before")
         t = time.perf_counter()
         with Watch(pid) as w:
             created = c.execute(
@@ -136,6 +151,10 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
                 (chunk,),
             ).fetchone()
         seconds = time.perf_counter() - t
+        tenth_after = register_tenth("tenth-after")
+        r["tenth_register_us_per_item"] = [round(tenth_before, 2), round(tenth_after, 2)]
+        r["register_per_item_over_tenth"] = round(
+            seconds * 1e6 / items / ((tenth_before + tenth_after) / 2), 2)
         r["registered"] = list(created)
         r["register_seconds"] = round(seconds, 1)
         r["register_us_per_item"] = round(seconds * 1e6 / items, 2)
