@@ -243,19 +243,23 @@ class Bench:
 
     # -- concurrency -------------------------------------------------------------------
 
-    def concurrency(self, chunk, drainers, one_job):
+    def concurrency(self, chunk, drainers, mode):
+        """Rows per second of `drainers` concurrent drain_job calls over the orders:
+        mode "separate", one sequential job each; "one_job", one sequential job for
+        all; "parallel", one parallel job for all."""
         with quiet(connect(self.db)) as c:
             self.fresh_orders(c)
             jobs = []
-            parts = 1 if one_job else drainers
+            parts = drainers if mode == "separate" else 1
             size = self.orders // parts
             for k in range(parts):
-                job = f"conc-{drainers}-{one_job}-{k}-{time.monotonic_ns()}"
+                job = f"conc-{drainers}-{mode}-{k}-{time.monotonic_ns()}"
                 c.execute(
                     "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
                     "format('SELECT id, revision, qty FROM orders WHERE tenant = %%L AND id > %%s AND id <= %%s', "
-                    "'A', %s, %s), %s, '{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
-                    (job, k * size, (k + 1) * size, chunk),
+                    "'A', %s, %s), %s, '{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}', "
+                    "parallel => %s)",
+                    (job, k * size, (k + 1) * size, chunk, mode == "parallel"),
                 )
                 jobs.append(job)
         barrier = threading.Barrier(drainers)
@@ -325,6 +329,12 @@ TARGETS = [
     ("A ≥ 1.2 × B at chunk 10", lambda r: r["ratios"]["on"]["10"]["B"]["median"], 1.2, "≥"),
     ("A ≥ 0.85 × E at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["E"]["median"], 0.85, "≥"),
     ("chains ≥ 1.0 × the seed's runner", lambda r: r["chains"]["ratio"]["median"], 1.0, "≥"),
+    ("parallel job, chunk 100: 2 drainers ≥ 1.6 × 1 drainer",
+     lambda r: r["concurrency"]["ratios"]["parallel 2 / 1"]["median"], 1.6, "≥"),
+    ("parallel job, chunk 100: 8 drainers ≥ 1.0 × 2 drainers",
+     lambda r: r["concurrency"]["ratios"]["parallel 8 / 2"]["median"], 1.0, "≥"),
+    ("parallel job, chunk 100, one drainer: time per chunk ≤ 1.1 × a sequential job's",
+     lambda r: r["concurrency"]["ratios"]["sequential 1 / parallel 1"]["median"], 1.1, "≤"),
     ("big job: per-chunk time at the end ≤ 1.2 × the start",
      lambda r: r["scale"]["end_over_start"], 1.2, "≤"),
     ("big job: registration time per item over a tenth-size job's",
@@ -456,13 +466,20 @@ def markdown(r):
             ]
     co = r.get("concurrency")
     if co:
-        lines.append(f"**Concurrency**, chunk {co['chunk']}, rows per second in all:")
+        lines.append(
+            f"**Concurrency**, chunk {co['chunk']}, rows per second in all, the median of "
+            f"{co['reps']} repetitions (each runs every row once, in a turning order): drainers on "
+            "a sequential job each, on one sequential job, and on one parallel job:")
         lines.append("")
-        lines.append("| drainers | separate jobs | one job |")
-        lines.append("|---|---|---|")
+        lines.append("| drainers | separate jobs | one job | one parallel job |")
+        lines.append("|---|---|---|---|")
+
+        def cell(mode, d):
+            runs = co[mode].get(str(d))
+            return "" if runs is None else f"{statistics.median(runs):,.0f}"
+
         for d in co["drainers"]:
-            one = co["one_job"].get(str(d))
-            lines.append(f"| {d} | {co['separate'][str(d)]:,.0f} | {'' if one is None else f'{one:,.0f}'} |")
+            lines.append(f"| {d} | {cell('separate', d)} | {cell('one_job', d)} | {cell('parallel', d)} |")
         lines.append("")
     if r.get("targets"):
         lines += ["**Targets**", "", "| target | measured | |", "|---|---|---|"]
@@ -505,6 +522,7 @@ def main():
                     help="orders D drains (the first of the same list): a client loop is slow")
     ap.add_argument("--big", type=int, default=10_000_000, help="items of the big job; 0 to skip")
     ap.add_argument("--concurrency", type=int, default=1, help="0 to skip the concurrency runs")
+    ap.add_argument("--concurrency-reps", type=int, default=5)
     ap.add_argument("--db", default="bench")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--only", default=None, help="comma-separated methods to run (default all)")
@@ -554,12 +572,21 @@ def main():
         result["chains"]["ratio"] = paired(chains["A"], chains["seed"])
 
     if a.concurrency:
-        conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "separate": {}, "one_job": {}}
-        for d in conc["drainers"]:
-            conc["separate"][str(d)] = b.concurrency(100, d, one_job=False)
-            print(f"concurrency: {d} drainers on separate jobs: {conc['separate'][str(d)]:,.0f} rows/s", flush=True)
-        conc["one_job"]["8"] = b.concurrency(100, 8, one_job=True)
-        print(f"concurrency: 8 drainers on one job: {conc['one_job']['8']:,.0f} rows/s", flush=True)
+        conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "reps": a.concurrency_reps,
+                "separate": {}, "one_job": {}, "parallel": {}}
+        runs = [("separate", d) for d in conc["drainers"]] + [("one_job", 1), ("one_job", 8)]
+        runs += [("parallel", d) for d in conc["drainers"]]
+        for rep in range(a.concurrency_reps):
+            for mode, d in runs[rep % len(runs):] + runs[:rep % len(runs)]:
+                rate = b.concurrency(100, d, mode)
+                conc[mode].setdefault(str(d), []).append(rate)
+                print(f"concurrency rep={rep + 1}: {d} drainers, {mode}: {rate:,.0f} rows/s", flush=True)
+        # the ratios the targets read, repetition by repetition
+        conc["ratios"] = {
+            "parallel 2 / 1": paired(conc["parallel"]["2"], conc["parallel"]["1"]),
+            "parallel 8 / 2": paired(conc["parallel"]["8"], conc["parallel"]["2"]),
+            "sequential 1 / parallel 1": paired(conc["one_job"]["1"], conc["parallel"]["1"]),
+        }
         result["concurrency"] = conc
 
     if a.big:

@@ -14,9 +14,9 @@ REVOKE ALL ON FUNCTION etc_batch.reset_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.retry_step(bigint) FROM PUBLIC;
 
 -- Jobs
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure) IS
-    'Freezes an approved list of items for a job; the same request again changes nothing, a different one under the same job id is refused.';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure) IS
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) IS
+    'Freezes an approved list of items for a job, whose chunks commit in order or, with parallel, in any order by many drainers; the same request again changes nothing, a different one under the same job id is refused.';
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
     'Every approved item of a job: unprocessed, or committed and now matching, drifted or missing.';
@@ -26,8 +26,8 @@ COMMENT ON FUNCTION etc_batch.verify_job(text) IS
     'Compares every audit row of a job with its approved list; a pending job that fails becomes corrupt.';
 COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
     'Stops a job for good, keeping its approval, audit and checkpoint.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.job_report(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;

@@ -131,20 +131,24 @@ BEGIN
         END IF;
     END LOOP;
     FOR r IN
-        SELECT j.job_id, j.status, j.status_reason, j.next_index, j.item_count,
-               x.pid IS NOT NULL AS running
-          FROM etc_batch.job j
-          LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = j.xmax
-         WHERE j.status IN ('conflict', 'corrupt')
-            OR (j.status = 'pending' AND j.next_index > 0)
+        SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
+               p.chunks_committed, p.chunks_total, p.drainers
+          FROM etc_batch.job_progress p
+         WHERE p.status IN ('conflict', 'corrupt')
+            OR (p.status = 'pending' AND p.committed > 0)
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
                 format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
                 'It will not go on: register a new approval for what remains, and abort this one.';
-        ELSIF NOT r.running THEN
+        ELSIF r.drainers = 0 AND r.parallel THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
-                format('%s of %s items committed, and no drainer holds the job: it stopped half-way.', r.next_index, r.item_count),
+                format('%s of %s chunks (%s of %s items) committed, and no drainer holds any of the others: they wait for one.',
+                       r.chunks_committed, r.chunks_total, r.committed, r.approved),
+                format('CALL etc_batch.drain_job(%L) from one or more sessions to go on.', r.job_id);
+        ELSIF r.drainers = 0 THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('%s of %s items committed, and no drainer holds the job: it stopped half-way.', r.committed, r.approved),
                 format('CALL etc_batch.drain_job(%L) to go on.', r.job_id);
         END IF;
     END LOOP;

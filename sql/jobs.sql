@@ -38,7 +38,8 @@ CREATE TABLE etc_batch.job (
     last_commit_at   timestamptz,
     finished_at      timestamptz,
     search_path      text        NOT NULL,
-    job_number       bigint      GENERATED ALWAYS AS IDENTITY UNIQUE
+    job_number       bigint      GENERATED ALWAYS AS IDENTITY UNIQUE,
+    parallel         boolean     NOT NULL DEFAULT false
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -50,6 +51,8 @@ COMMENT ON COLUMN etc_batch.job.item_changes IS 'Updates, deletes and truncates 
 COMMENT ON COLUMN etc_batch.job.search_path IS
     'The search_path of the session that registered the job. The change, its handler and the target''s triggers run with it, never with the caller''s.';
 COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';
+COMMENT ON COLUMN etc_batch.job.parallel IS
+    'Whether the approval lets chunks commit in any order, each claimed by one of any number of drainers: then job_chunk_<job_number> holds which chunks are committed, and next_index reaches item_count only when the job is done.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item and job_audit: job_item_<job_number>, job_audit_<job_number>.';
 
@@ -75,6 +78,18 @@ CREATE TABLE etc_batch.job_audit (
 
 COMMENT ON TABLE etc_batch.job_audit IS
     'One row per changed item, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision the change left the row at, the chunk, the transaction and its time. One partition per job, job_audit_<job_number>, keyed by position.';
+
+CREATE TABLE etc_batch.job_chunk (
+    job_id       text        NOT NULL,
+    chunk        integer     NOT NULL,
+    committed    boolean     NOT NULL DEFAULT false,
+    seal         bigint      NOT NULL,
+    txid         bigint,
+    committed_at timestamptz
+) PARTITION BY LIST (job_id);
+
+COMMENT ON TABLE etc_batch.job_chunk IS
+    'For a parallel job, one row per chunk: whether it is committed, with a seal of that written with it, and the transaction that committed it. A drainer claims a chunk by locking its row, skipping rows other drainers hold, and commits the chunk''s change, its audit rows and committed = true in one transaction; a drainer that dies leaves the row unlocked and the chunk unwritten. One partition per parallel job, job_chunk_<job_number>, keyed by chunk.';
 
 -- Counting changes to what must never change: the per-chunk check reads one number
 -- instead of comparing a million rows (see src/job/progress.rs). A partition's own
@@ -117,7 +132,8 @@ CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item
 -- transaction; a CHECK on the job id spares it the scan of the rows. The registering
 -- role may read its job's frozen list (a chunk's change reads it, as that role) and
 -- nothing else of etc_batch's.
-CREATE FUNCTION etc_batch.create_job_tables(job_number bigint, job_id text, registrant regrole)
+CREATE FUNCTION etc_batch.create_job_tables(job_number bigint, job_id text, registrant regrole,
+                                            parallel boolean)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -136,14 +152,30 @@ BEGIN
                         FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
                    audit, 'audit_changes', job_id);
     EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', items, registrant);
+    IF parallel THEN
+        -- half of each page left free: a chunk's row is changed once, as a HOT update
+        EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_chunk INCLUDING CONSTRAINTS
+                            INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (chunk))
+                            WITH (fillfactor = 50)', 'job_chunk_' || job_number, job_id);
+    END IF;
 END
 $$;
 
-CREATE FUNCTION etc_batch.attach_job_tables(job_number bigint, job_id text)
+-- A parallel job's chunk rows, one per chunk, open, each with its seal (see
+-- src/job/claim.rs), written once the item count is known; then the partitions attached.
+CREATE FUNCTION etc_batch.attach_job_tables(job_number bigint, job_id text, chunks integer)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF pg_catalog.to_regclass(pg_catalog.format('etc_batch.%I', 'job_chunk_' || job_number)) IS NOT NULL THEN
+        EXECUTE format('INSERT INTO etc_batch.%I (job_id, chunk, seal)
+                        SELECT $1, c, pg_catalog.hashtextextended($1 || '':chunk:'' || c || '':0'', 7919)
+                          FROM pg_catalog.generate_series(1, $2) c', 'job_chunk_' || job_number)
+            USING job_id, chunks;
+        EXECUTE format('ALTER TABLE etc_batch.job_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                       'job_chunk_' || job_number, job_id);
+    END IF;
     EXECUTE format('ALTER TABLE etc_batch.job_item ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                    'job_item_' || job_number, job_id);
     EXECUTE format('ALTER TABLE etc_batch.job_audit ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
@@ -165,7 +197,8 @@ SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revisi
 COMMENT ON VIEW etc_batch.job_audit_items IS
     'The audit rows with their approved items: for each changed item, its key, the revision approved and the guards, the revision after, the chunk, the transaction and its time. WHERE job_id = ... reads that job''s partitions only.';
 
-REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit, etc_batch.job_audit_items FROM PUBLIC;
+REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit, etc_batch.job_chunk,
+              etc_batch.job_audit_items FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text, integer) FROM PUBLIC;

@@ -3,38 +3,74 @@
 -- work on it right now).
 
 CREATE VIEW etc_batch.job_progress AS
-SELECT j.job_id, j.status,
-       j.next_index AS committed,
-       j.item_count AS approved,
-       pg_catalog.round(100.0 OPERATOR(pg_catalog.*) j.next_index OPERATOR(pg_catalog./) j.item_count, 1) AS percent,
-       j.chunks_committed,
-       ((j.item_count::pg_catalog.int8 OPERATOR(pg_catalog.+) j.chunk_size OPERATOR(pg_catalog.-) 1)
-         OPERATOR(pg_catalog./) j.chunk_size)::pg_catalog.int4 AS chunks_total,
-       j.started_at,
-       j.last_commit_at,
+WITH p AS (
+    -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
+    -- its committed chunks, in job_chunk (its row says nothing of it until it is done).
+    -- Its drainers are the sessions writing its chunk partition: each holds the
+    -- partition's ROW EXCLUSIVE lock for the span of a chunk.
+    SELECT j.*,
+           CASE WHEN j.parallel THEN c.items ELSE j.next_index END AS committed_items,
+           CASE WHEN j.parallel THEN c.chunks ELSE j.chunks_committed END AS committed_chunks,
+           CASE WHEN j.parallel THEN c.first_commit ELSE j.started_at END AS first_commit,
+           CASE WHEN j.parallel THEN c.last_commit ELSE j.last_commit_at END AS last_commit,
+           CASE WHEN j.parallel THEN d.pids ELSE s.pids END AS pids
+      FROM etc_batch.job j
+      LEFT JOIN LATERAL (
+            SELECT (pg_catalog.count(*) FILTER (WHERE c.committed))::pg_catalog.int4 AS chunks,
+                   -- OPERATOR() forms all share one precedence: the parentheses are the order
+                   COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-)
+                                ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size)))
+                            FILTER (WHERE c.committed), 0)::pg_catalog.int4 AS items,
+                   pg_catalog.min(c.committed_at) AS first_commit,
+                   pg_catalog.max(c.committed_at) AS last_commit
+              FROM etc_batch.job_chunk c
+             WHERE j.parallel AND c.job_id OPERATOR(pg_catalog.=) j.job_id) c ON true
+      LEFT JOIN LATERAL (
+            SELECT pg_catalog.array_agg(x.pid ORDER BY x.pid) AS pids
+              FROM pg_catalog.pg_locks x
+             WHERE j.parallel AND x.locktype OPERATOR(pg_catalog.=) 'relation' AND x.granted
+               AND x.mode OPERATOR(pg_catalog.=) 'RowExclusiveLock'
+               AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                       WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND x.relation OPERATOR(pg_catalog.=) pg_catalog.to_regclass(
+                       pg_catalog.format('etc_batch.%I', 'job_chunk_' OPERATOR(pg_catalog.||) j.job_number))) d ON true
+      LEFT JOIN LATERAL (
+            SELECT pg_catalog.array_agg(x.pid) AS pids
+              FROM pg_catalog.pg_locks x
+             WHERE NOT j.parallel AND x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
+               AND x.transactionid OPERATOR(pg_catalog.=) j.xmax) s ON true)
+SELECT p.job_id, p.status,
+       p.committed_items AS committed,
+       p.item_count AS approved,
+       pg_catalog.round(100.0 OPERATOR(pg_catalog.*) p.committed_items OPERATOR(pg_catalog./) p.item_count, 1) AS percent,
+       p.committed_chunks AS chunks_committed,
+       ((p.item_count::pg_catalog.int8 OPERATOR(pg_catalog.+) p.chunk_size OPERATOR(pg_catalog.-) 1)
+         OPERATOR(pg_catalog./) p.chunk_size)::pg_catalog.int4 AS chunks_total,
+       p.first_commit AS started_at,
+       p.last_commit AS last_commit_at,
        -- items per second between the first and the last commit of the job
-       CASE WHEN j.last_commit_at OPERATOR(pg_catalog.>) j.started_at
-            THEN pg_catalog.round((j.next_index OPERATOR(pg_catalog./)
-                 pg_catalog.date_part('epoch', j.last_commit_at OPERATOR(pg_catalog.-) j.started_at))::pg_catalog.numeric, 1)
+       CASE WHEN p.last_commit OPERATOR(pg_catalog.>) p.first_commit
+            THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./)
+                 pg_catalog.date_part('epoch', p.last_commit OPERATOR(pg_catalog.-) p.first_commit))::pg_catalog.numeric, 1)
        END AS items_per_second,
-       CASE WHEN j.status OPERATOR(pg_catalog.=) 'pending'
-             AND j.last_commit_at OPERATOR(pg_catalog.>) j.started_at
-             AND j.next_index OPERATOR(pg_catalog.>) 0
+       CASE WHEN p.status OPERATOR(pg_catalog.=) 'pending'
+             AND p.last_commit OPERATOR(pg_catalog.>) p.first_commit
+             AND p.committed_items OPERATOR(pg_catalog.>) 0
             -- OPERATOR() forms all share one precedence: the parentheses are the order.
-            THEN j.last_commit_at OPERATOR(pg_catalog.+)
-                 ((j.last_commit_at OPERATOR(pg_catalog.-) j.started_at)
-                  OPERATOR(pg_catalog.*) ((j.item_count OPERATOR(pg_catalog.-) j.next_index)::pg_catalog.float8
-                                          OPERATOR(pg_catalog./) j.next_index))
+            THEN p.last_commit OPERATOR(pg_catalog.+)
+                 ((p.last_commit OPERATOR(pg_catalog.-) p.first_commit)
+                  OPERATOR(pg_catalog.*) ((p.item_count OPERATOR(pg_catalog.-) p.committed_items)::pg_catalog.float8
+                                          OPERATOR(pg_catalog./) p.committed_items))
        END AS estimated_finish,
-       x.pid AS drainer_pid,
-       j.status_reason
-  FROM etc_batch.job j
-  LEFT JOIN pg_catalog.pg_locks x
-    ON x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
-   AND x.transactionid OPERATOR(pg_catalog.=) j.xmax;
+       p.pids[1] AS drainer_pid,
+       p.status_reason,
+       p.parallel,
+       COALESCE(pg_catalog.cardinality(p.pids), 0) AS drainers,
+       COALESCE(p.pids, '{}') AS drainer_pids
+  FROM p;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, and the pid of the drainer at work on it now.';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), and the drainers at work on it now: how many, and their pids.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -92,10 +128,13 @@ BEGIN
     FOR gone IN
         DELETE FROM etc_batch.job j
          WHERE j.status IN ('done', 'aborted') AND j.finished_at < cutoff
-        RETURNING j.job_number
+        RETURNING j.job_number, j.parallel
     LOOP
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
+        IF gone.parallel THEN
+            EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I', 'job_chunk_' || gone.job_number);
+        END IF;
         jobs_forgotten := jobs_forgotten + 1;
     END LOOP;
     RETURN NEXT;

@@ -328,7 +328,10 @@ unsafe fn open_own_table(name: &CStr, lock: pg_sys::LOCKMODE) -> pg_sys::Relatio
         if oids.len() >= 256 {
             oids.clear();
         }
-        oids.insert(name.to_owned(), ((*rel).rd_id, (*(*rel).rd_rel).relnamespace))
+        oids.insert(
+            name.to_owned(),
+            ((*rel).rd_id, (*(*rel).rd_rel).relnamespace),
+        )
     });
     rel
 }
@@ -724,11 +727,23 @@ impl Table<'_> {
     ) -> Result<Lock<R>> {
         let found = self.find(column, key, |row| {
             // SAFETY: the slot holds the row
-            Ok(unsafe { (*row.tuple).t_self })
+            Ok(Tid(unsafe { (*row.tuple).t_self }))
         })?;
-        let Some(mut tid) = found else {
-            return Ok(Lock::Missing);
-        };
+        match found {
+            Some(at) => self.lock_at(at, wait, read),
+            None => Ok(Lock::Missing),
+        }
+    }
+
+    /// Locks the row whose version this snapshot sees at `at` (FOR UPDATE, SKIP LOCKED
+    /// unless `wait`), and reads its latest version with `read`.
+    pub fn lock_at<R>(
+        &self,
+        at: Tid,
+        wait: bool,
+        read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Lock<R>> {
+        let mut tid = at.0;
         // SAFETY: the row's lock taken as ExecLockRows takes it: in READ COMMITTED the
         // latest version of the row (its update chain followed), in REPEATABLE READ and
         // SERIALIZABLE the version this transaction's snapshot sees, or a serialization
@@ -775,6 +790,58 @@ impl Table<'_> {
                 ))),
             };
             pg_sys::ExecDropSingleTupleTableSlot(slot);
+            result
+        }
+    }
+
+    /// Visits the rows whose key column `column` is `key` or more, in the order of the
+    /// unique index it leads, each with where it lies, until `visit` breaks off with a
+    /// value. None: every row was visited.
+    pub fn scan_from<R>(
+        &self,
+        column: &str,
+        key: Key,
+        mut visit: impl FnMut(&Fields, Tid) -> Result<std::ops::ControlFlow<R>>,
+    ) -> Result<Option<R>> {
+        let attribute = self.attribute(column)?;
+        if attribute.type_oid != key.type_oid() {
+            return Err(self.layout_error(column));
+        }
+        let (strategy, procedure, datum) = key.scan(Compare::AtLeast);
+        // SAFETY: as first_by_key, the scan going on past the first row; `visit` may lock
+        // the row it is given, as the executor locks rows under an index scan.
+        unsafe {
+            let index = self.leading_index(attribute.attnum)?;
+            let mut scankey = pg_sys::ScanKeyData::default();
+            pg_sys::ScanKeyInit(
+                &mut scankey,
+                1,
+                strategy as pg_sys::StrategyNumber,
+                pg_sys::Oid::from(procedure),
+                datum,
+            );
+            let scan = begin_index_scan(self.rel, index, self.snapshot);
+            pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
+            let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
+            let mut result = Ok(None);
+            while pg_sys::index_getnext_slot(
+                scan,
+                pg_sys::ScanDirection::ForwardScanDirection,
+                slot,
+            ) {
+                let mut free = false;
+                let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
+                let at = Tid((*tuple).t_self);
+                match visit(&Fields { table: self, tuple }, at) {
+                    Ok(std::ops::ControlFlow::Continue(())) => continue,
+                    Ok(std::ops::ControlFlow::Break(value)) => result = Ok(Some(value)),
+                    Err(e) => result = Err(e),
+                }
+                break;
+            }
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::index_endscan(scan);
+            pg_sys::index_close(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
             result
         }
     }

@@ -33,7 +33,7 @@ CREATE FUNCTION etc_batch.register_job(
     job_id text, tenant text, target regclass, items jsonb, chunk_size integer,
     set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT 'id',
     tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
-    handler regprocedure DEFAULT NULL)
+    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
@@ -51,6 +51,7 @@ fn register_job(
     tenant_column: Option<&CStr>,
     revision_column: Option<&CStr>,
     handler: Option<pg_sys::Oid>,
+    parallel: Option<bool>,
 ) -> TableIterator<
     'static,
     (
@@ -75,6 +76,7 @@ fn register_job(
         expect,
         [key_column, tenant_column, revision_column],
         handler,
+        parallel,
     )
 }
 
@@ -88,7 +90,7 @@ CREATE FUNCTION etc_batch.register_job_from_query(
     job_id text, tenant text, target regclass, items_query text, chunk_size integer,
     set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT 'id',
     tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
-    handler regprocedure DEFAULT NULL)
+    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
@@ -106,6 +108,7 @@ fn register_job_from_query(
     tenant_column: Option<&CStr>,
     revision_column: Option<&CStr>,
     handler: Option<pg_sys::Oid>,
+    parallel: Option<bool>,
 ) -> TableIterator<
     'static,
     (
@@ -130,6 +133,7 @@ fn register_job_from_query(
         expect,
         [key_column, tenant_column, revision_column],
         handler,
+        parallel,
     )
 }
 
@@ -146,6 +150,7 @@ fn register(
     expect: Option<Internal>,
     [key_column, tenant_column, revision_column]: [Option<&CStr>; 3],
     handler: Option<pg_sys::Oid>,
+    parallel: Option<bool>,
 ) -> Registration {
     let name = |v: Option<&CStr>, arg| required(v, arg).map(|c| c.to_string_lossy().into_owned());
     let request = (|| -> Result<register::Request> {
@@ -165,6 +170,7 @@ fn register(
             tenant_column: name(tenant_column, "tenant_column")?,
             revision_column: name(revision_column, "revision_column")?,
             handler,
+            parallel: required(parallel, "parallel")?,
         })
     })()
     .or_raise();
@@ -252,6 +258,7 @@ fn job_summary(
         name!(matching, i32),
         name!(drifted, i32),
         name!(missing, i32),
+        name!(parallel, bool),
     ),
 > {
     let job_id = required(job_id, "job_id").or_raise();
@@ -264,6 +271,7 @@ fn job_summary(
         s.matching,
         s.drifted,
         s.missing,
+        s.parallel,
     ))
 }
 

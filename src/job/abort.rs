@@ -1,5 +1,7 @@
 //! abort_job: stop a job for good, keeping its approval, audit and checkpoint.
 
+use super::claim;
+use super::definition::Definition;
 use super::sql;
 use crate::error::{BatchError, Result};
 use crate::query;
@@ -10,6 +12,11 @@ use pgrx::prelude::*;
 pub fn abort(job_id: &str, reason: &str) -> Result<()> {
     let by = current_user();
     as_owner(|| {
+        // a parallel job's chunks in flight commit first, and none starts after
+        let def = Definition::require(job_id)?;
+        if def.parallel && def.tables_present {
+            claim::stop(&def.tables)?;
+        }
         let status = query::one::<String>(sql::LOCK_JOB_STATUS, &[job_id.into()])?
             .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
         match JobStatus::parse(&status)? {

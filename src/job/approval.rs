@@ -373,6 +373,8 @@ pub struct Terms {
     pub chunk_size: i32,
     pub action: Action,
     pub expect: BTreeMap<String, Value>,
+    /// Whether chunks may commit in any order (a parallel approval).
+    pub parallel: bool,
 }
 
 /// A whole registration in normal form: what two registrations are compared on.
@@ -401,6 +403,10 @@ impl Fingerprint {
             Action::Handler(name) => f.field("handler", name),
         }
         f.field("expect", &canonical_object(&terms.expect));
+        // only when set: a sequential job hashes as it did before parallel ones existed
+        if terms.parallel {
+            f.field("parallel", "true");
+        }
         f
     }
 
@@ -466,6 +472,20 @@ impl Terms {
                 "The expectations were {} and are now {}.",
                 canonical_object(&self.expect),
                 canonical_object(&other.expect)
+            ));
+        }
+        if self.parallel != other.parallel {
+            let order = |parallel| {
+                if parallel {
+                    "in any order (parallel)"
+                } else {
+                    "in order"
+                }
+            };
+            return Some(format!(
+                "Chunks were approved to commit {} and are now asked to commit {}.",
+                order(self.parallel),
+                order(other.parallel)
             ));
         }
         None
@@ -718,6 +738,7 @@ mod tests {
                 chunk_size: 10,
                 action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
                 expect: BTreeMap::new(),
+                parallel: false,
             },
             items,
         }

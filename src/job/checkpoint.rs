@@ -67,14 +67,18 @@ impl Locked {
 /// The seal of a checkpoint, as sql::seal! computes it:
 /// hashtextextended(job || ':' || next_index || ':' || chunks_committed, 7919).
 pub fn seal(job_id: &str, next_index: i32, chunks_committed: i32) -> i64 {
-    let text = format!("{job_id}:{next_index}:{chunks_committed}");
+    hash_seal(&format!("{job_id}:{next_index}:{chunks_committed}"))
+}
+
+/// hashtextextended(text, 7919), the hash every seal is.
+pub fn hash_seal(text: &str) -> i64 {
     // SAFETY: hashtextextended(text, bigint) returns a bigint datum; the text datum lives
     // in the current memory context until the call returns.
     unsafe {
         let datum = pg_sys::OidFunctionCall2Coll(
             pg_sys::Oid::from(pg_sys::F_HASHTEXTEXTENDED),
             pg_sys::Oid::from(pg_sys::DEFAULT_COLLATION_OID),
-            text.as_str().into_datum().expect("text is never NULL"),
+            text.into_datum().expect("text is never NULL"),
             pg_sys::Datum::from(7919_i64),
         );
         datum.value() as i64
@@ -123,7 +127,9 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
         Some(range) => rows::reading_table(&tables.items_relname(), |items| {
             let key = |position: i32| {
                 items
-                    .find("position", Key::Int4(position), |row| row.get::<String>("item_key"))
+                    .find("position", Key::Int4(position), |row| {
+                        row.get::<String>("item_key")
+                    })
                     .map(|key| key.flatten().unwrap_or_default())
             };
             Ok((key(range.start)?, key(range.end - 1)?))
@@ -145,12 +151,7 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
 /// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,
 /// once the chunk's audit rows are written; where etc_batch.job has a trigger for it (a
 /// DBA's), by sql::ADVANCE, so that it fires. Returns the job's status after it.
-pub fn advance(
-    job_id: &str,
-    tables: &JobTables,
-    at: Tid,
-    range: &Range<i32>,
-) -> Result<JobStatus> {
+pub fn advance(job_id: &str, tables: &JobTables, at: Tid, range: &Range<i32>) -> Result<JobStatus> {
     let moved = rows::with_table("job", |jobs| {
         if jobs.fires_on_update() {
             return Ok(None);
@@ -209,9 +210,10 @@ mod tests {
     #[pg_test]
     fn the_seal_is_the_one_the_statements_compute() {
         for (job, next, chunks) in [("festival", 40, 4), ("", 0, 0), ("a:b \"c\"", 7, 1)] {
-            let sql = Spi::get_one_with_args::<i64>(SEAL, &[job.into(), next.into(), chunks.into()])
-                .unwrap()
-                .unwrap();
+            let sql =
+                Spi::get_one_with_args::<i64>(SEAL, &[job.into(), next.into(), chunks.into()])
+                    .unwrap()
+                    .unwrap();
             assert_eq!(super::seal(job, next, chunks), sql);
         }
     }

@@ -38,6 +38,8 @@ pub struct Definition {
     pub tables: JobTables,
     /// Whether both partitions still exist: dropped by hand, the job's record is gone.
     pub tables_present: bool,
+    /// Whether chunks may commit in any order, each claimed by one of many drainers.
+    pub parallel: bool,
 }
 
 impl Definition {
@@ -84,6 +86,7 @@ impl Definition {
                     && r.get::<String>(8)?.is_none(),
                 tables: JobTables::of(r.get::<i64>(17)?.unwrap_or_default()),
                 tables_present: r.get::<bool>(18)?.unwrap_or(false),
+                parallel: r.get::<bool>(19)?.unwrap_or(false),
             })
         })
     }
@@ -103,6 +106,7 @@ impl Definition {
                 (None, None) => Action::Set(BTreeMap::new()),
             },
             expect: self.expect.clone(),
+            parallel: self.parallel,
         }
     }
 

@@ -18,9 +18,11 @@
 use super::approval::{self, parse_object};
 use super::audit::{AuditWriter, ChunkAudit};
 use super::checkpoint::{self, Locked};
+use super::claim::{self, Claim};
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
+use super::progress::{chunk_count, Progress};
 use super::sql;
 use super::target::Constants;
 use crate::activity::Activity;
@@ -29,6 +31,7 @@ use crate::installed;
 use crate::lease::Fence;
 use crate::query;
 use crate::roles::{as_author, as_role};
+use crate::rows::{self, Key};
 use crate::status::JobStatus;
 use crate::txn::{Failure, FailureKind, TxnLoop};
 use pgrx::datum::DatumWithOid;
@@ -83,6 +86,9 @@ enum Chunk {
     Again,
     /// Nothing left to do: the job is done.
     Finished,
+    /// A parallel job's chunks not yet committed are all held by other drainers: this
+    /// one is not needed, and does not wait.
+    AllHeld,
 }
 
 /// What the chunk's change did.
@@ -159,8 +165,16 @@ pub fn drain(
     };
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
-    while !finished && max_chunks.is_none_or(|max| drained.chunks < max) {
-        match tx.item(|tx| job.next_chunk(tx, &mut audit))? {
+    let mut all_held = false;
+    // a parallel job's first chunk that may not be committed yet
+    let mut from = 1;
+    while !finished && !all_held && max_chunks.is_none_or(|max| drained.chunks < max) {
+        let chunk = if job.def.parallel {
+            tx.item(|tx| job.next_parallel_chunk(tx, &mut audit, &mut from))?
+        } else {
+            tx.item(|tx| job.next_chunk(tx, &mut audit))?
+        };
+        match chunk {
             Chunk::Committed {
                 items,
                 first_key,
@@ -175,12 +189,19 @@ pub fn drain(
             }
             Chunk::Again => {}
             Chunk::Finished => finished = true,
+            Chunk::AllHeld => all_held = true,
         }
+    }
+    // A parallel drain that stopped at max_chunks may have committed the job's last
+    // chunk: it looks once more, so that a job with every chunk committed is done.
+    if job.def.parallel && !finished && !all_held && drained.chunks > 0 {
+        finished = tx.item(|tx| job.finish_if_complete(tx, &mut from))?;
     }
     drained.status = if finished {
         JobStatus::Done
-    } else if drained.chunks > 0 {
-        // the loop stopped at max_chunks, after a chunk that was not the last
+    } else if drained.chunks > 0 || all_held {
+        // the loop stopped at max_chunks, after a chunk that was not the last, or found
+        // every open chunk of a parallel job held by other drainers
         JobStatus::Pending
     } else {
         // max_chunks 0: the job was not even looked at
@@ -247,38 +268,8 @@ impl Job {
             Change::Done(changed) => changed,
             Change::Conflict(known) => {
                 tx.rollback();
-                return self.after_rollback(tx, &range, |job, tx| {
-                    // fewer rows changed than the chunk has positions: the list itself
-                    // may be short
-                    let found = job.owner(|| {
-                        query::by_index(|| {
-                            query::one::<i32>(
-                                &job.items_in_range_sql,
-                                &[range.start.into(), range.end.into()],
-                            )
-                        })
-                    })?;
-                    if found != Some(range.len() as i32) {
-                        let reason = format!(
-                            "Positions {} to {} should hold {} approved items, but {} were found.",
-                            range.start,
-                            range.end - 1,
-                            range.len(),
-                            found.unwrap_or(0)
-                        );
-                        return Err(job.record_problem(
-                            tx,
-                            JobStatus::Corrupt,
-                            &reason,
-                            Value::Null,
-                        )?);
-                    }
-                    let position = match known {
-                        Some(position) => Some(position),
-                        None => job.first_mismatch(&range)?,
-                    };
-                    Err(job.conflict(tx, position, &range, progress.item_count)?)
-                });
+                return self
+                    .after_rollback(tx, &range, |job, tx| job.record_mismatch(tx, &range, known));
             }
         };
         crash::reached(Point::AfterChange);
@@ -314,10 +305,171 @@ impl Job {
         })
     }
 
+    /// One chunk of a parallel job (see claim.rs): claimed, checked, changed, audited and
+    /// marked committed in one transaction, which the claim lives in.
+    fn next_parallel_chunk(
+        &self,
+        tx: &mut TxnLoop,
+        audit: &mut AuditWriter,
+        from: &mut i32,
+    ) -> Result<Chunk> {
+        if let Some(fence) = &self.fence {
+            self.owner(|| fence.check())?;
+        }
+        let tables = &self.def.tables;
+        let claimed = match self.owner(|| claim::claim(self.id(), tables, from))? {
+            Claim::Claimed(claimed) => claimed,
+            Claim::AllHeld => return Ok(Chunk::AllHeld),
+            Claim::NoneOpen => return self.finish(tx),
+            Claim::Stopped(JobStatus::Done) => return Ok(Chunk::Finished),
+            Claim::Stopped(status) => return Err(self.stopped(status)?),
+            Claim::Untrusted(reason) => {
+                return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
+            }
+        };
+        let progress = Progress {
+            next_index: (claimed.chunk - 1).saturating_mul(self.def.chunk_size),
+            item_count: self.def.item_count,
+            chunk_size: self.def.chunk_size,
+        };
+        let (number, total) = progress.chunk_number();
+        let range = match progress.next_chunk() {
+            Some(range) if number == claimed.chunk => range,
+            _ => {
+                let reason = format!(
+                    "The job has a row for chunk {}, but its {} approved items make {total} chunks.",
+                    claimed.chunk, progress.item_count
+                );
+                return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+            }
+        };
+        // no audit row may exist inside a chunk that is not committed
+        let (audit_inside, keys) = self.owner(|| {
+            let inside = rows::reading_table(&tables.audit_relname(), |audit| {
+                audit.first_from("position", Key::Int4(range.start), |row| {
+                    Ok(row.get::<i32>("position")?.unwrap_or(-1))
+                })
+            })?;
+            let keys = rows::reading_table(&tables.items_relname(), |items| {
+                let key = |position: i32| {
+                    items
+                        .find("position", Key::Int4(position), |row| {
+                            row.get::<String>("item_key")
+                        })
+                        .map(|key| key.flatten().unwrap_or_default())
+                };
+                Ok((key(range.start)?, key(range.end - 1)?))
+            })?;
+            Ok((inside.filter(|p| *p < range.end), keys))
+        })?;
+        if let Some(position) = audit_inside {
+            let reason = format!(
+                "An audit row exists at position {position}, inside chunk {number}, which is not committed."
+            );
+            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+        }
+        let (first_key, last_key) = keys;
+        self.activity.report(&format!(
+            "job \"{}\": chunk {number} of {total}, keys {first_key} to {last_key}",
+            self.id()
+        ));
+
+        let changed = match self.change(&range, number, (&first_key, &last_key))? {
+            Change::Done(changed) => changed,
+            Change::Conflict(known) => {
+                tx.rollback();
+                return self.after_parallel_rollback(tx, &range, known);
+            }
+        };
+        crash::reached(Point::AfterChange);
+        self.owner(|| {
+            audit.write(&ChunkAudit {
+                job_id: self.id(),
+                chunk: number,
+                changed: &changed,
+            })?;
+            claim::mark_committed(self.id(), tables, &claimed)
+        })?;
+        crash::reached(Point::AfterCheckpoint);
+        tx.commit();
+        crash::reached(Point::AfterCommit);
+        let len = range.len();
+        if notices_are_sent() {
+            notice!(
+                "chunk {number} of {total} committed: {len} item{}, keys {first_key} to {last_key}",
+                if len == 1 { "" } else { "s" },
+            );
+        }
+        Ok(Chunk::Committed {
+            items: len as i64,
+            first_key,
+            last_key,
+            last: false,
+        })
+    }
+
+    /// Every chunk of a parallel job is committed: the job is done, once its chunk rows
+    /// and its audit agree; otherwise its progress is corrupt.
+    fn finish(&self, tx: &mut TxnLoop) -> Result<Chunk> {
+        let chunks = chunk_count(self.def.item_count, self.def.chunk_size);
+        let untrusted =
+            self.owner(|| claim::finish(self.id(), &self.def.tables, chunks, self.def.item_count))?;
+        match untrusted {
+            None => {
+                tx.commit();
+                Ok(Chunk::Finished)
+            }
+            Some(reason) => {
+                Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
+            }
+        }
+    }
+
+    /// After a parallel drain stopped at max_chunks: whether the job is done now (its
+    /// chunks all committed, by this drainer or others).
+    fn finish_if_complete(&self, tx: &mut TxnLoop, from: &mut i32) -> Result<bool> {
+        let done = match self.owner(|| claim::claim(self.id(), &self.def.tables, from))? {
+            Claim::NoneOpen => matches!(self.finish(tx)?, Chunk::Finished),
+            Claim::Stopped(JobStatus::Done) => true,
+            _ => false,
+        };
+        // a chunk claimed only to look is let go
+        tx.commit();
+        Ok(done)
+    }
+
+    /// After a parallel job's chunk was rolled back for a conflict: the job stopped
+    /// (claim::stop, so that the chunks in flight commit first), then, if no other
+    /// drainer stopped it meanwhile, what stopped this chunk recorded.
+    fn after_parallel_rollback(
+        &self,
+        tx: &mut TxnLoop,
+        range: &Range<i32>,
+        known: Option<i32>,
+    ) -> Result<Chunk> {
+        self.owner(|| claim::stop(&self.def.tables))?;
+        let status = self
+            .owner(|| query::one::<String>(sql::JOB_STATUS, &[self.id().into()]))?
+            .ok_or_else(|| BatchError::UnknownJob {
+                job: self.id().to_string(),
+            })?;
+        match JobStatus::parse(&status)? {
+            JobStatus::Pending => self.record_mismatch(tx, range, known),
+            JobStatus::Done => {
+                tx.commit();
+                Ok(Chunk::Finished)
+            }
+            stopped => Err(self.stopped(stopped)?),
+        }
+    }
+
     /// The business change of one chunk, as the registering role.
     fn change(&self, range: &Range<i32>, number: i32, keys: (&str, &str)) -> Result<Change> {
         let bounds = match self.key_type {
-            Some(key_type) => vec![query::typed(key_type, keys.0)?, query::typed(key_type, keys.1)?],
+            Some(key_type) => vec![
+                query::typed(key_type, keys.0)?,
+                query::typed(key_type, keys.1)?,
+            ],
             None => Vec::new(),
         };
         let mut args: Vec<DatumWithOid> = vec![
@@ -444,6 +596,40 @@ impl Job {
         }
     }
 
+    /// Records why a chunk changed fewer rows than it has items, in the transaction after
+    /// it was rolled back: the frozen list is short (corrupt), or the first item that no
+    /// longer matches its row (`known`, or found now) is a conflict.
+    fn record_mismatch(
+        &self,
+        tx: &mut TxnLoop,
+        range: &Range<i32>,
+        known: Option<i32>,
+    ) -> Result<Chunk> {
+        let found = self.owner(|| {
+            query::by_index(|| {
+                query::one::<i32>(
+                    &self.items_in_range_sql,
+                    &[range.start.into(), range.end.into()],
+                )
+            })
+        })?;
+        if found != Some(range.len() as i32) {
+            let reason = format!(
+                "Positions {} to {} should hold {} approved items, but {} were found.",
+                range.start,
+                range.end - 1,
+                range.len(),
+                found.unwrap_or(0)
+            );
+            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+        }
+        let position = match known {
+            Some(position) => Some(position),
+            None => self.first_mismatch(range)?,
+        };
+        Err(self.conflict(tx, position, range, self.def.item_count)?)
+    }
+
     /// The first item of the chunk whose row no longer matches it.
     fn first_mismatch(&self, range: &Range<i32>) -> Result<Option<i32>> {
         let mut args: Vec<DatumWithOid> = vec![
@@ -534,6 +720,9 @@ impl Job {
             problem
         };
         self.owner(|| {
+            if self.def.parallel {
+                claim::stop(&self.def.tables)?;
+            }
             query::run(
                 sql::SET_PROBLEM,
                 &[

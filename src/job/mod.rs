@@ -13,6 +13,7 @@
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
 //! - `checkpoint` the job's row in a chunk: locked and checked, the checkpoint moved.
+//! - `claim`      a parallel job's chunks, each claimed by one of many drainers.
 //! - `audit`      a chunk's audit rows, written into the job's partition.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
@@ -23,6 +24,7 @@ pub mod abort;
 pub mod approval;
 pub mod audit;
 pub mod checkpoint;
+pub mod claim;
 pub mod columns;
 pub mod conflict;
 pub mod crash;

@@ -41,6 +41,8 @@ pub struct Request {
     pub tenant_column: String,
     pub revision_column: String,
     pub handler: Option<pg_sys::Oid>,
+    /// Whether chunks may commit in any order, each claimed by one of many drainers.
+    pub parallel: bool,
 }
 
 pub struct Registered {
@@ -119,6 +121,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
         chunk_size: req.chunk_size,
         action,
         expect,
+        parallel: req.parallel,
     };
     let key_kind = shape.column(&shape.key_column)?.kind;
     let registrant = current_user();
@@ -133,7 +136,9 @@ pub fn register(mut req: Request) -> Result<Registered> {
             let number = as_role(owner, || query::one::<i64>(sql::NEXT_JOB_NUMBER, &[]))?
                 .unwrap_or_default();
             let tables = JobTables::of(number);
-            as_role(owner, || tables.create(&req.job_id, registrant))?;
+            as_role(owner, || {
+                tables.create(&req.job_id, registrant, req.parallel)
+            })?;
             let mut writer = Writer::new(&req.job_id, &tables, &terms, owner);
             for item in source.items(key_kind)? {
                 writer.push(&item?)?;
@@ -146,14 +151,15 @@ pub fn register(mut req: Request) -> Result<Registered> {
                     "The items query returned no rows.",
                 ));
             }
+            let chunks = chunk_count(frozen.count, req.chunk_size);
             as_role(owner, || {
                 insert_job(&req, &terms, &frozen, registrant, number)?;
-                tables.attach(&req.job_id)
+                tables.attach(&req.job_id, chunks)
             })?;
             Registered {
                 created: true,
                 items: frozen.count,
-                chunks: chunk_count(frozen.count, req.chunk_size),
+                chunks,
             }
         }
     };
@@ -368,6 +374,7 @@ fn insert_job(
             frozen.fingerprint.as_str().into(),
             registrant.into(),
             number.into(),
+            terms.parallel.into(),
         ],
     )
 }

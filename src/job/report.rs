@@ -2,6 +2,7 @@
 //! that fails it corrupt).
 
 use super::approval::Fingerprint;
+use super::claim;
 use super::definition::Definition;
 use super::freeze::{ItemCursor, BATCH};
 use super::progress::Progress;
@@ -79,6 +80,7 @@ pub struct Summary {
     pub matching: i32,
     pub drifted: i32,
     pub missing: i32,
+    pub parallel: bool,
 }
 
 /// The job's status and its items counted by state, in one statement: the report's,
@@ -98,6 +100,7 @@ pub fn summary(job_id: &str) -> Result<Summary> {
                 matching: r.get::<i32>(5)?.unwrap_or(0),
                 drifted: r.get::<i32>(6)?.unwrap_or(0),
                 missing: r.get::<i32>(7)?.unwrap_or(0),
+                parallel: r.get::<bool>(8)?.unwrap_or(false),
             })
         },
     )?
@@ -134,68 +137,13 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
         let mut checks = Vec::new();
         let mut check = |name, ok: bool, detail: String| checks.push(Check { name, ok, detail });
 
-        let position = p.check_position();
-        check(
-            "checkpoint",
-            position.is_ok(),
-            position.err().unwrap_or_else(|| {
-                format!(
-                    "next_index {} of {} approved items, on a chunk boundary.",
-                    p.next_index, p.item_count
-                )
-            }),
-        );
-
         def.require_tables()?;
-        let (items, audits, beyond) = query::row(
-            &def.tables.sql(sql::FULL_COUNTS),
-            &[next_index.into()],
-            |r| {
-                Ok((
-                    r.get::<i64>(1)?.unwrap_or(0),
-                    r.get::<i64>(2)?.unwrap_or(0),
-                    r.get::<i64>(3)?.unwrap_or(0),
-                ))
-            },
-        )?
-        .unwrap_or_default();
-        check(
-            "approved items",
-            items == def.item_count as i64,
-            format!(
-                "{items} approved items stored, {} registered.",
-                def.item_count
-            ),
-        );
         let fingerprint_ok = fingerprint(&def)? == def.fingerprint;
-        check(
-            "approval fingerprint",
-            fingerprint_ok,
-            if fingerprint_ok {
-                "The frozen list is the one registered.".into()
-            } else {
-                "The frozen list no longer hashes to the fingerprint taken at registration.".into()
-            },
-        );
-        check(
-            "audit rows",
-            audits == next_index as i64 && beyond == 0,
-            format!(
-                "{audits} audit rows for a checkpoint of {next_index}; {beyond} at or beyond it."
-            ),
-        );
-        let problems = audit_problems(&def.tables, &p, 0, 20)?;
-        check(
-            "items audited",
-            problems.is_empty(),
-            if problems.is_empty() {
-                format!(
-                    "All {next_index} approved items below the checkpoint have their audit row."
-                )
-            } else {
-                problems.join(" ")
-            },
-        );
+        if def.parallel {
+            verify_chunks(&def, fingerprint_ok, &mut check)?;
+        } else {
+            verify_checkpoint(&def, &p, fingerprint_ok, &mut check)?;
+        }
         check(
             "changes outside etc_batch",
             audit_changes == 0 && item_changes == 0,
@@ -204,6 +152,9 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
 
         let failed: Vec<&Check> = checks.iter().filter(|c| !c.ok).collect();
         if status == JobStatus::Pending.as_str() && !failed.is_empty() {
+            if def.parallel {
+                claim::stop(&def.tables)?;
+            }
             let reason = failed
                 .iter()
                 .map(|c| c.detail.as_str())
@@ -222,6 +173,149 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
         }
         Ok(checks)
     })
+}
+
+/// A sequential job's checks: the checkpoint on a boundary, the approved items all there,
+/// an audit row for every item below the checkpoint and none at or beyond it.
+fn verify_checkpoint(
+    def: &Definition,
+    p: &Progress,
+    fingerprint_ok: bool,
+    check: &mut impl FnMut(&'static str, bool, String),
+) -> Result<()> {
+    let next_index = p.next_index;
+    let position = p.check_position();
+    check(
+        "checkpoint",
+        position.is_ok(),
+        position.err().unwrap_or_else(|| {
+            format!(
+                "next_index {} of {} approved items, on a chunk boundary.",
+                p.next_index, p.item_count
+            )
+        }),
+    );
+    let (items, audits, beyond) = query::row(
+        &def.tables.sql(sql::FULL_COUNTS),
+        &[next_index.into()],
+        |r| {
+            Ok((
+                r.get::<i64>(1)?.unwrap_or(0),
+                r.get::<i64>(2)?.unwrap_or(0),
+                r.get::<i64>(3)?.unwrap_or(0),
+            ))
+        },
+    )?
+    .unwrap_or_default();
+    approval(def, items, fingerprint_ok, check);
+    check(
+        "audit rows",
+        audits == next_index as i64 && beyond == 0,
+        format!("{audits} audit rows for a checkpoint of {next_index}; {beyond} at or beyond it."),
+    );
+    let problems = audit_problems(&def.tables, p, 0, 20)?;
+    check(
+        "items audited",
+        problems.is_empty(),
+        if problems.is_empty() {
+            format!("All {next_index} approved items below the checkpoint have their audit row.")
+        } else {
+            problems.join(" ")
+        },
+    );
+    Ok(())
+}
+
+/// A parallel job's checks: a sealed row for every chunk, the approved items all there,
+/// an audit row for every item of a committed chunk and none in any other.
+fn verify_chunks(
+    def: &Definition,
+    fingerprint_ok: bool,
+    check: &mut impl FnMut(&'static str, bool, String),
+) -> Result<()> {
+    let counts = query::row(
+        &def.tables.sql(sql::PARALLEL_COUNTS),
+        &[
+            def.job_id.as_str().into(),
+            def.chunk_size.into(),
+            def.item_count.into(),
+        ],
+        |r| {
+            (1..=7)
+                .map(|n| Ok(r.get::<i64>(n)?.unwrap_or(0)))
+                .collect::<Result<Vec<i64>>>()
+        },
+    )?
+    .unwrap_or_default();
+    let [items, audits, rows, committed, unsealed, outside, committed_items] = counts[..] else {
+        return Err(BatchError::Internal(
+            "the chunk counts did not come back".into(),
+        ));
+    };
+    let chunks = super::progress::chunk_count(def.item_count, def.chunk_size) as i64;
+    check(
+        "chunks",
+        rows == chunks && unsealed == 0,
+        format!(
+            "{rows} chunk rows for {chunks} chunks, {committed} of them committed; {unsealed} do not match their seal."
+        ),
+    );
+    approval(def, items, fingerprint_ok, check);
+    check(
+        "audit rows",
+        audits == committed_items && outside == 0,
+        format!(
+            "{audits} audit rows for the {committed_items} items of the committed chunks; {outside} in chunks not committed."
+        ),
+    );
+    let missing = query::rows(
+        &def.tables.sql(sql::PARALLEL_AUDIT_MISSING),
+        &[def.chunk_size.into(), 20_i64.into()],
+        0,
+        |r| {
+            Ok(format!(
+                "The audit row of position {} (key {}) is missing.",
+                r.get::<i32>(1)?.unwrap_or(0),
+                r.get::<String>(2)?.unwrap_or_default()
+            ))
+        },
+    )?;
+    check(
+        "items audited",
+        missing.is_empty(),
+        if missing.is_empty() {
+            format!("All {committed_items} approved items of the committed chunks have their audit row.")
+        } else {
+            missing.join(" ")
+        },
+    );
+    Ok(())
+}
+
+/// The frozen list: all of its items there, and the fingerprint it had when registered.
+fn approval(
+    def: &Definition,
+    items: i64,
+    fingerprint_ok: bool,
+    check: &mut impl FnMut(&'static str, bool, String),
+) {
+    check(
+        "approved items",
+        items == def.item_count as i64,
+        format!(
+            "{items} approved items stored, {} registered.",
+            def.item_count
+        ),
+    );
+    check(
+        "approval fingerprint",
+        fingerprint_ok,
+        if fingerprint_ok {
+            "The frozen list is the one registered.".into()
+        } else {
+            "The frozen list no longer hashes to the fingerprint taken at registration.".into()
+        },
+    );
 }
 
 /// Disagreements between the audit and the approved list: approved items of positions

@@ -30,6 +30,9 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
        j.search_path, j.handler IS NOT NULL, j.job_number,
        pg_catalog.to_regclass('etc_batch.job_item_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND pg_catalog.to_regclass('etc_batch.job_audit_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
+       AND (NOT j.parallel
+            OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
+       j.parallel
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -108,6 +111,44 @@ pub const ADVANCE: &str = concat!(
 RETURNING status"
 );
 
+/// A parallel job's claimed chunk marked committed, by a statement (where the partition
+/// has a trigger for it). $1 chunk, $2 seal, $3 txid, $4 committed_at.
+pub const MARK_CHUNK: &str = "\
+UPDATE {chunks}
+   SET committed = true, seal = $2, txid = $3, committed_at = $4
+ WHERE chunk OPERATOR(pg_catalog.=) $1 AND NOT committed
+RETURNING chunk";
+
+/// Waits for a parallel job's chunks in flight and keeps new ones from starting, until
+/// the end of the transaction (see claim::stop).
+pub const LOCK_CHUNKS: &str = "LOCK TABLE {chunks} IN EXCLUSIVE MODE";
+
+/// A parallel job's chunk rows, counted: all of them, the committed ones, those that do
+/// not match their seal; and the audit rows. $1 job.
+pub const CHUNKS_DONE: &str = "\
+SELECT pg_catalog.count(*),
+       pg_catalog.count(*) FILTER (WHERE c.committed),
+       pg_catalog.count(*) FILTER (WHERE c.seal OPERATOR(pg_catalog.<>) pg_catalog.hashtextextended(
+           $1 OPERATOR(pg_catalog.||) ':chunk:' OPERATOR(pg_catalog.||) c.chunk::pg_catalog.text
+           OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) c.committed::pg_catalog.int4::pg_catalog.text, 7919)),
+       (SELECT pg_catalog.count(*) FROM {audit})
+  FROM {chunks} c";
+
+/// A parallel job whose chunks are all committed, done: its row as a sequential job's
+/// reads when done, the checkpoint at the end with its seal. $1 job, $2 chunks.
+pub const FINISH_PARALLEL: &str = concat!(
+    "UPDATE etc_batch.job
+   SET next_index = item_count, chunks_committed = $2, seal = ",
+    seal!("job_id", "item_count", "$2"),
+    ",
+       started_at = COALESCE(started_at, (SELECT pg_catalog.min(c.committed_at) FROM etc_batch.job_chunk c
+                                            WHERE c.job_id OPERATOR(pg_catalog.=) $1)),
+       last_commit_at = (SELECT pg_catalog.max(c.committed_at) FROM etc_batch.job_chunk c
+                          WHERE c.job_id OPERATOR(pg_catalog.=) $1),
+       status = 'done', finished_at = pg_catalog.now()
+ WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'"
+);
+
 /// Puts a pending job into conflict, corrupt or aborted, with what was found.
 /// $1 job, $2 status, $3 problem (jsonb text), $4 reason.
 pub const SET_PROBLEM: &str = "\
@@ -120,26 +161,28 @@ UPDATE etc_batch.job
 pub const NEXT_JOB_NUMBER: &str = "\
 SELECT pg_catalog.nextval('etc_batch.job_job_number_seq'::pg_catalog.regclass)";
 
-/// A job's two partitions, as tables of their own. $1 job number, $2 job, $3 registrant.
+/// A job's partitions (two, three for a parallel job), as tables of their own. $1 job
+/// number, $2 job, $3 registrant, $4 parallel.
 pub const CREATE_JOB_TABLES: &str = "\
-SELECT etc_batch.create_job_tables($1, $2, $3::pg_catalog.oid::pg_catalog.regrole)";
+SELECT etc_batch.create_job_tables($1, $2, $3::pg_catalog.oid::pg_catalog.regrole, $4)";
 
-/// The partitions attached, once filled. $1 job number, $2 job.
-pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2)";
+/// A parallel job's chunk rows written, and the partitions attached, once the items are
+/// frozen. $1 job number, $2 job, $3 chunks.
+pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2, $3)";
 
 /// $1 job, $2 tenant, $3 target, $4 key column, $5 tenant column, $6 revision column,
 /// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
-/// $12 item count, $13 fingerprint, $14 registering role, $15 job number.
+/// $12 item count, $13 fingerprint, $14 registering role, $15 job number, $16 parallel.
 pub const INSERT_JOB: &str = concat!(
     "INSERT INTO etc_batch.job
   (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
-   search_path, seal, job_number)
+   search_path, seal, job_number, parallel)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
         $11, $12, $13, $14, pg_catalog.current_setting('search_path'), ",
     seal!("$1", "0", "0"),
-    ", $15)"
+    ", $15, $16)"
 );
 
 /// A batch of approved items, from position $1 on: $2 keys, $3 revisions, $4 guards, in
@@ -164,6 +207,39 @@ SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
        (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
        (SELECT pg_catalog.count(*) FROM {audit} a
          WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8";
+
+/// A parallel job's records counted, for verify_job: approved items, audit rows, chunk
+/// rows, committed ones, those that do not match their seal, audit rows inside chunks
+/// not committed, and the items of the committed chunks. $1 job, $2 chunk size, $3 item
+/// count.
+pub const PARALLEL_COUNTS: &str = "\
+SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {chunks} c)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {chunks} c WHERE c.committed)::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {chunks} c
+         WHERE c.seal OPERATOR(pg_catalog.<>) pg_catalog.hashtextextended(
+           $1 OPERATOR(pg_catalog.||) ':chunk:' OPERATOR(pg_catalog.||) c.chunk::pg_catalog.text
+           OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) c.committed::pg_catalog.int4::pg_catalog.text, 7919))::pg_catalog.int8,
+       (SELECT pg_catalog.count(*) FROM {audit} a
+          LEFT JOIN {chunks} c
+            ON c.chunk OPERATOR(pg_catalog.=) ((a.position OPERATOR(pg_catalog./) $2) OPERATOR(pg_catalog.+) 1)
+         WHERE c.committed IS NOT TRUE)::pg_catalog.int8,
+       (SELECT COALESCE(pg_catalog.sum(LEAST($2, $3 OPERATOR(pg_catalog.-)
+                  ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $2))), 0)
+          FROM {chunks} c WHERE c.committed)::pg_catalog.int8";
+
+/// The approved items of a parallel job's committed chunks that have no audit row, at
+/// most $2. $1 chunk size.
+pub const PARALLEL_AUDIT_MISSING: &str = "\
+SELECT i.position, i.item_key
+  FROM {items} i
+  JOIN {chunks} c
+    ON c.chunk OPERATOR(pg_catalog.=) ((i.position OPERATOR(pg_catalog./) $1) OPERATOR(pg_catalog.+) 1)
+ WHERE c.committed
+   AND NOT EXISTS (SELECT FROM {audit} a WHERE a.position OPERATOR(pg_catalog.=) i.position)
+ ORDER BY i.position
+ LIMIT $2";
 
 /// A job's status. $1 job.
 pub const JOB_STATUS: &str = "\

@@ -1,6 +1,7 @@
-//! A job's own partitions of etc_batch.job_item and etc_batch.job_audit, named by its
-//! number: made when it is registered (sql/jobs.sql, create_job_tables), filled, then
-//! attached; read and written by its chunks directly, never through the parents.
+//! A job's own partitions of etc_batch.job_item and etc_batch.job_audit (and, for a
+//! parallel job, of etc_batch.job_chunk), named by its number: made when it is
+//! registered (sql/jobs.sql, create_job_tables), filled, then attached; read and written
+//! by its chunks directly, never through the parents.
 
 use super::sql;
 use crate::error::Result;
@@ -29,6 +30,7 @@ impl JobTables {
         template
             .replace("{items}", &self.items)
             .replace("{audit}", &self.audit)
+            .replace("{chunks}", &format!("etc_batch.{}", self.chunks_relname()))
     }
 
     /// The item partition, for statements built around the target.
@@ -41,22 +43,36 @@ impl JobTables {
         format!("job_item_{}", self.number)
     }
 
+    /// A parallel job's chunk partition's name within schema etc_batch.
+    pub fn chunks_relname(&self) -> String {
+        format!("job_chunk_{}", self.number)
+    }
+
     /// The audit partition's name within schema etc_batch, for the audit writer.
     pub fn audit_relname(&self) -> String {
         format!("job_audit_{}", self.number)
     }
 
-    /// Makes the two partitions, as tables of their own, empty. Run as the owner.
-    pub fn create(&self, job_id: &str, registrant: pg_sys::Oid) -> Result<()> {
+    /// Makes the partitions, as tables of their own, empty. Run as the owner.
+    pub fn create(&self, job_id: &str, registrant: pg_sys::Oid, parallel: bool) -> Result<()> {
         query::run(
             sql::CREATE_JOB_TABLES,
-            &[self.number.into(), job_id.into(), registrant.into()],
+            &[
+                self.number.into(),
+                job_id.into(),
+                registrant.into(),
+                parallel.into(),
+            ],
         )
     }
 
-    /// Attaches the two partitions, once filled. Run as the owner.
-    pub fn attach(&self, job_id: &str) -> Result<()> {
-        query::run(sql::ATTACH_JOB_TABLES, &[self.number.into(), job_id.into()])
+    /// Writes a parallel job's `chunks` chunk rows and attaches the partitions, once the
+    /// items are frozen. Run as the owner.
+    pub fn attach(&self, job_id: &str, chunks: i32) -> Result<()> {
+        query::run(
+            sql::ATTACH_JOB_TABLES,
+            &[self.number.into(), job_id.into(), chunks.into()],
+        )
     }
 }
 

@@ -317,10 +317,17 @@ impl Target {
                 "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4"
             )
         };
+        // a parallel job's committed items are those of its committed chunks
+        let committed = "CASE WHEN j.parallel THEN (\
+             SELECT COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-) \
+                    ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size))), 0)::pg_catalog.int4 \
+               FROM etc_batch.job_chunk c \
+              WHERE c.job_id OPERATOR(pg_catalog.=) $1 AND c.committed) \
+             ELSE j.next_index END";
         format!(
-            "WITH r AS ({})\nSELECT j.status, j.item_count, j.next_index, {}, {}, {}, {}\n  \
+            "WITH r AS ({})\nSELECT j.status, j.item_count, {committed}, {}, {}, {}, {}, j.parallel\n  \
              FROM etc_batch.job j LEFT JOIN r ON true\n WHERE j.job_id OPERATOR(pg_catalog.=) $1\n \
-             GROUP BY j.status, j.item_count, j.next_index",
+             GROUP BY j.job_id, j.status, j.item_count, j.next_index, j.parallel, j.chunk_size",
             self.report_rows(),
             count("unprocessed"),
             count("matching"),

@@ -413,7 +413,7 @@ def test_psycopg_calls_every_procedure_and_function(client, tables):
         (str(i), "matching", 2, 2) for i in range(1, 6)
     ]
     assert conn.execute("SELECT * FROM etc_batch.job_summary(%s)", (job,)).fetchone() == (
-        "done", 5, 5, 0, 5, 0, 0)
+        "done", 5, 5, 0, 5, 0, 0, False)
     checks = conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
     assert checks and all(ok for _name, ok in checks), checks
     assert register(conn, job2, orders, 1, ids=[6]) == (job2, True, 1, 1)
@@ -500,6 +500,47 @@ def test_many_executions_through_pgbouncer_need_no_prepared_statements(pg, bounc
     assert results[-1][4] == "done"
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 13)})
     assert "prepared statement" not in bouncer.log()
+
+
+def test_parallel_job_drained_by_many_clients_through_pgbouncer(pg, bouncer, tables):
+    """Six clients share PgBouncer's three server connections in transaction mode and
+    call drain_job on one parallel job until it is done: each chunk is claimed by one
+    call, held by nothing a pooled session remembers, and committed once."""
+    orders = Orders(pg, "pooled_parallel", 600)
+    job = tag("pooled_parallel")
+    row = bouncer.connect(pg.name).execute(
+        "SELECT job_id, created, items, chunks FROM etc_batch.register_job("
+        "%s, 'X', %s::regclass, %s::jsonb, 10, %s::jsonb, %s::jsonb, parallel => true)",
+        (job, orders.name, json.dumps(orders.items(None)),
+         json.dumps({"status": "cancelled"}), json.dumps({"status": "pending"})),
+    ).fetchone()
+    assert row == (job, True, 600, 60)
+    results, failures = [], []
+
+    def client():
+        try:
+            conn = bouncer.connect(pg.name)
+            for _ in range(200):
+                r = conn.execute("CALL etc_batch.drain_job(%s, 3)", (job,)).fetchone()
+                results.append(r)
+                if r[4] == "done":
+                    return
+        except BaseException as exc:  # kept for the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive()
+    assert failures == []
+    assert sum(r[0] for r in results) == 60
+    assert sum(r[1] for r in results) == 600
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 601)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 601)})
+    checks = pg.admin.execute("SELECT ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks and all(c[0] for c in checks), checks
 
 
 # 3. autocommit off ----------------------------------------------------------------------------

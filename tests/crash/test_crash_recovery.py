@@ -30,6 +30,7 @@ from psycopg.types.json import Jsonb
 from conftest import SEED, wait_until
 
 DRAIN_ROUNDS = int(os.environ.get("ETC_BATCH_CRASH_DRAIN_ROUNDS", "15"))
+PARALLEL_ROUNDS = int(os.environ.get("ETC_BATCH_CRASH_PARALLEL_ROUNDS", "8"))
 CHAIN_ROUNDS = int(os.environ.get("ETC_BATCH_CRASH_CHAIN_ROUNDS", "12"))
 # How long a whole drain, or a chain of trivial steps, of one round should take: long
 # enough for a random moment to land inside it most of the time, short enough to keep
@@ -178,7 +179,7 @@ def create_orders(conn, table, a_count, b_count):
     )
 
 
-def register(conn, job, table, ids, chunk_size, from_query=False):
+def register(conn, job, table, ids, chunk_size, from_query=False, parallel=False):
     """Registers the approval an operator would take now for tenant A's ids: key,
     revision, and qty as a guard; cancel what is still pending. As a jsonb list, or
     with from_query as the rows of a SELECT (register_job_from_query)."""
@@ -189,8 +190,8 @@ def register(conn, job, table, ids, chunk_size, from_query=False):
         row = conn.execute(
             "SELECT job_id, created, items, chunks FROM etc_batch.register_job_from_query("
             "job_id => %s, tenant => 'A', target => %s::regclass, items_query => %s, "
-            "chunk_size => %s, set_values => %s, expect => %s)",
-            (job, table, query, chunk_size, Jsonb(CANCEL), Jsonb(PENDING)),
+            "chunk_size => %s, set_values => %s, expect => %s, parallel => %s)",
+            (job, table, query, chunk_size, Jsonb(CANCEL), Jsonb(PENDING), parallel),
         ).fetchone()
     else:
         row = conn.execute(
@@ -202,9 +203,9 @@ def register(conn, job, table, ids, chunk_size, from_query=False):
                           etc_batch.register_job(job_id => %s, tenant => 'A',
                                                  target => %s::regclass, items => s.items,
                                                  chunk_size => %s, set_values => %s,
-                                                 expect => %s) r"""
+                                                 expect => %s, parallel => %s) r"""
             ).format(t=sql.Identifier(table)),
-            (ids, job, table, chunk_size, Jsonb(CANCEL), Jsonb(PENDING)),
+            (ids, job, table, chunk_size, Jsonb(CANCEL), Jsonb(PENDING), parallel),
         ).fetchone()
     assert row == (job, True, len(ids), math.ceil(len(ids) / chunk_size)), row
 
@@ -400,6 +401,132 @@ def test_crash_in_the_middle_of_drains(crash_cluster, crash_report):
             f" {len(rounds) - mid} after completion"
         )
     assert len(rounds) == DRAIN_ROUNDS
+    assert 2 * mid >= len(rounds), f"seed {SEED}: only {mid} of {len(rounds)} rounds crashed mid-drain"
+
+
+# parallel jobs -----------------------------------------------------------------------------
+
+# A parallel job's items against their rows, chunk rows and audit rows, in one snapshot:
+# an item of a committed chunk changed once, in the transaction of its audit row, which
+# is the one the chunk row names; any other item not audited and as it was created.
+PARALLEL_ITEM_CHECK = """
+SELECT i.position, i.item_key, c.chunk, c.committed, c.txid AS chunk_txid, o.revision,
+       o.status, o.changed_in, a.position AS audited, a.chunk AS audit_chunk, a.txid
+  FROM etc_batch.job j
+  JOIN etc_batch.job_item i ON i.job_id = j.job_id
+  LEFT JOIN etc_batch.job_chunk c
+    ON c.job_id = j.job_id AND c.chunk = i.position / j.chunk_size + 1
+  LEFT JOIN {t} o ON o.tenant = 'A' AND o.id = i.item_key::integer
+  LEFT JOIN etc_batch.job_audit a ON a.job_id = i.job_id AND a.position = i.position
+ WHERE j.job_id = %(job)s
+   AND (c.chunk IS NOT NULL
+        AND CASE WHEN c.committed THEN
+                 a.revision_after = i.revision + 1 AND a.chunk = c.chunk AND a.txid = c.txid
+             AND o.revision = i.revision + 1 AND o.status = 'cancelled' AND o.changed_in = a.txid
+            ELSE
+                 a.position IS NULL AND o.revision = i.revision AND o.status = 'pending'
+             AND o.changed_in IS NULL
+            END) IS NOT TRUE
+ ORDER BY i.position
+ LIMIT 5"""
+
+
+def check_parallel_job(conn, job, table, ids, counts, where):
+    """Every chunk of a parallel job whole or absent, whatever order its drainers
+    committed them in; returns (status, committed chunks, chunks)."""
+    t = sql.Identifier(table)
+    status, audit_changes, item_changes, problem = conn.execute(
+        "SELECT status, audit_changes, item_changes, problem FROM etc_batch.job WHERE job_id = %s",
+        (job,),
+    ).fetchone()
+    assert (audit_changes, item_changes) == (0, 0), where
+    chunks, committed = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE committed) FROM etc_batch.job_chunk WHERE job_id = %s",
+        (job,),
+    ).fetchone()
+    assert chunks == math.ceil(len(ids) / conn.execute(
+        "SELECT chunk_size FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]), where
+    assert status == ("done" if committed == chunks else "pending") or (
+        status == "pending" and committed == chunks), f"{where}: {status} {problem}"
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_nestloop = off")
+        conn.execute("SET LOCAL jit = off")
+        bad = conn.execute(sql.SQL(PARALLEL_ITEM_CHECK).format(t=t), {"job": job}).fetchall()
+    assert bad == [], f"{where}: items half-applied or applied twice: {bad}"
+    others = conn.execute(sql.SQL(OTHERS_CHECK).format(t=t), {"job": job}).fetchall()
+    assert others == [], f"{where}: rows outside the approval changed: {others}"
+    per_tenant = dict(
+        conn.execute(sql.SQL("SELECT tenant, count(*) FROM {t} GROUP BY tenant").format(t=t))
+    )
+    assert per_tenant == counts, f"{where}: rows lost or added: {per_tenant}"
+    checks = conn.execute(
+        "SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,)
+    ).fetchall()
+    assert checks and all(ok for _, ok, _ in checks), f"{where}: verify_job: {checks}"
+    return status, committed, chunks
+
+
+def test_crash_in_the_middle_of_parallel_drains(crash_cluster, crash_report):
+    """Three drainers on one parallel job, the server crashed at a random moment: every
+    chunk is whole or absent, whichever drainer had it and in whatever order they
+    committed; then one CALL finishes the job, each item exactly once."""
+    cluster = crash_cluster
+    rng = random.Random(f"{SEED}-parallel")
+    with cluster.connect() as conn:
+        conn.execute("CREATE OR REPLACE " + NOTE_CHANGE.strip()[len("CREATE "):])
+    rate = 8000.0  # items per second for three drainers, a first guess
+    rounds = []
+    try:
+        for number in range(PARALLEL_ROUNDS):
+            where = f"seed {SEED}, parallel round {number}"
+            size = rng.choice([3, 5, 8])
+            fraction = rng.uniform(0.05, 0.9)
+            pick = random.Random(rng.random())
+            count = max(300, min(60000, int(rate * DRAIN_SECONDS)))
+            a_count = count + count // 4 + 7
+            ids = sorted(pick.sample(range(1, a_count + 1), count))
+            counts = {"A": a_count, "B": a_count}
+            table = f"orders_parallel_{number}"
+            job = f"crash-parallel-{number}"
+
+            admin = cluster.connect()
+            create_orders(admin, table, a_count, a_count)
+            register(admin, job, table, ids, size, from_query=number % 2 == 1, parallel=True)
+            calls = [Call(cluster, "CALL etc_batch.drain_job(%s)", (job,)).start() for _ in range(3)]
+            delay = fraction * count / rate
+            elapsed, in_flight, _ = crash_after(cluster, admin, calls[0], delay)
+            for c in calls[1:]:
+                c.join()
+            killed = sum(c.killed() for c in calls)
+
+            with cluster.connect() as conn:
+                status, committed, chunks = check_parallel_job(conn, job, table, ids, counts, where)
+                at_crash = committed
+                heard = sum(1 for c in calls for n in c.notices if CHUNK_NOTICE.match(n))
+                assert heard <= committed, f"{where}: told of {heard} chunks, {committed} committed"
+                conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+                status, committed, chunks = check_parallel_job(
+                    conn, job, table, ids, counts, f"{where}, resumed")
+                assert (status, committed) == ("done", chunks), where
+                again = conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()
+                assert tuple(again) == drained([], 0, "done"), f"{where}: {again}"
+                done_items = conn.execute(
+                    "SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)
+                ).fetchone()[0]
+                assert done_items == count, where
+
+            # the next round's size follows the rate this one showed
+            if killed == 0:
+                rate = count / (max(c.returned_at for c in calls) - min(c.sent_at for c in calls))
+            elif at_crash > 0 and elapsed > 0:
+                rate = at_crash * size / elapsed
+            rounds.append(killed > 0)
+            print(f"{where}: {count} items in chunks of {size}, crash {elapsed:.2f}s in,"
+                  f" {killed} of 3 calls killed, transaction open {in_flight}")
+    finally:
+        mid = sum(1 for r in rounds if r)
+        crash_report.append(f"parallel: {len(rounds)} rounds, {mid} crashed mid-drain")
+    assert len(rounds) == PARALLEL_ROUNDS
     assert 2 * mid >= len(rounds), f"seed {SEED}: only {mid} of {len(rounds)} rounds crashed mid-drain"
 
 

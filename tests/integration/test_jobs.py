@@ -95,7 +95,7 @@ def keeping_notices(conn, notices):
 
 
 def register(conn, job, target, items, chunk_size=10, tenant="A", set_values=CANCEL,
-             expect=PENDING, handler=None, notices=None):
+             expect=PENDING, handler=None, notices=None, parallel=None):
     """SELECT * FROM etc_batch.register_job(...) with named arguments; returns its row
     as a dict. expect=None leaves the default; items/set_values go as jsonb."""
     args = [
@@ -120,6 +120,9 @@ def register(conn, job, target, items, chunk_size=10, tenant="A", set_values=CAN
     if handler is not None:
         args.append(sql.SQL("handler => %s::regprocedure"))
         params.append(handler)
+    if parallel is not None:
+        args.append(sql.SQL("parallel => %s"))
+        params.append(parallel)
     with keeping_notices(conn, notices):
         cur = conn.cursor(row_factory=dict_row)
         return cur.execute(
@@ -458,6 +461,7 @@ def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
         "matching": 8,
         "drifted": 1,
         "missing": 1,
+        "parallel": False,
     }
 
 
@@ -1014,7 +1018,7 @@ def test_unknown_job_and_transaction_block_are_refused(db):
 
 REGISTER_SIGNATURE = (
     "etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, "
-    "name, regprocedure)"
+    "name, regprocedure, boolean)"
 )
 DRAIN_SIGNATURE = ("etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, "
                    "text, text)")
@@ -1173,3 +1177,194 @@ def test_a_column_added_to_the_audit_stops_the_drain_cleanly(db):
     # a dropped column stays in the row type, invisible: the writer leaves it NULL
     assert drain(db.connect(), job)["status"] == "done"
     assert_job_complete(db, orders, job, keys)
+
+
+# 10. parallel jobs: many drainers, one job ------------------------------------------------
+
+
+def chunk_rows(db, job):
+    return db.admin.execute(
+        "SELECT chunk, committed, txid FROM etc_batch.job_chunk WHERE job_id = %s ORDER BY chunk",
+        (job,),
+    ).fetchall()
+
+
+def assert_parallel_job_complete(db, orders, job, keys, chunk_size=10):
+    """A parallel job done exactly once: every approved key changed once and audited
+    once, each chunk's audit rows written by the one transaction its row names as the
+    one that committed it, and verify_job finds nothing."""
+    assert_job_complete(db, orders, job, keys)
+    by_chunk = audit_by_chunk(db, job)
+    rows = chunk_rows(db, job)
+    assert len(rows) == (len(keys) + chunk_size - 1) // chunk_size
+    for r in rows:
+        assert r["committed"], r
+        assert by_chunk[r["chunk"]][0] == r["txid"], (r, by_chunk[r["chunk"]])
+    checks = db.admin.execute("SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert all(c["ok"] for c in checks), checks
+
+
+def slow_chunks(db, orders, label, seconds):
+    """Every chunk's UPDATE takes at least `seconds`: drainers overlap, and a backend
+    killed at a random moment is most likely inside a chunk."""
+    fn = sql.Identifier(f"{label}_slow")
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep({s}); RETURN NULL; END $$"
+    ).format(fn=fn, s=sql.Literal(seconds)))
+    orders.execute(sql.SQL(
+        "CREATE TRIGGER slow AFTER UPDATE ON {{t}} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()"
+    ).format(fn=fn).as_string(db.admin))
+
+
+def test_eight_drainers_killed_at_random_drain_a_parallel_job_exactly_once(db):
+    """8 drainers over one parallel job of 3,000 items in chunks of 10, a random one
+    terminated (pg_terminate_backend) every few tens of milliseconds and started again,
+    until the job is done: each chunk committed once, by one transaction, every item
+    changed and audited exactly once, verify_job clean; no drainer ever waited for a
+    chunk another held."""
+    universe = range(1, 3601)
+    keys = pick_keys(21, 3000, universe)
+    orders = Orders(db, "par8", a_ids=universe, b_ids=range(1, 300))
+    job = db.new_batch("par8")
+    registered = register(db.connect(), job, orders.name, shuffled(orders.items(keys), 3),
+                          parallel=True)
+    assert registered["chunks"] == 300
+    slow_chunks(db, orders, "par8", 0.01)
+
+    done = threading.Event()
+    failures = []
+    results = []
+
+    def worker():
+        while not done.is_set():
+            try:
+                conn = db.connect()
+                r = drain(conn, job)
+                conn.close()
+            except psycopg.OperationalError:
+                continue  # terminated: start again, as a scheduler would
+            except BaseException as exc:  # kept for the assertion below
+                failures.append(exc)
+                return
+            results.append(r)
+            if r["status"] == "done":
+                done.set()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(8)]
+    for t in threads:
+        t.start()
+    rng = random.Random(5)
+    killed = 0
+    while not done.is_set() and killed < 40:
+        done.wait(rng.uniform(0.02, 0.06))
+        pids = [r["pid"] for r in db.admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+            ("%CALL etc_batch.drain_job%",)).fetchall()]
+        if pids and not done.is_set():
+            pid = rng.choice(pids)
+            if db.admin.execute("SELECT pg_terminate_backend(%s) AS t", (pid,)).fetchone()["t"]:
+                killed += 1
+    # the survivors finish what is left
+    for t in threads:
+        t.join(JOIN)
+        assert not t.is_alive()
+    assert failures == []
+    assert killed > 0
+    assert done.is_set()
+    print(f"{killed} drainers killed, {len(results)} calls returned, "
+          f"{sum(1 for r in results if r['committed_chunks'] > 0)} of them with chunks")
+    assert_parallel_job_complete(db, orders, job, keys)
+    # several drainers committed chunks, and the calls' counts add up to at most the
+    # chunks (a killed call's chunks are counted by no result)
+    assert sum(r["committed_chunks"] for r in results) <= 300
+
+
+def test_parallel_drainers_share_the_chunks_without_waiting(db):
+    """Drainers released together over a parallel job each commit chunks of their own,
+    at the same time: the chunks' commit times interleave, and the calls' counts add up
+    to every chunk."""
+    universe = range(1, 401)
+    keys = pick_keys(4, 400, universe)
+    orders = Orders(db, "par4", a_ids=universe)
+    job = db.new_batch("par4")
+    register(db.connect(), job, orders.name, orders.items(keys), parallel=True)
+    slow_chunks(db, orders, "par4", 0.02)
+    barrier = threading.Barrier(4 + 1)
+    drainers = [Drainer(db, job, barrier) for _ in range(4)]
+    for d in drainers:
+        d.start()
+    barrier.wait(WAIT)
+    for d in drainers:
+        d.join()
+        assert d.error is None, d.error
+    # 40 chunks of at least 20 ms each, by 4 drainers: far less than 40 x 20 ms apart
+    assert sum(d.result["committed_chunks"] for d in drainers) == 40
+    assert sum(1 for d in drainers if d.result["committed_chunks"] > 0) >= 2
+    assert {d.result["status"] for d in drainers} <= {"done", "pending"}
+    assert "done" in {d.result["status"] for d in drainers}
+    stamps = sorted(s for _, s in audit_by_chunk(db, job).values())
+    assert (stamps[-1] - stamps[0]).total_seconds() < 40 * 0.02
+    assert_parallel_job_complete(db, orders, job, keys)
+
+
+def tamper_parallel_audit_inside_open_chunk(db, job, number):
+    db.admin.execute(
+        f"INSERT INTO etc_batch.job_audit_{number} (job_id, position, revision_after, chunk, txid, committed_at) "
+        "VALUES (%s, 25, 9, 3, 1, now())", (job,))
+
+
+def tamper_parallel_chunk_reopened(db, job, number):
+    db.admin.execute(f"UPDATE etc_batch.job_chunk_{number} SET committed = false WHERE chunk = 1")
+
+
+def tamper_parallel_audit_deleted(db, job, number):
+    db.admin.execute(f"DELETE FROM etc_batch.job_audit_{number} WHERE position = 3")
+
+
+PARALLEL_TAMPERING = {
+    "audit_row_in_open_chunk": tamper_parallel_audit_inside_open_chunk,
+    "chunk_reopened": tamper_parallel_chunk_reopened,
+    "audit_row_deleted": tamper_parallel_audit_deleted,
+}
+
+
+@pytest.mark.parametrize("case", list(PARALLEL_TAMPERING))
+def test_tampered_parallel_progress_is_refused_and_nothing_changes(db, case):
+    keys = pick_keys(len(case) + 40, 35, range(1, 70))
+    orders = Orders(db, "ptamper", a_ids=range(1, 70))
+    job = db.new_batch(f"ptamper_{case}")
+    register(db.connect(), job, orders.name, orders.items(keys), parallel=True)
+    assert drain(db.connect(), job, 2)["committed_chunks"] == 2
+    number = job_row(db, job)["job_number"]
+    PARALLEL_TAMPERING[case](db, job, number)
+    business = orders.snapshot()
+
+    with pytest.raises(errors.DataCorrupted) as refused:
+        drain(db.connect(), job)
+    assert refused.value.sqlstate == "XX001"
+    assert orders.snapshot() == business
+    j = job_row(db, job)
+    assert j["status"] == "corrupt" and j["status_reason"], j
+    checks = db.admin.execute("SELECT * FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert any(not c["ok"] for c in checks), checks
+
+
+def test_a_parallel_handler_job_drains_to_done(db):
+    orders = Orders(db, "phandler", a_ids=range(1, 60), b_ids=range(1, 60))
+    handler = make_handler(db, orders)
+    keys = pick_keys(17, 25, range(1, 60))
+    job = db.new_batch("phandler")
+    register(db.connect(), job, orders.name, orders.items(keys),
+             set_values=None, expect=None, handler=handler, parallel=True)
+    barrier = threading.Barrier(3)
+    drainers = [Drainer(db, job, barrier) for _ in range(2)]
+    for d in drainers:
+        d.start()
+    barrier.wait(WAIT)
+    for d in drainers:
+        d.join()
+        assert d.error is None, d.error
+    assert sum(d.result["committed_chunks"] for d in drainers) == 3
+    assert_parallel_job_complete(db, orders, job, keys)
+    assert_others_untouched(orders, keys)

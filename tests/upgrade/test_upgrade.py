@@ -176,6 +176,16 @@ def carry_on(c):
         "FROM etc_batch.job_audit"
     ).fetchone()
     assert audit == {"n": 25, "distinct_items": 25}
+    # what the new version adds works on the updated objects: a parallel approval
+    c.execute(
+        "SELECT etc_batch.register_job_from_query('after-update', 'B', 'public.orders', "
+        "'SELECT id, revision, qty FROM public.orders WHERE tenant = ''B'' AND id <= 12', 4, "
+        "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}', parallel => true)")
+    parallel = c.execute("CALL etc_batch.drain_job('after-update')").fetchone()
+    assert (parallel["committed_chunks"], parallel["committed_items"], parallel["status"]) == (3, 12, "done")
+    assert c.execute(
+        "SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('after-update')").fetchone()["ok"] is True
+    c.execute("UPDATE public.orders SET status = 'pending', revision = 1 WHERE tenant = 'B'")
 
     c.execute("UPDATE public.knob SET ok = true")
     c.execute("SELECT etc_batch.retry_step(3)")
@@ -365,7 +375,8 @@ def lib_ok(function, *args):
 ADDED = {
     "0.2.0": {"batch_log": {"search_path": '"$user", public'}, "job": {"search_path": '"$user", public'}},
     # every job a number of its own, which names its partitions
-    "0.3.0": {"job": {"job_number": lambda n: isinstance(n, int) and n > 0}},
+    # and whether its chunks may commit in any order: jobs from before are sequential
+    "0.3.0": {"job": {"job_number": lambda n: isinstance(n, int) and n > 0, "parallel": False}},
 }
 
 

@@ -99,6 +99,7 @@ fn approval(items: Vec<Item>) -> Approval {
             chunk_size: 7,
             action: Action::Set(BTreeMap::from([("status".to_string(), json!("done"))])),
             expect: BTreeMap::new(),
+            parallel: false,
         },
         items,
     }
