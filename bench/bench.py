@@ -246,14 +246,25 @@ class Bench:
     def concurrency(self, chunk, drainers, mode):
         """Rows per second of `drainers` concurrent drain_job calls over the orders:
         mode "separate", one sequential job each; "one_job", one sequential job for
-        all; "parallel", one parallel job for all."""
+        all; "parallel", one parallel job for all; "C separate", the hand-written loop C
+        (alt.drain_per_chunk) on a job of its own each: what this machine allows
+        several sessions at once, whoever wrote the loop."""
         with quiet(connect(self.db)) as c:
             self.fresh_orders(c)
             jobs = []
-            parts = drainers if mode == "separate" else 1
+            parts = drainers if mode in ("separate", "C separate") else 1
             size = self.orders // parts
             for k in range(parts):
                 job = f"conc-{drainers}-{mode}-{k}-{time.monotonic_ns()}"
+                jobs.append(job)
+                if mode == "C separate":
+                    c.execute("INSERT INTO alt.jobs VALUES (%s, 'A', %s, %s, 0)", (job, chunk, size))
+                    c.execute(
+                        "INSERT INTO alt.job_items SELECT %s, row_number() OVER (ORDER BY id) - 1, id, "
+                        "revision, qty FROM orders WHERE tenant = 'A' AND id > %s AND id <= %s",
+                        (job, k * size, (k + 1) * size),
+                    )
+                    continue
                 c.execute(
                     "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
                     "format('SELECT id, revision, qty FROM orders WHERE tenant = %%L AND id > %%s AND id <= %%s', "
@@ -261,7 +272,8 @@ class Bench:
                     "parallel => %s)",
                     (job, k * size, (k + 1) * size, chunk, mode == "parallel"),
                 )
-                jobs.append(job)
+            c.execute("ANALYZE alt.job_items")
+        call = "CALL alt.drain_per_chunk(%s)" if mode == "C separate" else "CALL etc_batch.drain_job(%s)"
         barrier = threading.Barrier(drainers)
         errors = []
 
@@ -269,7 +281,7 @@ class Bench:
             try:
                 with quiet(connect(self.db)) as c:
                     barrier.wait(60)
-                    c.execute("CALL etc_batch.drain_job(%s)", (job,))
+                    c.execute(call, (job,))
             except Exception as e:  # reported below
                 errors.append(e)
 
@@ -471,15 +483,20 @@ def markdown(r):
             f"{co['reps']} repetitions (each runs every row once, in a turning order): drainers on "
             "a sequential job each, on one sequential job, and on one parallel job:")
         lines.append("")
-        lines.append("| drainers | separate jobs | one job | one parallel job |")
-        lines.append("|---|---|---|---|")
+        lines.append("| drainers | separate jobs | one job | one parallel job | C, separate jobs |")
+        lines.append("|---|---|---|---|---|")
 
         def cell(mode, d):
             runs = co[mode].get(str(d))
             return "" if runs is None else f"{statistics.median(runs):,.0f}"
 
         for d in co["drainers"]:
-            lines.append(f"| {d} | {cell('separate', d)} | {cell('one_job', d)} | {cell('parallel', d)} |")
+            lines.append(f"| {d} | {cell('separate', d)} | {cell('one_job', d)} | {cell('parallel', d)} "
+                         f"| {cell('C separate', d)} |")
+        lines.append("")
+        lines.append("Two drainers over one drainer, the median of the repetitions' own ratios: " + ", ".join(
+            f"{name} {v['median']:.2f} ({v['min']:.2f} to {v['max']:.2f})" for name, v in co["ratios"].items()
+        ) + ".")
         lines.append("")
     if r.get("targets"):
         lines += ["**Targets**", "", "| target | measured | |", "|---|---|---|"]
@@ -573,9 +590,9 @@ def main():
 
     if a.concurrency:
         conc = {"chunk": 100, "drainers": [1, 2, 4, 8], "reps": a.concurrency_reps,
-                "separate": {}, "one_job": {}, "parallel": {}}
+                "separate": {}, "one_job": {}, "parallel": {}, "C separate": {}}
         runs = [("separate", d) for d in conc["drainers"]] + [("one_job", 1), ("one_job", 8)]
-        runs += [("parallel", d) for d in conc["drainers"]]
+        runs += [("parallel", d) for d in conc["drainers"]] + [("C separate", 1), ("C separate", 2)]
         for rep in range(a.concurrency_reps):
             for mode, d in runs[rep % len(runs):] + runs[:rep % len(runs)]:
                 rate = b.concurrency(100, d, mode)
@@ -586,6 +603,8 @@ def main():
             "parallel 2 / 1": paired(conc["parallel"]["2"], conc["parallel"]["1"]),
             "parallel 8 / 2": paired(conc["parallel"]["8"], conc["parallel"]["2"]),
             "sequential 1 / parallel 1": paired(conc["one_job"]["1"], conc["parallel"]["1"]),
+            "separate jobs 2 / 1": paired(conc["separate"]["2"], conc["separate"]["1"]),
+            "C separate 2 / 1": paired(conc["C separate"]["2"], conc["C separate"]["1"]),
         }
         result["concurrency"] = conc
 

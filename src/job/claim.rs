@@ -58,12 +58,56 @@ pub enum Claim {
     Untrusted(String),
 }
 
-/// Looks for the first chunk from `from` on that is neither committed nor held, and
-/// claims it; `from` moves up to the first chunk not committed, so that the next look
-/// starts there. The chunk partition's ROW EXCLUSIVE lock is taken first and kept to the
-/// end of the transaction: a job being stopped holds EXCLUSIVE, and this waits for it.
-pub fn claim(job_id: &str, tables: &JobTables, from: &mut i32) -> Result<Claim> {
-    rows::with_table(&tables.chunks_relname(), |chunks| {
+/// Where a drainer looks for its next chunk, for the span of one call.
+///
+/// Drainers that take neighbouring chunks change neighbouring rows: the same pages of
+/// the target, of its indexes and of the job's own tables, whose buffer locks they would
+/// then queue on. So a drainer goes on from the chunk after the one it last took, and
+/// when the free chunk it finds lies right after one another drainer holds, it tries
+/// places spread evenly over the chunks not yet seen committed (half of the way, a
+/// quarter, three quarters, an eighth, ...), and takes the first free chunk it finds
+/// there that is not right after a held one: the first drainer takes chunk 1, the second
+/// the middle of the job, the third a quarter of the way, and each keeps its distance as
+/// it goes on. Only when that fails some times over does it take chunks side by side.
+pub struct Cursor {
+    /// Every chunk below it was seen committed.
+    first_open: i32,
+    /// Where the next look begins.
+    next: Option<i32>,
+}
+
+/// How many places a look tries before it takes a chunk next to one another drainer
+/// holds: enough for a few dozen drainers to find places of their own.
+const MOVES_PER_LOOK: u32 = 12;
+
+impl Cursor {
+    pub fn new() -> Cursor {
+        Cursor {
+            first_open: 1,
+            next: None,
+        }
+    }
+
+    /// The `n`th place (1 on) to try in chunks [first_open, chunks]: at the `n`th
+    /// fraction of the van der Corput sequence (1/2, 1/4, 3/4, 1/8, 5/8, ...), which
+    /// spreads any number of places evenly.
+    fn place(&self, n: u32, chunks: i32) -> i32 {
+        let (mut fraction, mut denominator, mut k) = (0u64, 1u64, n as u64);
+        while k > 0 {
+            denominator *= 2;
+            fraction = fraction * 2 + (k & 1);
+            k >>= 1;
+        }
+        let span = (chunks - self.first_open + 1).max(1) as u64;
+        self.first_open + (span * fraction / denominator) as i32
+    }
+}
+
+/// Looks for a chunk that is neither committed nor held, and claims it (see Cursor for
+/// where it looks). The chunk partition's ROW EXCLUSIVE lock is taken first and kept to
+/// the end of the transaction: a job being stopped holds EXCLUSIVE, and this waits for it.
+pub fn claim(job_id: &str, tables: &JobTables, chunks: i32, cursor: &mut Cursor) -> Result<Claim> {
+    rows::with_table(&tables.chunks_relname(), |rows_of_chunks| {
         // the job as the transaction that holds the lock sees it: a stop recorded before
         // is seen here
         let job = rows::reading_table("job", |jobs| {
@@ -76,12 +120,12 @@ pub fn claim(job_id: &str, tables: &JobTables, from: &mut i32) -> Result<Claim> 
                 ))
             })
         })?;
-        let Some((id, status, audit_changes, item_changes)) = job.filter(|j| j.0 == job_id) else {
+        let Some((_, status, audit_changes, item_changes)) = job.filter(|j| j.0 == job_id)
+        else {
             return Err(BatchError::UnknownJob {
                 job: job_id.to_string(),
             });
         };
-        let _ = id;
         if status != JobStatus::Pending {
             return Ok(Claim::Stopped(status));
         }
@@ -91,15 +135,97 @@ pub fn claim(job_id: &str, tables: &JobTables, from: &mut i32) -> Result<Claim> 
                  {item_changes} change(s) to its approved items were made outside etc_batch."
             )));
         }
+        let look = Look {
+            job_id,
+            chunks: rows_of_chunks,
+        };
+        let mut moves = 0;
+        let mut start = cursor.next.unwrap_or(cursor.first_open);
         let mut held = false;
+        loop {
+            // from `start` to the end; then, if nothing was found, from the first chunk
+            // not seen committed (the look that tells the job is complete)
+            let found = look.from(start, moves < MOVES_PER_LOOK)?;
+            held |= found.held;
+            match found.outcome {
+                Found::Claimed(claim) => {
+                    cursor.next = Some(claim.chunk + 1);
+                    return Ok(Claim::Claimed(claim));
+                }
+                Found::Untrusted(reason) => return Ok(Claim::Untrusted(reason)),
+                Found::NextToAnother => {
+                    moves += 1;
+                    start = cursor.place(moves, chunks);
+                }
+                Found::End if start > cursor.first_open => {
+                    let whole = look.from(cursor.first_open, false)?;
+                    held |= whole.held;
+                    if let Some(open) = whole.first_open {
+                        cursor.first_open = open;
+                    }
+                    return Ok(match whole.outcome {
+                        Found::Claimed(claim) => {
+                            cursor.next = Some(claim.chunk + 1);
+                            Claim::Claimed(claim)
+                        }
+                        Found::Untrusted(reason) => Claim::Untrusted(reason),
+                        _ if held => Claim::AllHeld,
+                        _ => Claim::NoneOpen,
+                    });
+                }
+                Found::End => {
+                    if let Some(open) = found.first_open {
+                        cursor.first_open = open;
+                    }
+                    return Ok(if held { Claim::AllHeld } else { Claim::NoneOpen });
+                }
+            }
+        }
+    })
+}
+
+/// One look along the chunk rows.
+struct Look<'a, 't> {
+    job_id: &'a str,
+    chunks: &'a rows::Table<'t>,
+}
+
+enum Found {
+    Claimed(Claimed),
+    Untrusted(String),
+    /// The free chunk found lies right after one another drainer holds.
+    NextToAnother,
+    /// No free chunk to the end.
+    End,
+}
+
+struct Looked {
+    outcome: Found,
+    /// Whether a chunk not committed was held by another drainer.
+    held: bool,
+    /// The first chunk seen not committed.
+    first_open: Option<i32>,
+}
+
+impl Look<'_, '_> {
+    /// From chunk `start` on: the first chunk neither committed nor held, claimed,
+    /// unless `spread` and it lies right after a chunk another drainer holds.
+    fn from(&self, start: i32, spread: bool) -> Result<Looked> {
+        let mut held = false;
+        let mut after_held = false;
         let mut first_open = None;
-        let found = chunks.scan_from("chunk", Key::Int4(*from), |row, at| {
+        let found = self.chunks.scan_from("chunk", Key::Int4(start), |row, at| {
             if row.get::<bool>("committed")? == Some(true) {
+                after_held = false;
                 return Ok(ControlFlow::Continue(()));
             }
             let chunk = row.get::<i32>("chunk")?.unwrap_or(-1);
             first_open.get_or_insert(chunk);
-            let locked = chunks.lock_at(at, false, |row| {
+            if spread && after_held {
+                // not locked: a free chunk right behind another drainer is left to it
+                return Ok(ControlFlow::Break(None));
+            }
+            let locked = self.chunks.lock_at(at, false, |row| {
                 Ok((
                     row.get::<bool>("committed")?.unwrap_or(false),
                     row.get::<i64>("seal")?,
@@ -107,29 +233,35 @@ pub fn claim(job_id: &str, tables: &JobTables, from: &mut i32) -> Result<Claim> 
             })?;
             Ok(match locked {
                 // committed by another drainer since this snapshot was taken
-                Lock::Row((true, _), _) | Lock::Missing => ControlFlow::Continue(()),
-                Lock::HeldByAnother => {
-                    held = true;
+                Lock::Row((true, _), _) | Lock::Missing => {
+                    after_held = false;
                     ControlFlow::Continue(())
                 }
-                Lock::Row((false, seal), at) => ControlFlow::Break((chunk, seal, at)),
+                Lock::HeldByAnother => {
+                    held = true;
+                    after_held = true;
+                    ControlFlow::Continue(())
+                }
+                Lock::Row((false, seal), at) => ControlFlow::Break(Some((chunk, seal, at))),
             })
         })?;
-        if let Some(open) = first_open {
-            *from = open;
-        }
-        Ok(match found {
-            Some((chunk, seal, _)) if seal != Some(chunk_seal(job_id, chunk, false)) => {
-                Claim::Untrusted(format!(
+        let outcome = match found {
+            None => Found::End,
+            Some(None) => Found::NextToAnother,
+            Some(Some((chunk, seal, _))) if seal != Some(chunk_seal(self.job_id, chunk, false)) => {
+                Found::Untrusted(format!(
                     "The row of chunk {chunk} says it is not committed, but does not match its \
                      seal: it was changed outside etc_batch."
                 ))
             }
-            Some((chunk, _, at)) => Claim::Claimed(Claimed { chunk, at }),
-            None if held => Claim::AllHeld,
-            None => Claim::NoneOpen,
+            Some(Some((chunk, _, at))) => Found::Claimed(Claimed { chunk, at }),
+        };
+        Ok(Looked {
+            outcome,
+            held,
+            first_open,
         })
-    })
+    }
 }
 
 /// Marks the claimed chunk committed, with its new seal, the transaction and its time,
@@ -232,5 +364,21 @@ mod tests {
             .unwrap();
             assert_eq!(super::chunk_seal(job, chunk, committed), sql);
         }
+    }
+}
+
+#[cfg(test)]
+mod places {
+    use super::Cursor;
+
+    #[test]
+    fn places_spread_evenly_over_the_open_chunks() {
+        let cursor = Cursor { first_open: 1, next: None };
+        let places: Vec<i32> = (1..=7).map(|n| cursor.place(n, 800)).collect();
+        assert_eq!(places, vec![401, 201, 601, 101, 501, 301, 701]);
+        let later = Cursor { first_open: 101, next: None };
+        assert_eq!(later.place(1, 200), 151);
+        // a job of one chunk has one place
+        assert_eq!(Cursor { first_open: 1, next: None }.place(3, 1), 1);
     }
 }

@@ -166,11 +166,11 @@ pub fn drain(
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
     let mut all_held = false;
-    // a parallel job's first chunk that may not be committed yet
-    let mut from = 1;
+    // where this drainer looks for a parallel job's next chunk
+    let mut cursor = claim::Cursor::new();
     while !finished && !all_held && max_chunks.is_none_or(|max| drained.chunks < max) {
         let chunk = if job.def.parallel {
-            tx.item(|tx| job.next_parallel_chunk(tx, &mut audit, &mut from))?
+            tx.item(|tx| job.next_parallel_chunk(tx, &mut audit, &mut cursor))?
         } else {
             tx.item(|tx| job.next_chunk(tx, &mut audit))?
         };
@@ -195,7 +195,7 @@ pub fn drain(
     // A parallel drain that stopped at max_chunks may have committed the job's last
     // chunk: it looks once more, so that a job with every chunk committed is done.
     if job.def.parallel && !finished && !all_held && drained.chunks > 0 {
-        finished = tx.item(|tx| job.finish_if_complete(tx, &mut from))?;
+        finished = tx.item(|tx| job.finish_if_complete(tx, &mut cursor))?;
     }
     drained.status = if finished {
         JobStatus::Done
@@ -311,13 +311,14 @@ impl Job {
         &self,
         tx: &mut TxnLoop,
         audit: &mut AuditWriter,
-        from: &mut i32,
+        cursor: &mut claim::Cursor,
     ) -> Result<Chunk> {
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
         let tables = &self.def.tables;
-        let claimed = match self.owner(|| claim::claim(self.id(), tables, from))? {
+        let chunks = chunk_count(self.def.item_count, self.def.chunk_size);
+        let claimed = match self.owner(|| claim::claim(self.id(), tables, chunks, cursor))? {
             Claim::Claimed(claimed) => claimed,
             Claim::AllHeld => return Ok(Chunk::AllHeld),
             Claim::NoneOpen => return self.finish(tx),
@@ -427,8 +428,9 @@ impl Job {
 
     /// After a parallel drain stopped at max_chunks: whether the job is done now (its
     /// chunks all committed, by this drainer or others).
-    fn finish_if_complete(&self, tx: &mut TxnLoop, from: &mut i32) -> Result<bool> {
-        let done = match self.owner(|| claim::claim(self.id(), &self.def.tables, from))? {
+    fn finish_if_complete(&self, tx: &mut TxnLoop, cursor: &mut claim::Cursor) -> Result<bool> {
+        let chunks = chunk_count(self.def.item_count, self.def.chunk_size);
+        let done = match self.owner(|| claim::claim(self.id(), &self.def.tables, chunks, cursor))? {
             Claim::NoneOpen => matches!(self.finish(tx)?, Chunk::Finished),
             Claim::Stopped(JobStatus::Done) => true,
             _ => false,
