@@ -15,7 +15,10 @@ list, cancelled chunk by chunk with an audit row per order and a checkpoint per 
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
 PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
 10,000,000-item job registered from a query and drained by one call
-(bench/big_job.py). Concurrency: 1, 2, 4, 8 drainers on separate jobs, and 8 on one job.
+(bench/big_job.py). Concurrency, at chunk 100: 1, 2, 4, 8 drainers on a sequential job
+each, 1 and 8 on one sequential job, 1, 2, 4, 8 on one parallel job, and the hand-written
+loop C on a job of its own each for 1 and 2 sessions (what the machine allows several
+sessions at once, whoever wrote the loop), in repetitions whose order turns.
 
 This machine's speed wanders by tens of percent within minutes, so every repetition
 runs every method once, back to back and each time in another order, and a ratio is the

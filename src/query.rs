@@ -227,6 +227,34 @@ pub fn typed(type_oid: pg_sys::Oid, text: &str) -> Result<Opaque> {
     }
 }
 
+/// Bound parameters as SPI takes them: their types, their values, and ' ' or 'n' for
+/// each (not NULL, NULL).
+struct SpiArgs {
+    types: Vec<pg_sys::Oid>,
+    values: Vec<pg_sys::Datum>,
+    nulls: Vec<c_char>,
+}
+
+impl SpiArgs {
+    fn of(args: &[DatumWithOid]) -> SpiArgs {
+        SpiArgs {
+            types: args.iter().map(|a| a.oid()).collect(),
+            values: args
+                .iter()
+                .map(|a| {
+                    a.datum()
+                        .map(|d| d.sans_lifetime())
+                        .unwrap_or(pg_sys::Datum::from(0usize))
+                })
+                .collect(),
+            nulls: args
+                .iter()
+                .map(|a| (if a.datum().is_some() { b' ' } else { b'n' }) as c_char)
+                .collect(),
+        }
+    }
+}
+
 /// Runs `sql` and reads every row it returns with `read` (at most `limit`, 0 = all).
 pub fn rows<R>(
     sql: &str,
@@ -234,19 +262,11 @@ pub fn rows<R>(
     limit: i64,
     mut read: impl FnMut(&Row) -> Result<R>,
 ) -> Result<Vec<R>> {
-    let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
-    let mut values: Vec<pg_sys::Datum> = args
-        .iter()
-        .map(|a| {
-            a.datum()
-                .map(|d| d.sans_lifetime())
-                .unwrap_or(pg_sys::Datum::from(0usize))
-        })
-        .collect();
-    let nulls: Vec<c_char> = args
-        .iter()
-        .map(|a| (if a.datum().is_some() { b' ' } else { b'n' }) as c_char)
-        .collect();
+    let SpiArgs {
+        mut types,
+        mut values,
+        nulls,
+    } = SpiArgs::of(args);
     // SAFETY: a plain atomic SPI connection, finished before returning. An error raised
     // by PostgreSQL unwinds through pgrx's guard, and the transaction's (or the
     // subtransaction's) abort pops the connection.
@@ -360,19 +380,11 @@ impl Cursor {
     pub fn open(sql: &str, args: &[DatumWithOid]) -> Result<Cursor> {
         let text = CString::new(sql)
             .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
-        let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
-        let mut values: Vec<pg_sys::Datum> = args
-            .iter()
-            .map(|a| {
-                a.datum()
-                    .map(|d| d.sans_lifetime())
-                    .unwrap_or(pg_sys::Datum::from(0usize))
-            })
-            .collect();
-        let nulls: Vec<c_char> = args
-            .iter()
-            .map(|a| (if a.datum().is_some() { b' ' } else { b'n' }) as c_char)
-            .collect();
+        let SpiArgs {
+            mut types,
+            mut values,
+            nulls,
+        } = SpiArgs::of(args);
         // SAFETY: an atomic SPI connection, finished before returning; the portal the
         // cursor opens copies the plan and the parameter values, and belongs to the
         // transaction, not to the connection.

@@ -581,16 +581,33 @@ impl Table<'_> {
 
     /// The first row, in the order of a unique btree index that `column` leads, whose
     /// `column` compares to `key` as `compare` says, read with `read`.
-    ///
-    /// Read by the index itself, never by systable_beginscan: that scans the heap, in no
-    /// order, when a session starts with ignore_system_indexes, which any role may set,
-    /// and "the next step" would be whichever came first.
     fn first_by_key<R>(
         &self,
         column: &str,
         compare: Compare,
         key: Key,
         read: impl FnOnce(&Fields) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let mut read = Some(read);
+        self.scan(column, compare, key, |row, _| {
+            let read = read.take().expect("the scan breaks off at the first row");
+            read(row).map(std::ops::ControlFlow::Break)
+        })
+    }
+
+    /// Visits the rows, in the order of a unique btree index that `column` leads, whose
+    /// `column` compares to `key` as `compare` says, each with where it lies, until
+    /// `visit` breaks off with a value. None: every such row was visited.
+    ///
+    /// Read by the index itself, never by systable_beginscan: that scans the heap, in no
+    /// order, when a session starts with ignore_system_indexes, which any role may set,
+    /// and "the next step" would be whichever came first.
+    fn scan<R>(
+        &self,
+        column: &str,
+        compare: Compare,
+        key: Key,
+        mut visit: impl FnMut(&Fields, Tid) -> Result<std::ops::ControlFlow<R>>,
     ) -> Result<Option<R>> {
         let attribute = self.attribute(column)?;
         if attribute.type_oid != key.type_oid() {
@@ -599,8 +616,9 @@ impl Table<'_> {
         let (strategy, procedure, datum) = key.scan(compare);
         // SAFETY: an index scan of the open table in the table's snapshot; the index is
         // opened and closed here, the scan and its slot ended and dropped before
-        // returning, and the row read while the slot holds it. An ERROR leaves them to
-        // the transaction's abort.
+        // returning, and each row read while the slot holds it. `visit` may lock the row
+        // it is given, as the executor locks rows under an index scan. An ERROR leaves
+        // them to the transaction's abort.
         unsafe {
             let index = self.leading_index(attribute.attnum)?;
             let mut scankey = pg_sys::ScanKeyData::default();
@@ -615,17 +633,22 @@ impl Table<'_> {
             let scan = begin_index_scan(self.rel, index, self.snapshot);
             pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
             let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
-            let result = if pg_sys::index_getnext_slot(
+            let mut result = Ok(None);
+            while pg_sys::index_getnext_slot(
                 scan,
                 pg_sys::ScanDirection::ForwardScanDirection,
                 slot,
             ) {
                 let mut free = false;
                 let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
-                read(&Fields { table: self, tuple }).map(Some)
-            } else {
-                Ok(None)
-            };
+                let at = Tid((*tuple).t_self);
+                match visit(&Fields { table: self, tuple }, at) {
+                    Ok(std::ops::ControlFlow::Continue(())) => continue,
+                    Ok(std::ops::ControlFlow::Break(value)) => result = Ok(Some(value)),
+                    Err(e) => result = Err(e),
+                }
+                break;
+            }
             pg_sys::ExecDropSingleTupleTableSlot(slot);
             pg_sys::index_endscan(scan);
             pg_sys::index_close(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
@@ -801,49 +824,9 @@ impl Table<'_> {
         &self,
         column: &str,
         key: Key,
-        mut visit: impl FnMut(&Fields, Tid) -> Result<std::ops::ControlFlow<R>>,
+        visit: impl FnMut(&Fields, Tid) -> Result<std::ops::ControlFlow<R>>,
     ) -> Result<Option<R>> {
-        let attribute = self.attribute(column)?;
-        if attribute.type_oid != key.type_oid() {
-            return Err(self.layout_error(column));
-        }
-        let (strategy, procedure, datum) = key.scan(Compare::AtLeast);
-        // SAFETY: as first_by_key, the scan going on past the first row; `visit` may lock
-        // the row it is given, as the executor locks rows under an index scan.
-        unsafe {
-            let index = self.leading_index(attribute.attnum)?;
-            let mut scankey = pg_sys::ScanKeyData::default();
-            pg_sys::ScanKeyInit(
-                &mut scankey,
-                1,
-                strategy as pg_sys::StrategyNumber,
-                pg_sys::Oid::from(procedure),
-                datum,
-            );
-            let scan = begin_index_scan(self.rel, index, self.snapshot);
-            pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
-            let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
-            let mut result = Ok(None);
-            while pg_sys::index_getnext_slot(
-                scan,
-                pg_sys::ScanDirection::ForwardScanDirection,
-                slot,
-            ) {
-                let mut free = false;
-                let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
-                let at = Tid((*tuple).t_self);
-                match visit(&Fields { table: self, tuple }, at) {
-                    Ok(std::ops::ControlFlow::Continue(())) => continue,
-                    Ok(std::ops::ControlFlow::Break(value)) => result = Ok(Some(value)),
-                    Err(e) => result = Err(e),
-                }
-                break;
-            }
-            pg_sys::ExecDropSingleTupleTableSlot(slot);
-            pg_sys::index_endscan(scan);
-            pg_sys::index_close(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            result
-        }
+        self.scan(column, Compare::AtLeast, key, visit)
     }
 
     /// Changes the row whose key column `column` equals `key`, as `UPDATE ... WHERE

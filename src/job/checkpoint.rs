@@ -124,16 +124,7 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
     })?;
     let (first_key, last_key) = match progress.next_chunk() {
         None => (String::new(), String::new()),
-        Some(range) => rows::reading_table(&tables.items_relname(), |items| {
-            let key = |position: i32| {
-                items
-                    .find("position", Key::Int4(position), |row| {
-                        row.get::<String>("item_key")
-                    })
-                    .map(|key| key.flatten().unwrap_or_default())
-            };
-            Ok((key(range.start)?, key(range.end - 1)?))
-        })?,
+        Some(range) => chunk_keys(tables, &range)?,
     };
     Ok(Some(Locked {
         status,
@@ -146,6 +137,21 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
         last_key,
         at,
     }))
+}
+
+/// The keys of the first and the last item of the chunk `range`, read from the job's
+/// item partition by its primary key, in one opening of it.
+pub fn chunk_keys(tables: &JobTables, range: &Range<i32>) -> Result<(String, String)> {
+    rows::reading_table(&tables.items_relname(), |items| {
+        let key = |position: i32| {
+            items
+                .find("position", Key::Int4(position), |row| {
+                    row.get::<String>("item_key")
+                })
+                .map(|key| key.flatten().unwrap_or_default())
+        };
+        Ok((key(range.start)?, key(range.end - 1)?))
+    })
 }
 
 /// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,

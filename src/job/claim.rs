@@ -120,8 +120,7 @@ pub fn claim(job_id: &str, tables: &JobTables, chunks: i32, cursor: &mut Cursor)
                 ))
             })
         })?;
-        let Some((_, status, audit_changes, item_changes)) = job.filter(|j| j.0 == job_id)
-        else {
+        let Some((_, status, audit_changes, item_changes)) = job.filter(|j| j.0 == job_id) else {
             return Err(BatchError::UnknownJob {
                 job: job_id.to_string(),
             });
@@ -177,7 +176,11 @@ pub fn claim(job_id: &str, tables: &JobTables, chunks: i32, cursor: &mut Cursor)
                     if let Some(open) = found.first_open {
                         cursor.first_open = open;
                     }
-                    return Ok(if held { Claim::AllHeld } else { Claim::NoneOpen });
+                    return Ok(if held {
+                        Claim::AllHeld
+                    } else {
+                        Claim::NoneOpen
+                    });
                 }
             }
         }
@@ -214,37 +217,39 @@ impl Look<'_, '_> {
         let mut held = false;
         let mut after_held = false;
         let mut first_open = None;
-        let found = self.chunks.scan_from("chunk", Key::Int4(start), |row, at| {
-            if row.get::<bool>("committed")? == Some(true) {
-                after_held = false;
-                return Ok(ControlFlow::Continue(()));
-            }
-            let chunk = row.get::<i32>("chunk")?.unwrap_or(-1);
-            first_open.get_or_insert(chunk);
-            if spread && after_held {
-                // not locked: a free chunk right behind another drainer is left to it
-                return Ok(ControlFlow::Break(None));
-            }
-            let locked = self.chunks.lock_at(at, false, |row| {
-                Ok((
-                    row.get::<bool>("committed")?.unwrap_or(false),
-                    row.get::<i64>("seal")?,
-                ))
-            })?;
-            Ok(match locked {
-                // committed by another drainer since this snapshot was taken
-                Lock::Row((true, _), _) | Lock::Missing => {
+        let found = self
+            .chunks
+            .scan_from("chunk", Key::Int4(start), |row, at| {
+                if row.get::<bool>("committed")? == Some(true) {
                     after_held = false;
-                    ControlFlow::Continue(())
+                    return Ok(ControlFlow::Continue(()));
                 }
-                Lock::HeldByAnother => {
-                    held = true;
-                    after_held = true;
-                    ControlFlow::Continue(())
+                let chunk = row.get::<i32>("chunk")?.unwrap_or(-1);
+                first_open.get_or_insert(chunk);
+                if spread && after_held {
+                    // not locked: a free chunk right behind another drainer is left to it
+                    return Ok(ControlFlow::Break(None));
                 }
-                Lock::Row((false, seal), at) => ControlFlow::Break(Some((chunk, seal, at))),
-            })
-        })?;
+                let locked = self.chunks.lock_at(at, false, |row| {
+                    Ok((
+                        row.get::<bool>("committed")?.unwrap_or(false),
+                        row.get::<i64>("seal")?,
+                    ))
+                })?;
+                Ok(match locked {
+                    // committed by another drainer since this snapshot was taken
+                    Lock::Row((true, _), _) | Lock::Missing => {
+                        after_held = false;
+                        ControlFlow::Continue(())
+                    }
+                    Lock::HeldByAnother => {
+                        held = true;
+                        after_held = true;
+                        ControlFlow::Continue(())
+                    }
+                    Lock::Row((false, seal), at) => ControlFlow::Break(Some((chunk, seal, at))),
+                })
+            })?;
         let outcome = match found {
             None => Found::End,
             Some(None) => Found::NextToAnother,
@@ -373,12 +378,25 @@ mod places {
 
     #[test]
     fn places_spread_evenly_over_the_open_chunks() {
-        let cursor = Cursor { first_open: 1, next: None };
+        let cursor = Cursor {
+            first_open: 1,
+            next: None,
+        };
         let places: Vec<i32> = (1..=7).map(|n| cursor.place(n, 800)).collect();
         assert_eq!(places, vec![401, 201, 601, 101, 501, 301, 701]);
-        let later = Cursor { first_open: 101, next: None };
+        let later = Cursor {
+            first_open: 101,
+            next: None,
+        };
         assert_eq!(later.place(1, 200), 151);
         // a job of one chunk has one place
-        assert_eq!(Cursor { first_open: 1, next: None }.place(3, 1), 1);
+        assert_eq!(
+            Cursor {
+                first_open: 1,
+                next: None
+            }
+            .place(3, 1),
+            1
+        );
     }
 }

@@ -272,37 +272,66 @@ impl Job {
                     .after_rollback(tx, &range, |job, tx| job.record_mismatch(tx, &range, known));
             }
         };
-        crash::reached(Point::AfterChange);
+        let status = self.commit_chunk(tx, audit, number, &changed, || {
+            checkpoint::advance(self.id(), &self.def.tables, locked.at, &range)
+        })?;
+        self.committed_notice(
+            number,
+            total,
+            range.len(),
+            &locked.first_key,
+            &locked.last_key,
+        );
+        Ok(Chunk::Committed {
+            items: range.len() as i64,
+            first_key: locked.first_key,
+            last_key: locked.last_key,
+            last: status == JobStatus::Done,
+        })
+    }
 
-        // The audit rows, then the checkpoint.
-        let status = self.owner(|| {
+    /// A chunk whose change is made: its audit rows written and the checkpoint moved
+    /// (`checkpoint`, which returns what the caller wants of it), as the owner, with
+    /// nothing between them, then COMMIT; with the crash points between the steps.
+    fn commit_chunk<R>(
+        &self,
+        tx: &mut TxnLoop,
+        audit: &mut AuditWriter,
+        number: i32,
+        changed: &[(i32, i64)],
+        checkpoint: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        crash::reached(Point::AfterChange);
+        let moved = self.owner(|| {
             audit.write(&ChunkAudit {
                 job_id: self.id(),
                 chunk: number,
-                changed: &changed,
+                changed,
             })?;
-            checkpoint::advance(self.id(), &self.def.tables, locked.at, &range)
+            checkpoint()
         })?;
         // nothing runs between the audit rows and the checkpoint: one point after both
         crash::reached(Point::AfterCheckpoint);
         tx.commit();
         crash::reached(Point::AfterCommit);
+        Ok(moved)
+    }
 
-        let len = range.len();
+    /// The NOTICE of a committed chunk, when anyone would receive it.
+    fn committed_notice(
+        &self,
+        number: i32,
+        total: i32,
+        len: usize,
+        first_key: &str,
+        last_key: &str,
+    ) {
         if notices_are_sent() {
             notice!(
-                "chunk {number} of {total} committed: {len} item{}, keys {} to {}",
+                "chunk {number} of {total} committed: {len} item{}, keys {first_key} to {last_key}",
                 if len == 1 { "" } else { "s" },
-                locked.first_key,
-                locked.last_key
             );
         }
-        Ok(Chunk::Committed {
-            items: len as i64,
-            first_key: locked.first_key,
-            last_key: locked.last_key,
-            last: status == JobStatus::Done,
-        })
     }
 
     /// One chunk of a parallel job (see claim.rs): claimed, checked, changed, audited and
@@ -351,16 +380,7 @@ impl Job {
                     Ok(row.get::<i32>("position")?.unwrap_or(-1))
                 })
             })?;
-            let keys = rows::reading_table(&tables.items_relname(), |items| {
-                let key = |position: i32| {
-                    items
-                        .find("position", Key::Int4(position), |row| {
-                            row.get::<String>("item_key")
-                        })
-                        .map(|key| key.flatten().unwrap_or_default())
-                };
-                Ok((key(range.start)?, key(range.end - 1)?))
-            })?;
+            let keys = checkpoint::chunk_keys(tables, &range)?;
             Ok((inside.filter(|p| *p < range.end), keys))
         })?;
         if let Some(position) = audit_inside {
@@ -382,27 +402,12 @@ impl Job {
                 return self.after_parallel_rollback(tx, &range, known);
             }
         };
-        crash::reached(Point::AfterChange);
-        self.owner(|| {
-            audit.write(&ChunkAudit {
-                job_id: self.id(),
-                chunk: number,
-                changed: &changed,
-            })?;
+        self.commit_chunk(tx, audit, number, &changed, || {
             claim::mark_committed(self.id(), tables, &claimed)
         })?;
-        crash::reached(Point::AfterCheckpoint);
-        tx.commit();
-        crash::reached(Point::AfterCommit);
-        let len = range.len();
-        if notices_are_sent() {
-            notice!(
-                "chunk {number} of {total} committed: {len} item{}, keys {first_key} to {last_key}",
-                if len == 1 { "" } else { "s" },
-            );
-        }
+        self.committed_notice(number, total, range.len(), &first_key, &last_key);
         Ok(Chunk::Committed {
-            items: len as i64,
+            items: range.len() as i64,
             first_key,
             last_key,
             last: false,
