@@ -9,7 +9,13 @@ COMMENT ON FUNCTION etc_batch.reset_batch(text) IS
     'Puts every step of a batch back to pending for its next run and returns how many; step_audit keeps the history.';
 COMMENT ON FUNCTION etc_batch.retry_step(bigint) IS
     'Puts a failed step back to pending.';
+COMMENT ON FUNCTION etc_batch.pause_batch(text) IS
+    'Pauses a batch: a runner at work stops after the step in flight, and runs stop before its first pending step until resume_batch.';
+COMMENT ON FUNCTION etc_batch.resume_batch(text) IS
+    'Lets a paused batch go on.';
 REVOKE ALL ON FUNCTION etc_batch.add_step(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.pause_batch(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.resume_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.reset_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.retry_step(bigint) FROM PUBLIC;
 
@@ -31,7 +37,13 @@ REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, t
 REVOKE ALL ON FUNCTION etc_batch.job_report(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.pause_job(text) IS
+    'Pauses a job: its drainers stop before their next chunk and return with status paused, until resume_job. Not part of the approval.';
+COMMENT ON FUNCTION etc_batch.resume_job(text) IS
+    'Lets a paused job go on from its checkpoint.';
 REVOKE ALL ON FUNCTION etc_batch.abort_job(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.pause_job(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.resume_job(text) FROM PUBLIC;
 
 -- Leases
 COMMENT ON FUNCTION etc_batch.acquire_lease(text, text, interval) IS

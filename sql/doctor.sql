@@ -114,12 +114,18 @@ BEGIN
                count(*) FILTER (WHERE b.status = 'pending') AS pending,
                count(*) FILTER (WHERE b.status = 'failed') AS failed,
                min(b.id) FILTER (WHERE b.status = 'failed') AS first_failed,
-               bool_or(x.pid IS NOT NULL) AS running
+               bool_or(x.pid IS NOT NULL) AS running, z.paused_at, z.paused_by
           FROM etc_batch.batch_log b
           LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
-         GROUP BY b.batch
+          LEFT JOIN etc_batch.batch_pause z ON z.batch = b.batch
+         GROUP BY b.batch, z.paused_at, z.paused_by
     LOOP
-        IF r.failed > 0 THEN
+        IF r.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('The batch is paused, by %s since %s: %s step(s) done, %s pending, %s failed.',
+                       r.paused_by, r.paused_at, r.done, r.pending, r.failed),
+                format('SELECT etc_batch.resume_batch(%L) to let it go on.', r.batch);
+        ELSIF r.failed > 0 THEN
             RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
                 format('Step %s failed; %s step(s) done, %s pending behind it.', r.first_failed, r.done, r.pending),
                 format('Fix the cause, then SELECT etc_batch.retry_step(%s) and CALL etc_batch.exec_batch_from_id(%s).',
@@ -132,15 +138,20 @@ BEGIN
     END LOOP;
     FOR r IN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
-               p.chunks_committed, p.chunks_total, p.drainers
+               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by
           FROM etc_batch.job_progress p
          WHERE p.status IN ('conflict', 'corrupt')
-            OR (p.status = 'pending' AND p.committed > 0)
+            OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL))
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
                 format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
                 'It will not go on: register a new approval for what remains, and abort this one.';
+        ELSIF r.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('The job is paused, by %s since %s: %s of %s items committed.',
+                       r.paused_by, r.paused_at, r.committed, r.approved),
+                format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
         ELSIF r.drainers = 0 AND r.parallel THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
                 format('%s of %s chunks (%s of %s items) committed, and no drainer holds any of the others: they wait for one.',
@@ -191,7 +202,9 @@ BEGIN
         SELECT p.oid::regprocedure AS proc
           FROM pg_proc p
          WHERE p.pronamespace = 'etc_batch'::regnamespace
-           AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'reset_batch', 'retry_step', 'abort_job')
+           AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
+                             'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
+                             'pause_batch', 'resume_batch')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),

@@ -199,8 +199,9 @@ BEGIN
     FOR gone IN
         DELETE FROM etc_batch.job j
          WHERE j.status IN ('done', 'aborted') AND j.finished_at < cutoff
-        RETURNING j.job_number, j.parallel
+        RETURNING j.job_id, j.job_number, j.parallel
     LOOP
+        DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
         IF gone.parallel THEN
@@ -322,7 +323,51 @@ $ddl$;
 END
 $remake$;
 
--- Progress and the doctor know parallel jobs and their drainers.
+-- Pausing: a job or a batch stops at its next chunk or step until it is resumed.
+CREATE TABLE etc_batch.job_pause (
+    job_id    text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL,
+    paused_by regrole     NOT NULL
+);
+
+COMMENT ON TABLE etc_batch.job_pause IS
+    'The jobs paused by pause_job, when and by whom: their drainers stop before their next chunk and return with status paused, until resume_job.';
+
+CREATE TABLE etc_batch.batch_pause (
+    batch     text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL,
+    paused_by regrole     NOT NULL
+);
+
+COMMENT ON TABLE etc_batch.batch_pause IS
+    'The batches paused by pause_batch, when and by whom: their runners stop before their next step, until resume_batch.';
+
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.batch_pause', '');
+REVOKE ALL ON etc_batch.job_pause, etc_batch.batch_pause FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.pause_batch(batch text) RETURNS void
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'pause_batch_wrapper';
+CREATE FUNCTION etc_batch.resume_batch(batch text) RETURNS void
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'resume_batch_wrapper';
+CREATE FUNCTION etc_batch.pause_job(job_id text) RETURNS void
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'pause_job_wrapper';
+CREATE FUNCTION etc_batch.resume_job(job_id text) RETURNS void
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'resume_job_wrapper';
+COMMENT ON FUNCTION etc_batch.pause_batch(text) IS
+    'Pauses a batch: a runner at work stops after the step in flight, and runs stop before its first pending step until resume_batch.';
+REVOKE ALL ON FUNCTION etc_batch.pause_batch(text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.resume_batch(text) IS
+    'Lets a paused batch go on.';
+REVOKE ALL ON FUNCTION etc_batch.resume_batch(text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.pause_job(text) IS
+    'Pauses a job: its drainers stop before their next chunk and return with status paused, until resume_job. Not part of the approval.';
+REVOKE ALL ON FUNCTION etc_batch.pause_job(text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.resume_job(text) IS
+    'Lets a paused job go on from its checkpoint.';
+REVOKE ALL ON FUNCTION etc_batch.resume_job(text) FROM PUBLIC;
+
+-- Progress and the doctor know parallel jobs, their drainers, and pauses.
 CREATE OR REPLACE VIEW etc_batch.job_progress AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
@@ -387,11 +432,43 @@ SELECT p.job_id, p.status,
        p.status_reason,
        p.parallel,
        COALESCE(pg_catalog.cardinality(p.pids), 0) AS drainers,
-       COALESCE(p.pids, '{}') AS drainer_pids
-  FROM p;
+       COALESCE(p.pids, '{}') AS drainer_pids,
+       z.paused_at,
+       z.paused_by
+  FROM p
+  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), and the drainers at work on it now: how many, and their pids.';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; and when and by whom it was paused.';
+
+
+CREATE OR REPLACE VIEW etc_batch.chain_progress AS
+WITH running AS (
+    SELECT b.id, x.pid
+      FROM etc_batch.batch_log b
+      JOIN pg_catalog.pg_locks x
+        ON x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
+       AND x.transactionid OPERATOR(pg_catalog.=) b.xmax)
+SELECT b.batch,
+       pg_catalog.count(*)::pg_catalog.int4 AS steps,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'done'))::pg_catalog.int4 AS done,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))::pg_catalog.int4 AS failed,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'pending'))::pg_catalog.int4 AS pending,
+       pg_catalog.min(r.id) AS current_step,
+       pg_catalog.min(r.pid) AS current_pid,
+       pg_catalog.max(b.finished_at) AS last_finished_at,
+       (pg_catalog.array_agg(pg_catalog.format('step %s: %s', b.id, b.last_error)
+                             ORDER BY b.finished_at DESC NULLS LAST)
+            FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
+       z.paused_at,
+       z.paused_by
+  FROM etc_batch.batch_log b
+  LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
+  LEFT JOIN etc_batch.batch_pause z ON z.batch OPERATOR(pg_catalog.=) b.batch
+ GROUP BY b.batch, z.paused_at, z.paused_by;
+
+COMMENT ON VIEW etc_batch.chain_progress IS
+    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, and when and by whom it was paused.';
 
 
 CREATE OR REPLACE FUNCTION etc_batch.doctor()
@@ -506,12 +583,18 @@ BEGIN
                count(*) FILTER (WHERE b.status = 'pending') AS pending,
                count(*) FILTER (WHERE b.status = 'failed') AS failed,
                min(b.id) FILTER (WHERE b.status = 'failed') AS first_failed,
-               bool_or(x.pid IS NOT NULL) AS running
+               bool_or(x.pid IS NOT NULL) AS running, z.paused_at, z.paused_by
           FROM etc_batch.batch_log b
           LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
-         GROUP BY b.batch
+          LEFT JOIN etc_batch.batch_pause z ON z.batch = b.batch
+         GROUP BY b.batch, z.paused_at, z.paused_by
     LOOP
-        IF r.failed > 0 THEN
+        IF r.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('The batch is paused, by %s since %s: %s step(s) done, %s pending, %s failed.',
+                       r.paused_by, r.paused_at, r.done, r.pending, r.failed),
+                format('SELECT etc_batch.resume_batch(%L) to let it go on.', r.batch);
+        ELSIF r.failed > 0 THEN
             RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
                 format('Step %s failed; %s step(s) done, %s pending behind it.', r.first_failed, r.done, r.pending),
                 format('Fix the cause, then SELECT etc_batch.retry_step(%s) and CALL etc_batch.exec_batch_from_id(%s).',
@@ -524,15 +607,20 @@ BEGIN
     END LOOP;
     FOR r IN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
-               p.chunks_committed, p.chunks_total, p.drainers
+               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by
           FROM etc_batch.job_progress p
          WHERE p.status IN ('conflict', 'corrupt')
-            OR (p.status = 'pending' AND p.committed > 0)
+            OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL))
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
                 format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
                 'It will not go on: register a new approval for what remains, and abort this one.';
+        ELSIF r.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('The job is paused, by %s since %s: %s of %s items committed.',
+                       r.paused_by, r.paused_at, r.committed, r.approved),
+                format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
         ELSIF r.drainers = 0 AND r.parallel THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
                 format('%s of %s chunks (%s of %s items) committed, and no drainer holds any of the others: they wait for one.',
@@ -583,7 +671,9 @@ BEGIN
         SELECT p.oid::regprocedure AS proc
           FROM pg_proc p
          WHERE p.pronamespace = 'etc_batch'::regnamespace
-           AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'reset_batch', 'retry_step', 'abort_job')
+           AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
+                             'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
+                             'pause_batch', 'resume_batch')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),

@@ -66,11 +66,14 @@ SELECT p.job_id, p.status,
        p.status_reason,
        p.parallel,
        COALESCE(pg_catalog.cardinality(p.pids), 0) AS drainers,
-       COALESCE(p.pids, '{}') AS drainer_pids
-  FROM p;
+       COALESCE(p.pids, '{}') AS drainer_pids,
+       z.paused_at,
+       z.paused_by
+  FROM p
+  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), and the drainers at work on it now: how many, and their pids.';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; and when and by whom it was paused.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -89,13 +92,16 @@ SELECT b.batch,
        pg_catalog.max(b.finished_at) AS last_finished_at,
        (pg_catalog.array_agg(pg_catalog.format('step %s: %s', b.id, b.last_error)
                              ORDER BY b.finished_at DESC NULLS LAST)
-            FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error
+            FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
+       z.paused_at,
+       z.paused_by
   FROM etc_batch.batch_log b
   LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
- GROUP BY b.batch;
+  LEFT JOIN etc_batch.batch_pause z ON z.batch OPERATOR(pg_catalog.=) b.batch
+ GROUP BY b.batch, z.paused_at, z.paused_by;
 
 COMMENT ON VIEW etc_batch.chain_progress IS
-    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, and the last error of a failed step.';
+    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, and when and by whom it was paused.';
 
 REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
 
@@ -128,8 +134,9 @@ BEGIN
     FOR gone IN
         DELETE FROM etc_batch.job j
          WHERE j.status IN ('done', 'aborted') AND j.finished_at < cutoff
-        RETURNING j.job_number, j.parallel
+        RETURNING j.job_id, j.job_number, j.parallel
     LOOP
+        DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
         IF gone.parallel THEN

@@ -21,6 +21,7 @@
 //!            statement, by their index; audit rows written as COPY writes them.
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
+//! pauses     pause_job, pause_batch and their resumes, read before each chunk or step.
 //! activity   what pg_stat_activity shows while a chain or a job runs.
 //! error      the one error type, mapped to SQLSTATEs.
 //! sql/*.sql  the schema, loaded into the extension script as checked-in SQL.
@@ -34,6 +35,7 @@ pub mod installed;
 pub mod job;
 pub mod lease;
 pub mod memory;
+pub mod pauses;
 pub mod procedure;
 pub mod query;
 pub mod roles;
@@ -64,9 +66,14 @@ extension_sql_file!(
     requires = ["chains", "jobs", "leases"]
 );
 extension_sql_file!(
+    "../sql/pauses.sql",
+    name = "pauses",
+    requires = ["chains", "jobs"]
+);
+extension_sql_file!(
     "../sql/progress.sql",
     name = "progress",
-    requires = ["chains", "jobs"]
+    requires = ["chains", "jobs", "pauses"]
 );
 extension_sql_file!(
     "../sql/doctor.sql",

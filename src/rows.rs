@@ -388,11 +388,13 @@ pub enum Lock<R> {
     Missing,
 }
 
-/// A value of a key column that leads a btree index of the table: integer or bigint.
+/// A value of a key column that leads a btree index of the table: integer, bigint or
+/// text (compared in the index's collation).
 #[derive(Clone, Copy, Debug)]
-pub enum Key {
+pub enum Key<'a> {
     Int4(i32),
     Int8(i64),
+    Text(&'a str),
 }
 
 /// How a scan compares the key column to a `Key`.
@@ -403,11 +405,12 @@ enum Compare {
     AtLeast,
 }
 
-impl Key {
+impl Key<'_> {
     fn type_oid(self) -> pg_sys::Oid {
         match self {
             Key::Int4(_) => pg_sys::INT4OID,
             Key::Int8(_) => pg_sys::INT8OID,
+            Key::Text(_) => pg_sys::TEXTOID,
         }
     }
 
@@ -434,6 +437,16 @@ impl Key {
                     Compare::AtLeast => pg_sys::F_INT8GE,
                 };
                 (strategy, procedure, pg_sys::Datum::from(k))
+            }
+            Key::Text(k) => {
+                let procedure = match compare {
+                    Compare::Equal => pg_sys::F_TEXTEQ,
+                    Compare::Greater => pg_sys::F_TEXT_GT,
+                    Compare::AtLeast => pg_sys::F_TEXT_GE,
+                };
+                // a text datum in the current memory context, for the span of the scan
+                let datum = pgrx::IntoDatum::into_datum(k).expect("text is never NULL");
+                (strategy, procedure, datum)
             }
         }
     }
@@ -630,6 +643,8 @@ impl Table<'_> {
                 pg_sys::Oid::from(procedure),
                 datum,
             );
+            // compared as the index orders its first column (text: its collation)
+            scankey.sk_collation = *(*index).rd_indcollation;
             let scan = begin_index_scan(self.rel, index, self.snapshot);
             pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
             let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());

@@ -3,6 +3,7 @@
 use crate::chain::{runner, steps};
 use crate::error::{required, OrRaise};
 use crate::lease::Fence;
+use crate::pauses;
 use crate::procedure::{c_procedure, Arg, Mode, Signature};
 use pgrx::prelude::*;
 
@@ -29,6 +30,25 @@ fn reset_batch(batch: Option<String>) -> i32 {
 #[pg_extern(volatile, parallel_unsafe)]
 fn retry_step(id: Option<i64>) {
     steps::retry(required(id, "id").or_raise()).or_raise()
+}
+
+/// Pauses a batch: a runner at work stops after the step in flight, and runs stop
+/// before its first pending step until resume_batch.
+#[pg_extern(volatile, parallel_unsafe)]
+fn pause_batch(batch: Option<String>) {
+    let batch = required(batch, "batch").or_raise();
+    if !pauses::pause_batch(&batch).or_raise() {
+        notice!("batch \"{batch}\" was already paused; nothing changed");
+    }
+}
+
+/// Lets a paused batch go on.
+#[pg_extern(volatile, parallel_unsafe)]
+fn resume_batch(batch: Option<String>) {
+    let batch = required(batch, "batch").or_raise();
+    if !pauses::resume_batch(&batch).or_raise() {
+        notice!("batch \"{batch}\" was not paused; nothing changed");
+    }
 }
 
 /// `CALL etc_batch.exec_batch_from_id(...)`, declared in sql/procedures.sql.

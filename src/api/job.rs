@@ -4,6 +4,7 @@
 use crate::error::{required, BatchError, OrRaise, Result};
 use crate::job::{abort, approval, drain, register, report};
 use crate::lease::Fence;
+use crate::pauses;
 use crate::procedure::{c_procedure, Arg, Mode, Signature};
 use pgrx::datum::Internal;
 use pgrx::pg_sys;
@@ -304,6 +305,25 @@ fn abort_job(job_id: Option<String>, reason: Option<String>) {
     abort::abort(&job_id, &reason).or_raise()
 }
 
+/// Pauses a job: its drainers stop before their next chunk and return with status
+/// paused, until resume_job. Pausing changes nothing committed.
+#[pg_extern(volatile, parallel_unsafe)]
+fn pause_job(job_id: Option<String>) {
+    let job_id = required(job_id, "job_id").or_raise();
+    if !pauses::pause_job(&job_id).or_raise() {
+        notice!("job \"{job_id}\" was already paused; nothing changed");
+    }
+}
+
+/// Lets a paused job go on from its checkpoint.
+#[pg_extern(volatile, parallel_unsafe)]
+fn resume_job(job_id: Option<String>) {
+    let job_id = required(job_id, "job_id").or_raise();
+    if !pauses::resume_job(&job_id).or_raise() {
+        notice!("job \"{job_id}\" was not paused; nothing changed");
+    }
+}
+
 /// `CALL etc_batch.drain_job(...)`, declared in sql/procedures.sql.
 pub const DRAIN_JOB: Signature = Signature {
     name: "etc_batch.drain_job",
@@ -388,7 +408,11 @@ c_procedure!(
             d.items,
             d.first_key,
             d.last_key,
-            d.status.as_str(),
+            if d.paused {
+                "paused"
+            } else {
+                d.status.as_str()
+            },
         ))
     }
 );

@@ -13,6 +13,7 @@ use crate::activity::Activity;
 use crate::error::{retry_step_hint, BatchError, OrRaise, Result};
 use crate::installed;
 use crate::lease::Fence;
+use crate::pauses;
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
 use crate::rows::{self, Key, Lock, Tid};
@@ -41,6 +42,8 @@ enum Flow {
     Skipped(Option<i64>),
     /// Another runner holds the step and the caller asked not to wait.
     Yielded,
+    /// The step's batch is paused: the run stops before it.
+    Paused,
 }
 
 /// Who is running the chain, fixed once at the start of the CALL.
@@ -119,6 +122,11 @@ pub fn exec_batch_from_id(
         next = tx.item(|tx| -> Result<Option<i64>> {
             let (ran, next) = match runner.run_step(tx, id)? {
                 Flow::Yielded => return Ok(None),
+                Flow::Paused => {
+                    // nothing done: the step's lock goes with this transaction
+                    tx.commit();
+                    return Ok(None);
+                }
                 Flow::Ran(next) => (true, next),
                 Flow::Skipped(next) => (false, next),
             };
@@ -146,6 +154,16 @@ impl Runner {
             self.report_holder(id)?;
             return Ok(Flow::Yielded);
         };
+        if let Some(paused) = self.owner(|| pauses::of_batch(&self.batch))? {
+            paused.notice(
+                &format!("batch \"{}\" (at step {id})", self.batch),
+                &format!(
+                    "etc_batch.resume_batch({})",
+                    pgrx::spi::quote_literal(&self.batch)
+                ),
+            );
+            return Ok(Flow::Paused);
+        }
         let locked = Locked {
             run_by: self.caller,
             lock_requested,

@@ -11,6 +11,7 @@ use super::progress::Progress;
 use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
+use crate::pauses::{self, Paused};
 use crate::query;
 use crate::rows::{self, Key, Lock, Tid};
 use crate::status::JobStatus;
@@ -33,6 +34,8 @@ pub struct Locked {
     pub last_key: String,
     /// Where the locked version of the job's row lies, for moving the checkpoint.
     pub at: Tid,
+    /// Who paused the job, if it is paused.
+    pub paused: Option<Paused>,
 }
 
 impl Locked {
@@ -117,6 +120,7 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
     if id != job_id {
         return Ok(None);
     }
+    let paused = pauses::of_job(job_id)?;
     let audit_beyond = rows::reading_table(&tables.audit_relname(), |audit| {
         audit.first_from("position", Key::Int4(progress.next_index), |row| {
             Ok(row.get::<i32>("position")?.unwrap_or(-1))
@@ -136,6 +140,7 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
         first_key,
         last_key,
         at,
+        paused,
     }))
 }
 

@@ -26,6 +26,7 @@ use super::checkpoint::hash_seal;
 use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
+use crate::pauses::{self, Paused};
 use crate::query;
 use crate::rows::{self, Key, Lock, Tid};
 use crate::status::JobStatus;
@@ -56,6 +57,8 @@ pub enum Claim {
     Stopped(JobStatus),
     /// Why the job's progress cannot be trusted.
     Untrusted(String),
+    /// The job is paused.
+    Paused(Paused),
 }
 
 /// Where a drainer looks for its next chunk, for the span of one call.
@@ -127,6 +130,9 @@ pub fn claim(job_id: &str, tables: &JobTables, chunks: i32, cursor: &mut Cursor)
         };
         if status != JobStatus::Pending {
             return Ok(Claim::Stopped(status));
+        }
+        if let Some(paused) = pauses::of_job(job_id)? {
+            return Ok(Claim::Paused(paused));
         }
         if audit_changes != 0 || item_changes != 0 {
             return Ok(Claim::Untrusted(format!(

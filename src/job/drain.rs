@@ -29,6 +29,7 @@ use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::lease::Fence;
+use crate::pauses::Paused;
 use crate::query;
 use crate::roles::{as_author, as_role};
 use crate::rows::{self, Key};
@@ -51,6 +52,8 @@ pub struct Drained {
     pub first_key: Option<String>,
     pub last_key: Option<String>,
     pub status: JobStatus,
+    /// The call stopped because the job is paused.
+    pub paused: bool,
 }
 
 /// The statements of one job, built once per call.
@@ -89,6 +92,8 @@ enum Chunk {
     /// A parallel job's chunks not yet committed are all held by other drainers: this
     /// one is not needed, and does not wait.
     AllHeld,
+    /// The job is paused: the call stops here.
+    Paused(Paused),
 }
 
 /// What the chunk's change did.
@@ -162,13 +167,18 @@ pub fn drain(
         first_key: None,
         last_key: None,
         status: JobStatus::Pending,
+        paused: false,
     };
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
     let mut all_held = false;
     // where this drainer looks for a parallel job's next chunk
     let mut cursor = claim::Cursor::new();
-    while !finished && !all_held && max_chunks.is_none_or(|max| drained.chunks < max) {
+    while !finished
+        && !all_held
+        && !drained.paused
+        && max_chunks.is_none_or(|max| drained.chunks < max)
+    {
         let chunk = if job.def.parallel {
             tx.item(|tx| job.next_parallel_chunk(tx, &mut audit, &mut cursor))?
         } else {
@@ -190,16 +200,23 @@ pub fn drain(
             Chunk::Again => {}
             Chunk::Finished => finished = true,
             Chunk::AllHeld => all_held = true,
+            Chunk::Paused(paused) => {
+                paused.notice(
+                    &format!("job \"{job_id}\""),
+                    &format!("etc_batch.resume_job({})", quote_literal(job_id)),
+                );
+                drained.paused = true;
+            }
         }
     }
     // A parallel drain that stopped at max_chunks may have committed the job's last
     // chunk: it looks once more, so that a job with every chunk committed is done.
-    if job.def.parallel && !finished && !all_held && drained.chunks > 0 {
+    if job.def.parallel && !finished && !all_held && !drained.paused && drained.chunks > 0 {
         finished = tx.item(|tx| job.finish_if_complete(tx, &mut cursor))?;
     }
     drained.status = if finished {
         JobStatus::Done
-    } else if drained.chunks > 0 || all_held {
+    } else if drained.chunks > 0 || all_held || drained.paused {
         // the loop stopped at max_chunks, after a chunk that was not the last, or found
         // every open chunk of a parallel job held by other drainers
         JobStatus::Pending
@@ -242,6 +259,11 @@ impl Job {
             JobStatus::Pending => {}
             JobStatus::Done => return Ok(Chunk::Finished),
             stopped => return Err(self.stopped(stopped)?),
+        }
+        if let Some(paused) = locked.paused {
+            // nothing done: the job's lock goes with this transaction
+            tx.commit();
+            return Ok(Chunk::Paused(paused));
         }
         if let Some(reason) = locked.untrusted() {
             return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
@@ -353,6 +375,10 @@ impl Job {
             Claim::NoneOpen => return self.finish(tx),
             Claim::Stopped(JobStatus::Done) => return Ok(Chunk::Finished),
             Claim::Stopped(status) => return Err(self.stopped(status)?),
+            Claim::Paused(paused) => {
+                tx.commit();
+                return Ok(Chunk::Paused(paused));
+            }
             Claim::Untrusted(reason) => {
                 return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
             }

@@ -543,6 +543,46 @@ def test_parallel_job_drained_by_many_clients_through_pgbouncer(pg, bouncer, tab
     assert checks and all(c[0] for c in checks), checks
 
 
+def test_pause_and_resume_from_another_client(client, tables):
+    """A drain at work, paused from another connection (directly or through PgBouncer):
+    it stops after the chunk in flight and returns normally with status paused; a call
+    on the paused job returns at once; resumed, the next call finishes it, each order
+    changed once."""
+    pg = client.pg
+    orders = Orders(pg, "paused", 40)
+    job = tag("paused")
+    fn = sql.Identifier(f"{job}_slow")
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$").format(fn=fn))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER slow AFTER UPDATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()"
+    ).format(t=orders.ident, fn=fn))
+    drainer, operator = client.connect(), client.connect()
+    assert register(drainer, job, orders, 2) == (job, True, 40, 20)
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(row=drainer.execute(
+            "CALL etc_batch.drain_job(%s)", (job,)).fetchone()), daemon=True)
+    thread.start()
+    wait_until(lambda: pg.admin.execute(
+        "SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)).fetchone()[0] > 0,
+        "the drain to commit a chunk")
+    operator.execute("SELECT etc_batch.pause_job(%s)", (job,))
+    thread.join(60)
+    assert not thread.is_alive()
+    chunks, items, _, _, status = result["row"]
+    assert status == "paused" and 0 < chunks < 20 and items == 2 * chunks, result
+    again = drainer.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()
+    assert again == (0, 0, None, None, "paused")
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, items + 1)})
+    operator.execute("SELECT etc_batch.resume_job(%s)", (job,))
+    rest = drainer.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()
+    assert rest[4] == "done" and rest[1] == 40 - items
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 41)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 41)})
+
+
 # 3. autocommit off ----------------------------------------------------------------------------
 
 

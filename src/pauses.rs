@@ -1,0 +1,162 @@
+//! Pauses of jobs and batches (sql/pauses.sql): pause_job, resume_job, pause_batch,
+//! resume_batch, and what a drain or a run reads before each chunk or step.
+//!
+//! A pause is a row of its own table, never a change to the row the work locks: a
+//! pause of a job whose drainer holds the job's row would otherwise wait for that chunk,
+//! and then lose the row to the drainer's next chunk, and the next, to the end of the
+//! job. So pausing waits for nothing, and the work in flight sees the pause at its next
+//! chunk or step, by one probe of the pause table's primary key.
+
+use crate::error::{BatchError, Result};
+use crate::query;
+use crate::roles::{as_owner, current_user};
+use crate::rows::{self, Key};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+
+/// Who paused a job or a batch, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paused {
+    pub by: String,
+    pub at: String,
+}
+
+impl Paused {
+    /// The NOTICE a call that stops for it sends: `what` is paused, by whom and when.
+    pub fn notice(&self, what: &str, resume: &str) {
+        pgrx::ereport!(
+            NOTICE,
+            pgrx::PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+            format!("{what} is paused; this call stops here"),
+            format!(
+                "It was paused by {} at {}. {resume} lets it go on.",
+                self.by, self.at
+            )
+        );
+    }
+}
+
+/// The pause of job `job_id`, if it is paused. Run as the owner.
+pub fn of_job(job_id: &str) -> Result<Option<Paused>> {
+    read("job_pause", "job_id", job_id)
+}
+
+/// The pause of batch `batch`, if it is paused. Run as the owner.
+pub fn of_batch(batch: &str) -> Result<Option<Paused>> {
+    read("batch_pause", "batch", batch)
+}
+
+fn read(table: &str, column: &str, name: &str) -> Result<Option<Paused>> {
+    let found = rows::reading_table(table, |pauses| {
+        pauses.find(column, Key::Text(name), |row| {
+            let at = row.get::<TimestampWithTimeZone>("paused_at")?;
+            let by = row.get::<pg_sys::Oid>("paused_by")?;
+            Ok(at.map(|at| Paused {
+                by: by.map(role_name).unwrap_or_default(),
+                at: at.to_string(),
+            }))
+        })
+    })?;
+    Ok(found.flatten())
+}
+
+fn role_name(oid: pg_sys::Oid) -> String {
+    // SAFETY: a catalog lookup; a role dropped since gives NULL (noerr)
+    let name = unsafe { pg_sys::GetUserNameFromId(oid, true) };
+    if name.is_null() {
+        return format!("a dropped role (oid {})", oid.to_u32());
+    }
+    // SAFETY: a NUL-terminated name palloc'd by GetUserNameFromId
+    unsafe { std::ffi::CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Pauses job $1 as role $2. Returns whether the job exists, and whether it was paused
+/// now (not already).
+const PAUSE_JOB: &str = "\
+WITH j AS (SELECT j.job_id FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
+p AS (INSERT INTO etc_batch.job_pause (job_id, paused_at, paused_by)
+      SELECT j.job_id, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole FROM j
+      ON CONFLICT (job_id) DO NOTHING
+      RETURNING job_id)
+SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p)";
+
+/// Resumes job $1. Returns whether the job exists, and whether it was paused.
+const RESUME_JOB: &str = "\
+WITH j AS (SELECT j.job_id FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
+p AS (DELETE FROM etc_batch.job_pause p WHERE p.job_id OPERATOR(pg_catalog.=) $1
+      RETURNING p.job_id)
+SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p)";
+
+/// Pauses batch $1 as role $2. Returns whether the batch has steps, and whether it was
+/// paused now (not already).
+const PAUSE_BATCH: &str = "\
+WITH b AS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=) $1 LIMIT 1),
+p AS (INSERT INTO etc_batch.batch_pause (batch, paused_at, paused_by)
+      SELECT $1, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole FROM b
+      ON CONFLICT (batch) DO NOTHING
+      RETURNING batch)
+SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p)";
+
+/// Resumes batch $1. Returns whether the batch has steps, and whether it was paused.
+const RESUME_BATCH: &str = "\
+WITH b AS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=) $1 LIMIT 1),
+p AS (DELETE FROM etc_batch.batch_pause p WHERE p.batch OPERATOR(pg_catalog.=) $1
+      RETURNING p.batch)
+SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p)";
+
+/// Runs one of the statements above; (exists, changed).
+fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool)> {
+    let by = current_user();
+    as_owner(|| {
+        let mut args = vec![name.into()];
+        if with_role {
+            args.push(by.into());
+        }
+        query::row(sql, &args, |r| {
+            Ok((
+                r.get::<bool>(1)?.unwrap_or(false),
+                r.get::<bool>(2)?.unwrap_or(false),
+            ))
+        })
+    })
+    .map(Option::unwrap_or_default)
+}
+
+/// Pauses a job; returns whether anything changed (false: it was paused already).
+pub fn pause_job(job_id: &str) -> Result<bool> {
+    match change(PAUSE_JOB, job_id, true)? {
+        (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
+        (true, changed) => Ok(changed),
+    }
+}
+
+/// Lets a paused job go on; returns whether anything changed (false: it was not paused).
+pub fn resume_job(job_id: &str) -> Result<bool> {
+    match change(RESUME_JOB, job_id, false)? {
+        (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
+        (true, changed) => Ok(changed),
+    }
+}
+
+/// Pauses a batch; returns whether anything changed (false: it was paused already).
+pub fn pause_batch(batch: &str) -> Result<bool> {
+    match change(PAUSE_BATCH, batch, true)? {
+        (false, _) => Err(BatchError::UnknownBatch {
+            batch: batch.into(),
+        }),
+        (true, changed) => Ok(changed),
+    }
+}
+
+/// Lets a paused batch go on; returns whether anything changed (false: it was not
+/// paused).
+pub fn resume_batch(batch: &str) -> Result<bool> {
+    match change(RESUME_BATCH, batch, false)? {
+        (false, _) => Err(BatchError::UnknownBatch {
+            batch: batch.into(),
+        }),
+        (true, changed) => Ok(changed),
+    }
+}
