@@ -43,6 +43,9 @@ COMMENT ON FUNCTION etc_batch.resume_job(text) IS
     'Lets a paused job go on from its checkpoint.';
 REVOKE ALL ON FUNCTION etc_batch.abort_job(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.pause_job(text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.pace_job(text, integer, bigint) IS
+    'Sets how fast a job may go: rows per second for all its drainers together, and how many WAL bytes the slowest standby or replication slot may be behind before they wait; NULL: no limit. Not part of the approval.';
+REVOKE ALL ON FUNCTION etc_batch.pace_job(text, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.resume_job(text) FROM PUBLIC;
 
 -- Leases

@@ -164,6 +164,21 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- Replication slots nobody reads: they retain WAL, and a job paced by replica lag
+    -- waits for them as for a standby.
+    FOR r IN
+        SELECT s.slot_name, s.slot_type,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), COALESCE(s.confirmed_flush_lsn, s.restart_lsn)) AS behind
+          FROM pg_replication_slots s
+         WHERE NOT s.active AND COALESCE(s.confirmed_flush_lsn, s.restart_lsn) IS NOT NULL
+         ORDER BY s.slot_name
+    LOOP
+        RETURN QUERY SELECT format('replication slot %s', r.slot_name), 'warn',
+            format('The %s slot is not being read, and holds back %s bytes of WAL; a job paced by max_replica_lag_bytes waits for it.',
+                   r.slot_type, r.behind),
+            format('Start what reads it, or SELECT pg_drop_replication_slot(%L) if nothing will.', r.slot_name);
+    END LOOP;
+
     -- 4. Leases that expired but are still named.
     found_any := false;
     FOR r IN SELECT l.name, l.holder, l.generation, clock_timestamp() - l.expires_at AS ago
@@ -204,7 +219,7 @@ BEGIN
          WHERE p.pronamespace = 'etc_batch'::regnamespace
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
-                             'pause_batch', 'resume_batch')
+                             'pause_batch', 'resume_batch', 'pace_job')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),

@@ -202,6 +202,7 @@ BEGIN
         RETURNING j.job_id, j.job_number, j.parallel
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
         IF gone.parallel THEN
@@ -323,7 +324,7 @@ $ddl$;
 END
 $remake$;
 
--- Pausing: a job or a batch stops at its next chunk or step until it is resumed.
+-- Pacing: pauses, and the pace of a job.
 CREATE TABLE etc_batch.job_pause (
     job_id    text        PRIMARY KEY,
     paused_at timestamptz NOT NULL,
@@ -342,9 +343,23 @@ CREATE TABLE etc_batch.batch_pause (
 COMMENT ON TABLE etc_batch.batch_pause IS
     'The batches paused by pause_batch, when and by whom: their runners stop before their next step, until resume_batch.';
 
+CREATE TABLE etc_batch.job_pace (
+    job_id                text        PRIMARY KEY,
+    rows_per_second       integer     CHECK (rows_per_second > 0),
+    max_replica_lag_bytes bigint      CHECK (max_replica_lag_bytes >= 0),
+    set_at                timestamptz NOT NULL,
+    set_by                regrole     NOT NULL,
+    -- where the pace's clock is: the next chunk of any drainer starts no earlier
+    next_slot             timestamptz
+);
+
+COMMENT ON TABLE etc_batch.job_pace IS
+    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start.';
+
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.batch_pause', '');
-REVOKE ALL ON etc_batch.job_pause, etc_batch.batch_pause FROM PUBLIC;
+REVOKE ALL ON etc_batch.job_pause, etc_batch.batch_pause, etc_batch.job_pace FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.pause_batch(batch text) RETURNS void
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'pause_batch_wrapper';
@@ -354,6 +369,11 @@ CREATE FUNCTION etc_batch.pause_job(job_id text) RETURNS void
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'pause_job_wrapper';
 CREATE FUNCTION etc_batch.resume_job(job_id text) RETURNS void
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'resume_job_wrapper';
+CREATE FUNCTION etc_batch.pace_job(
+    job_id text, rows_per_second integer, max_replica_lag_bytes bigint DEFAULT NULL)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'pace_job_wrapper';
 COMMENT ON FUNCTION etc_batch.pause_batch(text) IS
     'Pauses a batch: a runner at work stops after the step in flight, and runs stop before its first pending step until resume_batch.';
 REVOKE ALL ON FUNCTION etc_batch.pause_batch(text) FROM PUBLIC;
@@ -366,8 +386,11 @@ REVOKE ALL ON FUNCTION etc_batch.pause_job(text) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.resume_job(text) IS
     'Lets a paused job go on from its checkpoint.';
 REVOKE ALL ON FUNCTION etc_batch.resume_job(text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.pace_job(text, integer, bigint) IS
+    'Sets how fast a job may go: rows per second for all its drainers together, and how many WAL bytes the slowest standby or replication slot may be behind before they wait; NULL: no limit. Not part of the approval.';
+REVOKE ALL ON FUNCTION etc_batch.pace_job(text, integer, bigint) FROM PUBLIC;
 
--- Progress and the doctor know parallel jobs, their drainers, and pauses.
+-- Progress and the doctor know parallel jobs, their drainers, pauses and paces.
 CREATE OR REPLACE VIEW etc_batch.job_progress AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
@@ -434,9 +457,17 @@ SELECT p.job_id, p.status,
        COALESCE(pg_catalog.cardinality(p.pids), 0) AS drainers,
        COALESCE(p.pids, '{}') AS drainer_pids,
        z.paused_at,
-       z.paused_by
+       z.paused_by,
+       c.rows_per_second,
+       c.max_replica_lag_bytes,
+       -- what a drainer waits for now, as its pg_stat_activity says
+       (SELECT pg_catalog.min(pg_catalog.substr(a.query, 15, pg_catalog.strpos(a.query, ' */') OPERATOR(pg_catalog.-) 15))
+          FROM pg_catalog.pg_stat_activity a
+         WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
+                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting
   FROM p
-  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id;
+  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
+  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
     'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; and when and by whom it was paused.';
@@ -633,6 +664,21 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- Replication slots nobody reads: they retain WAL, and a job paced by replica lag
+    -- waits for them as for a standby.
+    FOR r IN
+        SELECT s.slot_name, s.slot_type,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), COALESCE(s.confirmed_flush_lsn, s.restart_lsn)) AS behind
+          FROM pg_replication_slots s
+         WHERE NOT s.active AND COALESCE(s.confirmed_flush_lsn, s.restart_lsn) IS NOT NULL
+         ORDER BY s.slot_name
+    LOOP
+        RETURN QUERY SELECT format('replication slot %s', r.slot_name), 'warn',
+            format('The %s slot is not being read, and holds back %s bytes of WAL; a job paced by max_replica_lag_bytes waits for it.',
+                   r.slot_type, r.behind),
+            format('Start what reads it, or SELECT pg_drop_replication_slot(%L) if nothing will.', r.slot_name);
+    END LOOP;
+
     -- 4. Leases that expired but are still named.
     found_any := false;
     FOR r IN SELECT l.name, l.holder, l.generation, clock_timestamp() - l.expires_at AS ago
@@ -673,7 +719,7 @@ BEGIN
          WHERE p.pronamespace = 'etc_batch'::regnamespace
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
-                             'pause_batch', 'resume_batch')
+                             'pause_batch', 'resume_batch', 'pace_job')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),

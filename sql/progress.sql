@@ -68,9 +68,17 @@ SELECT p.job_id, p.status,
        COALESCE(pg_catalog.cardinality(p.pids), 0) AS drainers,
        COALESCE(p.pids, '{}') AS drainer_pids,
        z.paused_at,
-       z.paused_by
+       z.paused_by,
+       c.rows_per_second,
+       c.max_replica_lag_bytes,
+       -- what a drainer waits for now, as its pg_stat_activity says
+       (SELECT pg_catalog.min(pg_catalog.substr(a.query, 15, pg_catalog.strpos(a.query, ' */') OPERATOR(pg_catalog.-) 15))
+          FROM pg_catalog.pg_stat_activity a
+         WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
+                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting
   FROM p
-  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id;
+  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
+  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
     'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; and when and by whom it was paused.';
@@ -137,6 +145,7 @@ BEGIN
         RETURNING j.job_id, j.job_number, j.parallel
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
         IF gone.parallel THEN

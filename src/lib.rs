@@ -66,14 +66,14 @@ extension_sql_file!(
     requires = ["chains", "jobs", "leases"]
 );
 extension_sql_file!(
-    "../sql/pauses.sql",
-    name = "pauses",
+    "../sql/pacing.sql",
+    name = "pacing",
     requires = ["chains", "jobs"]
 );
 extension_sql_file!(
     "../sql/progress.sql",
     name = "progress",
-    requires = ["chains", "jobs", "pauses"]
+    requires = ["chains", "jobs", "pacing"]
 );
 extension_sql_file!(
     "../sql/doctor.sql",

@@ -2,7 +2,7 @@
 //! job_summary, verify_job, abort_job.
 
 use crate::error::{required, BatchError, OrRaise, Result};
-use crate::job::{abort, approval, drain, register, report};
+use crate::job::{abort, approval, drain, pace, register, report};
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, Arg, Mode, Signature};
@@ -313,6 +313,36 @@ fn pause_job(job_id: Option<String>) {
     if !pauses::pause_job(&job_id).or_raise() {
         notice!("job \"{job_id}\" was already paused; nothing changed");
     }
+}
+
+/// Sets how fast a job may go: rows per second for all its drainers together, and how
+/// many WAL bytes the slowest standby or replication slot may be behind before they
+/// wait; NULL: no limit. Read by every drainer at its next chunk.
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION etc_batch.pace_job(
+    job_id text, rows_per_second integer, max_replica_lag_bytes bigint DEFAULT NULL)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'pace_job_wrapper';
+"#
+)]
+fn pace_job(
+    job_id: Option<String>,
+    rows_per_second: Option<i32>,
+    max_replica_lag_bytes: Option<i64>,
+) {
+    let job_id = required(job_id, "job_id").or_raise();
+    pace::set(
+        &job_id,
+        pace::Pace {
+            rows_per_second,
+            max_replica_lag_bytes,
+        },
+    )
+    .or_raise()
 }
 
 /// Lets a paused job go on from its checkpoint.

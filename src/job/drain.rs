@@ -22,6 +22,7 @@ use super::claim::{self, Claim};
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
+use super::pace::{self, Wait};
 use super::progress::{chunk_count, Progress};
 use super::sql;
 use super::target::Constants;
@@ -179,6 +180,8 @@ pub fn drain(
         && !drained.paused
         && max_chunks.is_none_or(|max| drained.chunks < max)
     {
+        // the pace: wait, holding nothing, until the next chunk may go
+        job.wait_for_pace(tx)?;
         let chunk = if job.def.parallel {
             tx.item(|tx| job.next_parallel_chunk(tx, &mut audit, &mut cursor))?
         } else {
@@ -240,6 +243,56 @@ impl Job {
 
     fn id(&self) -> &str {
         &self.def.job_id
+    }
+
+    /// Waits until the job's pace (pace.rs) lets its next chunk go: for its slot of the
+    /// rate, and while the replicas are too far behind, saying so once. Every wait begins
+    /// with a COMMIT, so that it holds nothing.
+    fn wait_for_pace(&self, tx: &mut TxnLoop) -> Result<()> {
+        let mut told = false;
+        loop {
+            let wait = tx.item(|tx| -> Result<Option<Wait>> {
+                let (pace, wait) = self.owner(|| {
+                    let pace = pace::of(self.id())?;
+                    Ok((
+                        pace,
+                        pace::wait_before(self.id(), pace, self.def.chunk_size)?,
+                    ))
+                })?;
+                // a slot taken locks the pace's row: let it go before the chunk, so that
+                // other drainers take theirs meanwhile
+                if wait.is_some() || pace.rows_per_second.is_some() {
+                    tx.commit();
+                }
+                Ok(wait)
+            })?;
+            match wait {
+                None => return Ok(()),
+                Some(Wait::Slot(delay)) => {
+                    self.activity.report(&format!(
+                        "job \"{}\": paced, the next chunk in {} ms",
+                        self.id(),
+                        delay.as_millis()
+                    ));
+                    pace::sleep(delay);
+                    return Ok(());
+                }
+                Some(Wait::Replicas { behind, limit }) => {
+                    if !told {
+                        notice!(
+                            "job \"{}\" waits: the replicas are {behind} bytes of WAL behind, more than max_replica_lag_bytes {limit}",
+                            self.id()
+                        );
+                        told = true;
+                    }
+                    self.activity.report(&format!(
+                        "job \"{}\": waiting for the replicas, {behind} bytes behind, more than {limit}",
+                        self.id()
+                    ));
+                    pace::sleep(pace::REPLICA_RECHECK);
+                }
+            }
+        }
     }
 
     /// The fence, then the job's row locked and its progress read.

@@ -17,6 +17,7 @@
 //! - `audit`      a chunk's audit rows, written into the job's partition.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
+//! - `pace`       pace_job: rows per second, replica lag, and the waits before a chunk.
 //! - `crash`      the crash_at test aid, in test builds only.
 //! - `sql`        the fixed statements.
 
@@ -32,6 +33,7 @@ pub mod definition;
 pub mod drain;
 pub mod freeze;
 pub mod items_query;
+pub mod pace;
 pub mod progress;
 pub mod register;
 pub mod report;

@@ -241,6 +241,45 @@ SELECT i.position, i.item_key
  ORDER BY i.position
  LIMIT $2";
 
+/// Sets a job's pace, keeping the clock it has. $1 job, $2 rows per second, $3 max
+/// replica lag in bytes, $4 the role setting it.
+pub const PACE_JOB: &str = "\
+INSERT INTO etc_batch.job_pace (job_id, rows_per_second, max_replica_lag_bytes, set_at, set_by)
+VALUES ($1, $2, $3, pg_catalog.now(), $4::pg_catalog.oid::pg_catalog.regrole)
+ON CONFLICT (job_id) DO UPDATE
+   SET rows_per_second = EXCLUDED.rows_per_second,
+       max_replica_lag_bytes = EXCLUDED.max_replica_lag_bytes,
+       set_at = EXCLUDED.set_at, set_by = EXCLUDED.set_by";
+
+/// No pace for a job. $1 job.
+pub const UNPACE_JOB: &str =
+    "DELETE FROM etc_batch.job_pace p WHERE p.job_id OPERATOR(pg_catalog.=) $1";
+
+/// A chunk of $2 rows takes the next slot of job $1's pace: it begins at the end of the
+/// slot before it, or now if that is past. Returns the seconds until it begins.
+pub const TAKE_SLOT: &str = "\
+UPDATE etc_batch.job_pace p
+   SET next_slot = GREATEST(COALESCE(p.next_slot, pg_catalog.clock_timestamp()), pg_catalog.clock_timestamp())
+                   OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                       $2::pg_catalog.float8 OPERATOR(pg_catalog./) p.rows_per_second)
+ WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.rows_per_second IS NOT NULL
+RETURNING pg_catalog.date_part('epoch', p.next_slot OPERATOR(pg_catalog.-)
+              pg_catalog.make_interval(secs => $2::pg_catalog.float8 OPERATOR(pg_catalog./) p.rows_per_second)
+              OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp())";
+
+/// The WAL bytes the slowest streaming standby has not replayed, or the slowest
+/// replication slot (active or not: one nobody reads retains WAL just the same) has not
+/// confirmed; 0 without either.
+pub const REPLICA_LAG: &str = "\
+SELECT GREATEST(
+  (SELECT pg_catalog.max(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), r.replay_lsn))
+     FROM pg_catalog.pg_stat_replication r),
+  (SELECT pg_catalog.max(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(),
+                                                    COALESCE(s.confirmed_flush_lsn, s.restart_lsn)))
+     FROM pg_catalog.pg_replication_slots s
+    WHERE COALESCE(s.confirmed_flush_lsn, s.restart_lsn) IS NOT NULL),
+  0)::pg_catalog.int8";
+
 /// A job's status. $1 job.
 pub const JOB_STATUS: &str = "\
 SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";

@@ -583,6 +583,84 @@ def test_pause_and_resume_from_another_client(client, tables):
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 41)})
 
 
+def test_a_paced_drain_keeps_its_rate(pg, tables):
+    """pace_job(rows_per_second): two drainers of a parallel job together stay at the
+    rate, within 10 % over a few seconds."""
+    orders = Orders(pg, "paced", 600)
+    job = tag("paced")
+    conn = pg.direct()
+    conn.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, %s::jsonb, 20, %s::jsonb, "
+        "parallel => true)",
+        (job, orders.name, json.dumps(orders.items(None)), json.dumps({"status": "cancelled"})))
+    conn.execute("SELECT etc_batch.pace_job(%s, 300)", (job,))
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda: pg.direct().execute(
+        "CALL etc_batch.drain_job(%s)", (job,)), daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    elapsed = time.monotonic() - started
+    # 30 chunks of 20 rows at 300 rows a second: each starts 1/15 s after the one before
+    rate = 600 / elapsed
+    assert 270 <= rate <= 330, (rate, elapsed)
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 601)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 601)})
+
+
+def test_a_drain_waits_for_a_slot_nobody_reads_holding_nothing(pg, tables):
+    """pace_job(max_replica_lag_bytes): with a replication slot nobody reads holding back
+    more WAL than that, the drain stops committing, says so once, and waits with no
+    transaction id, no snapshot and no lock but its virtual transaction id; once the slot
+    is gone it goes on and finishes, each order changed once."""
+    orders = Orders(pg, "lagged", 200)
+    job = tag("lagged")
+    slot = tag("unread")
+    conn = pg.direct()
+    conn.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, %s::jsonb, 10, %s::jsonb)",
+        (job, orders.name, json.dumps(orders.items(None)), json.dumps({"status": "cancelled"})))
+    conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+    try:
+        conn.execute("SELECT etc_batch.pace_job(%s, NULL, 1)", (job,))
+        # some WAL after the slot's position, so that it is behind from the start
+        conn.execute("SELECT pg_switch_wal()")
+        drainer = pg.direct()
+        notices = []
+        drainer.add_notice_handler(lambda d: notices.append(d.message_primary))
+        pid = drainer.info.backend_pid
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(row=drainer.execute(
+            "CALL etc_batch.drain_job(%s)", (job,)).fetchone()), daemon=True)
+        thread.start()
+        wait_until(lambda: "waiting for the replicas" in (pg.admin.execute(
+            "SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] or ""),
+            "the drain to wait for the slot")
+        held = pg.admin.execute(
+            "SELECT backend_xid, backend_xmin FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        locks = pg.admin.execute(
+            "SELECT locktype FROM pg_locks WHERE pid = %s ORDER BY 1", (pid,)).fetchall()
+        assert tuple(held) == (None, None), held
+        assert [l[0] for l in locks] == ["virtualxid"], locks
+        waiting = pg.admin.execute(
+            "SELECT waiting FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()[0]
+        assert waiting.startswith(f'job "{job}": waiting for the replicas'), waiting
+        assert audit_by_key(pg, job) == Counter()
+        doctor = pg.admin.execute(
+            "SELECT status FROM etc_batch.doctor() WHERE check_name = %s", (f"replication slot {slot}",)).fetchall()
+        assert doctor == [("warn",)], doctor
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    thread.join(60)
+    assert not thread.is_alive()
+    assert result["row"][4] == "done", result
+    assert sum(1 for n in notices if "waits: the replicas are" in n) == 1, notices
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 201)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 201)})
+
+
 # 3. autocommit off ----------------------------------------------------------------------------
 
 

@@ -1289,7 +1289,7 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
     assert names == {"abort_job", "acquire_lease", "add_step", "attach_job_tables", "check_lease",
                      "count_job_changes", "create_job_tables", "doctor", "drain_job",
                      "exec_batch_from_id", "job_report", "job_summary", "lock_key",
-                     "pause_batch", "pause_job", "prune_history", "register_job",
+                     "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
                      "register_job_from_query", "release_lease", "reset_batch",
                      "resume_batch", "resume_job", "retry_step", "try_xact_lock",
                      "verify_job", "xact_lock"}, (

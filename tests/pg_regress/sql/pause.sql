@@ -64,3 +64,20 @@ CALL etc_batch.exec_batch_from_id(1);
 SELECT step, count(*) FROM side GROUP BY step ORDER BY step;
 SELECT etc_batch.pause_batch('nope');
 \echo :LAST_ERROR_SQLSTATE
+
+-- The pace of a job: set, shown, cleared; refused out of range.
+UPDATE orders SET status = 'pending', revision = 1;
+SELECT * FROM etc_batch.register_job('slow', 'X', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders),
+    3, '{"status": "cancelled"}');
+SELECT etc_batch.pace_job('slow', 1000, 64 * 1024 * 1024);
+SELECT job_id, rows_per_second, max_replica_lag_bytes, waiting FROM etc_batch.job_progress WHERE job_id = 'slow';
+SELECT etc_batch.pace_job('slow', 0);
+\echo :LAST_ERROR_SQLSTATE
+SELECT etc_batch.pace_job('slow', NULL, -1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT etc_batch.pace_job('nope', 10);
+\echo :LAST_ERROR_SQLSTATE
+CALL etc_batch.drain_job('slow');
+SELECT etc_batch.pace_job('slow', NULL, NULL);
+SELECT count(*) AS paces FROM etc_batch.job_pace;

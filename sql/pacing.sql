@@ -1,0 +1,42 @@
+-- Pacing: pauses, and the pace of a job. A person stops a job's drainers or a chain's
+-- runners at their next chunk or step and lets them go on later, or sets how fast a job
+-- may go and how far behind the replicas may fall. Each is a row of its own, never a
+-- change to the row the work locks: setting it waits for nothing, and the work in flight
+-- reads it at its next boundary (a job's next chunk, a chain's next step). Neither is
+-- part of an approval, and neither changes anything committed.
+
+CREATE TABLE etc_batch.job_pause (
+    job_id    text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL,
+    paused_by regrole     NOT NULL
+);
+
+COMMENT ON TABLE etc_batch.job_pause IS
+    'The jobs paused by pause_job, when and by whom: their drainers stop before their next chunk and return with status paused, until resume_job.';
+
+CREATE TABLE etc_batch.batch_pause (
+    batch     text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL,
+    paused_by regrole     NOT NULL
+);
+
+COMMENT ON TABLE etc_batch.batch_pause IS
+    'The batches paused by pause_batch, when and by whom: their runners stop before their next step, until resume_batch.';
+
+CREATE TABLE etc_batch.job_pace (
+    job_id                text        PRIMARY KEY,
+    rows_per_second       integer     CHECK (rows_per_second > 0),
+    max_replica_lag_bytes bigint      CHECK (max_replica_lag_bytes >= 0),
+    set_at                timestamptz NOT NULL,
+    set_by                regrole     NOT NULL,
+    -- where the pace's clock is: the next chunk of any drainer starts no earlier
+    next_slot             timestamptz
+);
+
+COMMENT ON TABLE etc_batch.job_pace IS
+    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start.';
+
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.batch_pause', '');
+REVOKE ALL ON etc_batch.job_pause, etc_batch.batch_pause, etc_batch.job_pace FROM PUBLIC;
