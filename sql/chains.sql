@@ -14,7 +14,9 @@ CREATE TABLE etc_batch.batch_log (
     last_sqlstate text,
     added_by      regrole     NOT NULL,
     added_at      timestamptz NOT NULL DEFAULT now(),
-    search_path   text        NOT NULL
+    search_path   text        NOT NULL,
+    paused_at     timestamptz,
+    paused_by     regrole
 ) WITH (fillfactor = 50);
 COMMENT ON COLUMN etc_batch.batch_log.search_path IS
     'The search_path of the session that added the step. The command runs with it, never with the caller''s, as a function with SET search_path FROM CURRENT does.';
@@ -29,6 +31,9 @@ COMMENT ON COLUMN etc_batch.batch_log.id IS 'The step number; exec_batch_from_id
 COMMENT ON COLUMN etc_batch.batch_log.command IS 'The SQL the step runs, as one transaction, with the privileges of added_by.';
 COMMENT ON COLUMN etc_batch.batch_log.status IS 'pending, done or failed; there is no running state: a step being run is row-locked and still pending until its transaction commits.';
 COMMENT ON COLUMN etc_batch.batch_log.attempts IS 'Attempts in the current run; reset_batch sets it back to 0.';
+COMMENT ON COLUMN etc_batch.batch_log.paused_at IS
+    'When pause_batch paused the step''s batch: a runner stops before the step until resume_batch. pause_batch marks every step of the batch but the one a runner holds, so it waits for nothing.';
+COMMENT ON COLUMN etc_batch.batch_log.paused_by IS 'Who paused the step''s batch.';
 COMMENT ON COLUMN etc_batch.batch_log.added_by IS 'The role that added the step; the step runs with its privileges.';
 
 CREATE TABLE etc_batch.step_audit (

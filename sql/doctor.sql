@@ -114,11 +114,11 @@ BEGIN
                count(*) FILTER (WHERE b.status = 'pending') AS pending,
                count(*) FILTER (WHERE b.status = 'failed') AS failed,
                min(b.id) FILTER (WHERE b.status = 'failed') AS first_failed,
-               bool_or(x.pid IS NOT NULL) AS running, z.paused_at, z.paused_by
+               bool_or(x.pid IS NOT NULL) AS running, min(b.paused_at) AS paused_at,
+               (array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
           FROM etc_batch.batch_log b
           LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
-          LEFT JOIN etc_batch.batch_pause z ON z.batch = b.batch
-         GROUP BY b.batch, z.paused_at, z.paused_by
+         GROUP BY b.batch
     LOOP
         IF r.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT format('chain %s', r.batch), 'warn',

@@ -325,6 +325,11 @@ END
 $remake$;
 
 -- Pacing: pauses, and the pace of a job.
+ALTER TABLE etc_batch.batch_log ADD COLUMN paused_at timestamptz, ADD COLUMN paused_by regrole;
+COMMENT ON COLUMN etc_batch.batch_log.paused_at IS
+    'When pause_batch paused the step''s batch: a runner stops before the step until resume_batch. pause_batch marks every step of the batch but the one a runner holds, so it waits for nothing.';
+COMMENT ON COLUMN etc_batch.batch_log.paused_by IS 'Who paused the step''s batch.';
+
 CREATE TABLE etc_batch.job_pause (
     job_id    text        PRIMARY KEY,
     paused_at timestamptz NOT NULL,
@@ -333,15 +338,6 @@ CREATE TABLE etc_batch.job_pause (
 
 COMMENT ON TABLE etc_batch.job_pause IS
     'The jobs paused by pause_job, when and by whom: their drainers stop before their next chunk and return with status paused, until resume_job.';
-
-CREATE TABLE etc_batch.batch_pause (
-    batch     text        PRIMARY KEY,
-    paused_at timestamptz NOT NULL,
-    paused_by regrole     NOT NULL
-);
-
-COMMENT ON TABLE etc_batch.batch_pause IS
-    'The batches paused by pause_batch, when and by whom: their runners stop before their next step, until resume_batch.';
 
 CREATE TABLE etc_batch.job_pace (
     job_id                text        PRIMARY KEY,
@@ -358,8 +354,7 @@ COMMENT ON TABLE etc_batch.job_pace IS
 
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
-SELECT pg_catalog.pg_extension_config_dump('etc_batch.batch_pause', '');
-REVOKE ALL ON etc_batch.job_pause, etc_batch.batch_pause, etc_batch.job_pace FROM PUBLIC;
+REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.pause_batch(batch text) RETURNS void
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'pause_batch_wrapper';
@@ -491,12 +486,11 @@ SELECT b.batch,
        (pg_catalog.array_agg(pg_catalog.format('step %s: %s', b.id, b.last_error)
                              ORDER BY b.finished_at DESC NULLS LAST)
             FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
-       z.paused_at,
-       z.paused_by
+       pg_catalog.min(b.paused_at) AS paused_at,
+       (pg_catalog.array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
   FROM etc_batch.batch_log b
   LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
-  LEFT JOIN etc_batch.batch_pause z ON z.batch OPERATOR(pg_catalog.=) b.batch
- GROUP BY b.batch, z.paused_at, z.paused_by;
+ GROUP BY b.batch;
 
 COMMENT ON VIEW etc_batch.chain_progress IS
     'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, and when and by whom it was paused.';
@@ -614,11 +608,11 @@ BEGIN
                count(*) FILTER (WHERE b.status = 'pending') AS pending,
                count(*) FILTER (WHERE b.status = 'failed') AS failed,
                min(b.id) FILTER (WHERE b.status = 'failed') AS first_failed,
-               bool_or(x.pid IS NOT NULL) AS running, z.paused_at, z.paused_by
+               bool_or(x.pid IS NOT NULL) AS running, min(b.paused_at) AS paused_at,
+               (array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
           FROM etc_batch.batch_log b
           LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
-          LEFT JOIN etc_batch.batch_pause z ON z.batch = b.batch
-         GROUP BY b.batch, z.paused_at, z.paused_by
+         GROUP BY b.batch
     LOOP
         IF r.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT format('chain %s', r.batch), 'warn',

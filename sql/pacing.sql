@@ -1,9 +1,10 @@
--- Pacing: pauses, and the pace of a job. A person stops a job's drainers or a chain's
--- runners at their next chunk or step and lets them go on later, or sets how fast a job
--- may go and how far behind the replicas may fall. Each is a row of its own, never a
--- change to the row the work locks: setting it waits for nothing, and the work in flight
--- reads it at its next boundary (a job's next chunk, a chain's next step). Neither is
--- part of an approval, and neither changes anything committed.
+-- Pacing: pauses, and the pace of a job. A person stops a job's drainers at their next
+-- chunk and lets them go on later, or sets how fast a job may go and how far behind the
+-- replicas may fall. Each is a row of its own, never a change to the job's row, which a
+-- drainer holds for the span of each chunk: setting it waits for nothing, and the work
+-- in flight reads it at its next chunk. Neither is part of an approval, and neither
+-- changes anything committed. (A batch's pause is on its steps' rows: see
+-- batch_log.paused_at.)
 
 CREATE TABLE etc_batch.job_pause (
     job_id    text        PRIMARY KEY,
@@ -13,15 +14,6 @@ CREATE TABLE etc_batch.job_pause (
 
 COMMENT ON TABLE etc_batch.job_pause IS
     'The jobs paused by pause_job, when and by whom: their drainers stop before their next chunk and return with status paused, until resume_job.';
-
-CREATE TABLE etc_batch.batch_pause (
-    batch     text        PRIMARY KEY,
-    paused_at timestamptz NOT NULL,
-    paused_by regrole     NOT NULL
-);
-
-COMMENT ON TABLE etc_batch.batch_pause IS
-    'The batches paused by pause_batch, when and by whom: their runners stop before their next step, until resume_batch.';
 
 CREATE TABLE etc_batch.job_pace (
     job_id                text        PRIMARY KEY,
@@ -38,5 +30,4 @@ COMMENT ON TABLE etc_batch.job_pace IS
 
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
-SELECT pg_catalog.pg_extension_config_dump('etc_batch.batch_pause', '');
-REVOKE ALL ON etc_batch.job_pause, etc_batch.batch_pause, etc_batch.job_pace FROM PUBLIC;
+REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace FROM PUBLIC;

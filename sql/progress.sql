@@ -101,12 +101,11 @@ SELECT b.batch,
        (pg_catalog.array_agg(pg_catalog.format('step %s: %s', b.id, b.last_error)
                              ORDER BY b.finished_at DESC NULLS LAST)
             FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
-       z.paused_at,
-       z.paused_by
+       pg_catalog.min(b.paused_at) AS paused_at,
+       (pg_catalog.array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
   FROM etc_batch.batch_log b
   LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
-  LEFT JOIN etc_batch.batch_pause z ON z.batch OPERATOR(pg_catalog.=) b.batch
- GROUP BY b.batch, z.paused_at, z.paused_by;
+ GROUP BY b.batch;
 
 COMMENT ON VIEW etc_batch.chain_progress IS
     'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, and when and by whom it was paused.';

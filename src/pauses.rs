@@ -1,11 +1,13 @@
 //! Pauses of jobs and batches (sql/pauses.sql): pause_job, resume_job, pause_batch,
 //! resume_batch, and what a drain or a run reads before each chunk or step.
 //!
-//! A pause is a row of its own table, never a change to the row the work locks: a
-//! pause of a job whose drainer holds the job's row would otherwise wait for that chunk,
+//! A job's pause is a row of its own table, never a change to the job's row: a pause
+//! that had to update the row a drainer holds for each chunk would wait for that chunk,
 //! and then lose the row to the drainer's next chunk, and the next, to the end of the
-//! job. So pausing waits for nothing, and the work in flight sees the pause at its next
-//! chunk or step, by one probe of the pause table's primary key.
+//! job. So pausing waits for nothing, and a drainer sees the pause at its next chunk, by
+//! one probe of the pause table's primary key. A batch's pause marks its steps' rows,
+//! skipping the one a runner holds: a runner reads the mark with the next step's row,
+//! which it locks anyway, for nothing.
 
 use crate::error::{BatchError, Result};
 use crate::query;
@@ -22,6 +24,14 @@ pub struct Paused {
 }
 
 impl Paused {
+    /// From a row's paused_at and paused_by: None unless paused.
+    pub fn from_row(at: Option<TimestampWithTimeZone>, by: Option<pg_sys::Oid>) -> Option<Paused> {
+        at.map(|at| Paused {
+            by: by.map(role_name).unwrap_or_default(),
+            at: at.to_string(),
+        })
+    }
+
     /// The NOTICE a call that stops for it sends: `what` is paused, by whom and when.
     pub fn notice(&self, what: &str, resume: &str) {
         pgrx::ereport!(
@@ -41,20 +51,13 @@ pub fn of_job(job_id: &str) -> Result<Option<Paused>> {
     read("job_pause", "job_id", job_id)
 }
 
-/// The pause of batch `batch`, if it is paused. Run as the owner.
-pub fn of_batch(batch: &str) -> Result<Option<Paused>> {
-    read("batch_pause", "batch", batch)
-}
-
 fn read(table: &str, column: &str, name: &str) -> Result<Option<Paused>> {
     let found = rows::reading_table(table, |pauses| {
         pauses.find(column, Key::Text(name), |row| {
-            let at = row.get::<TimestampWithTimeZone>("paused_at")?;
-            let by = row.get::<pg_sys::Oid>("paused_by")?;
-            Ok(at.map(|at| Paused {
-                by: by.map(role_name).unwrap_or_default(),
-                at: at.to_string(),
-            }))
+            Ok(Paused::from_row(
+                row.get::<TimestampWithTimeZone>("paused_at")?,
+                row.get::<pg_sys::Oid>("paused_by")?,
+            ))
         })
     })?;
     Ok(found.flatten())
@@ -89,21 +92,29 @@ p AS (DELETE FROM etc_batch.job_pause p WHERE p.job_id OPERATOR(pg_catalog.=) $1
       RETURNING p.job_id)
 SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p)";
 
-/// Pauses batch $1 as role $2. Returns whether the batch has steps, and whether it was
-/// paused now (not already).
+/// Pauses batch $1 as role $2: marks every step of it not yet paused, but the one a
+/// runner holds (SKIP LOCKED: that step is in flight, and the runner stops at the next,
+/// which is marked), so that pausing waits for nothing. A runner reads the mark with the
+/// step's row it locks anyway. Returns whether the batch has steps, and whether any was
+/// marked now.
 const PAUSE_BATCH: &str = "\
 WITH b AS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=) $1 LIMIT 1),
-p AS (INSERT INTO etc_batch.batch_pause (batch, paused_at, paused_by)
-      SELECT $1, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole FROM b
-      ON CONFLICT (batch) DO NOTHING
-      RETURNING batch)
+s AS (SELECT b.id FROM etc_batch.batch_log b
+       WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.paused_at IS NULL
+         FOR UPDATE SKIP LOCKED),
+p AS (UPDATE etc_batch.batch_log b
+         SET paused_at = pg_catalog.now(), paused_by = $2::pg_catalog.oid::pg_catalog.regrole
+        FROM s WHERE b.id OPERATOR(pg_catalog.=) s.id
+      RETURNING b.id)
 SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p)";
 
-/// Resumes batch $1. Returns whether the batch has steps, and whether it was paused.
+/// Resumes batch $1: its steps' marks removed. Returns whether the batch has steps, and
+/// whether any was paused.
 const RESUME_BATCH: &str = "\
 WITH b AS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=) $1 LIMIT 1),
-p AS (DELETE FROM etc_batch.batch_pause p WHERE p.batch OPERATOR(pg_catalog.=) $1
-      RETURNING p.batch)
+p AS (UPDATE etc_batch.batch_log b SET paused_at = NULL, paused_by = NULL
+       WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.paused_at IS NOT NULL
+      RETURNING b.id)
 SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p)";
 
 /// Runs one of the statements above; (exists, changed).

@@ -13,7 +13,7 @@ use crate::activity::Activity;
 use crate::error::{retry_step_hint, BatchError, OrRaise, Result};
 use crate::installed;
 use crate::lease::Fence;
-use crate::pauses;
+use crate::pauses::Paused;
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
 use crate::rows::{self, Key, Lock, Tid};
@@ -33,6 +33,8 @@ struct LockedStep {
     last_sqlstate: Option<String>,
     last_error: Option<String>,
     search_path: String,
+    /// Who paused the step's batch, if it is paused.
+    paused: Option<Paused>,
 }
 
 enum Flow {
@@ -154,7 +156,7 @@ impl Runner {
             self.report_holder(id)?;
             return Ok(Flow::Yielded);
         };
-        if let Some(paused) = self.owner(|| pauses::of_batch(&self.batch))? {
+        if let Some(paused) = &step.paused {
             paused.notice(
                 &format!("batch \"{}\" (at step {id})", self.batch),
                 &format!(
@@ -307,6 +309,7 @@ impl Runner {
                         last_sqlstate: row.get::<String>("last_sqlstate")?,
                         last_error: row.get::<String>("last_error")?,
                         search_path: row.get::<String>("search_path")?.unwrap_or_default(),
+                        paused: Paused::from_row(row.get("paused_at")?, row.get("paused_by")?),
                     })
                 })
             })

@@ -90,8 +90,13 @@ SELECT pg_catalog.max(b.id) FROM etc_batch.batch_log b";
 /// $1 id, $2 batch, $3 command, $4 the adding role. The step keeps the adding session's
 /// search_path, to run with.
 pub const INSERT_STEP: &str = "\
-INSERT INTO etc_batch.batch_log (id, batch, command, added_by, search_path)
-VALUES ($1, $2, $3, $4, pg_catalog.current_setting('search_path'))
+INSERT INTO etc_batch.batch_log (id, batch, command, added_by, search_path, paused_at, paused_by)
+SELECT $1, $2, $3, $4, pg_catalog.current_setting('search_path'), p.paused_at, p.paused_by
+  FROM (SELECT) n
+  -- a step added to a paused batch is paused with it
+  LEFT JOIN LATERAL (SELECT b.paused_at, b.paused_by FROM etc_batch.batch_log b
+                      WHERE b.batch OPERATOR(pg_catalog.=) $2 AND b.paused_at IS NOT NULL
+                      LIMIT 1) p ON true
 RETURNING id";
 
 pub const RESET_BATCH: &str = "\

@@ -376,7 +376,9 @@ ADDED = {
     "0.2.0": {"batch_log": {"search_path": '"$user", public'}, "job": {"search_path": '"$user", public'}},
     # every job a number of its own, which names its partitions
     # and whether its chunks may commit in any order: jobs from before are sequential
-    "0.3.0": {"job": {"job_number": lambda n: isinstance(n, int) and n > 0, "parallel": False}},
+    "0.3.0": {"job": {"job_number": lambda n: isinstance(n, int) and n > 0, "parallel": False},
+              # and steps can be paused: none is
+              "batch_log": {"paused_at": None, "paused_by": None}},
 }
 
 

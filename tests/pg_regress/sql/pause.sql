@@ -45,7 +45,7 @@ CALL etc_batch.drain_job('wide');
 SELECT etc_batch.resume_job('wide');
 CALL etc_batch.drain_job('wide');
 
--- A paused batch: a run stops before its first step, whatever steps are added to it.
+-- A paused batch: a run stops before its first step, and a step added to it is paused too.
 CREATE TABLE side (step int);
 SELECT etc_batch.add_step('nightly', 'INSERT INTO side VALUES (1)', 1);
 SELECT etc_batch.add_step('nightly', 'INSERT INTO side VALUES (2)', 2);
@@ -56,8 +56,7 @@ SELECT etc_batch.add_step('nightly', 'INSERT INTO side VALUES (3)', 3);
 \set VERBOSITY terse
 CALL etc_batch.exec_batch_from_id(1);
 \set VERBOSITY default
-SELECT id, status FROM etc_batch.batch_log ORDER BY id;
-SELECT batch, paused_at IS NOT NULL AS paused, paused_by FROM etc_batch.batch_pause;
+SELECT id, status, paused_at IS NOT NULL AS paused, paused_by FROM etc_batch.batch_log ORDER BY id;
 SELECT batch, done, pending, paused_at IS NOT NULL AS paused, paused_by FROM etc_batch.chain_progress;
 SELECT etc_batch.resume_batch('nightly');
 CALL etc_batch.exec_batch_from_id(1);
