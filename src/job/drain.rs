@@ -401,7 +401,7 @@ impl Job {
         first_key: &str,
         last_key: &str,
     ) {
-        if notices_are_sent() {
+        if crate::activity::notices_are_sent() {
             notice!(
                 "chunk {number} of {total} committed: {len} item{}, keys {first_key} to {last_key}",
                 if len == 1 { "" } else { "s" },
@@ -845,11 +845,4 @@ fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchE
         },
         _ => BatchError::JobAborted { job, reason },
     }
-}
-
-/// Whether a NOTICE would reach anyone: the message of every chunk is not even put
-/// together when client_min_messages and log_min_messages are above it.
-fn notices_are_sent() -> bool {
-    // SAFETY: reads two settings.
-    unsafe { pg_sys::message_level_is_interesting(pg_sys::NOTICE as i32) }
 }
