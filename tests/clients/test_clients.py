@@ -610,6 +610,39 @@ def test_a_paced_drain_keeps_its_rate(pg, tables):
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 601)})
 
 
+def test_a_pace_changed_while_a_drain_runs_is_read_at_its_next_chunk(pg, tables):
+    """A drain paced at 20 rows a second would need 10 s for 200 rows; the pace lifted
+    from another session after a second, the same call finishes at full speed."""
+    orders = Orders(pg, "repaced", 200)
+    job = tag("repaced")
+    conn = pg.direct()
+    conn.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, %s::jsonb, 10, %s::jsonb)",
+        (job, orders.name, json.dumps(orders.items(None)), json.dumps({"status": "cancelled"})))
+    conn.execute("SELECT etc_batch.pace_job(%s, 20)", (job,))
+    drainer = pg.direct()
+    pid = drainer.info.backend_pid
+    result = {}
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: result.update(row=drainer.execute(
+        "CALL etc_batch.drain_job(%s)", (job,)).fetchone()), daemon=True)
+    thread.start()
+    wait_until(lambda: "paced, the next chunk in" in (pg.admin.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] or ""),
+        "the drain to wait for its slot")
+    time.sleep(1.0)
+    slow = sum(audit_by_key(pg, job).values())
+    assert 0 < slow < 200, slow
+    conn.execute("SELECT etc_batch.pace_job(%s, NULL)", (job,))
+    thread.join(30)
+    assert not thread.is_alive()
+    elapsed = time.monotonic() - started
+    assert result["row"][4] == "done" and result["row"][1] == 200, result
+    # at 20 rows a second the rest would have taken (200 - slow) / 20 seconds more
+    assert elapsed < 1.0 + (200 - slow) / 20 - 2, (elapsed, slow)
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 201)})
+
+
 def test_a_drain_waits_for_a_slot_nobody_reads_holding_nothing(pg, tables):
     """pace_job(max_replica_lag_bytes): with a replication slot nobody reads holding back
     more WAL than that, the drain stops committing, says so once, and waits with no
