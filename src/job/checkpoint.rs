@@ -121,11 +121,7 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
         return Ok(None);
     }
     let paused = pauses::of_job(job_id)?;
-    let audit_beyond = rows::reading_table(&tables.audit_relname(), |audit| {
-        audit.first_from("position", Key::Int4(progress.next_index), |row| {
-            Ok(row.get::<i32>("position")?.unwrap_or(-1))
-        })
-    })?;
+    let audit_beyond = first_audit_from(tables, progress.next_index)?;
     let (first_key, last_key) = match progress.next_chunk() {
         None => (String::new(), String::new()),
         Some(range) => chunk_keys(tables, &range)?,
@@ -142,6 +138,16 @@ pub fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
         at,
         paused,
     }))
+}
+
+/// The position of the first audit row at or beyond `position`, by one probe of the
+/// job's audit partition.
+pub fn first_audit_from(tables: &JobTables, position: i32) -> Result<Option<i32>> {
+    rows::reading_table(&tables.audit_relname(), |audit| {
+        audit.first_from("position", Key::Int4(position), |row| {
+            Ok(row.get::<i32>("position")?.unwrap_or(-1))
+        })
+    })
 }
 
 /// The keys of the first and the last item of the chunk `range`, read from the job's

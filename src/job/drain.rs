@@ -33,7 +33,7 @@ use crate::lease::Fence;
 use crate::pauses::Paused;
 use crate::query;
 use crate::roles::{as_author, as_role};
-use crate::rows::{self, Key};
+
 use crate::status::JobStatus;
 use crate::txn::{Failure, FailureKind, TxnLoop};
 use pgrx::datum::DatumWithOid;
@@ -454,11 +454,7 @@ impl Job {
         };
         // no audit row may exist inside a chunk that is not committed
         let (audit_inside, keys) = self.owner(|| {
-            let inside = rows::reading_table(&tables.audit_relname(), |audit| {
-                audit.first_from("position", Key::Int4(range.start), |row| {
-                    Ok(row.get::<i32>("position")?.unwrap_or(-1))
-                })
-            })?;
+            let inside = checkpoint::first_audit_from(tables, range.start)?;
             let keys = checkpoint::chunk_keys(tables, &range)?;
             Ok((inside.filter(|p| *p < range.end), keys))
         })?;
