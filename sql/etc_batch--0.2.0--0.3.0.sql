@@ -203,6 +203,7 @@ BEGIN
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
         IF gone.parallel THEN
@@ -352,9 +353,25 @@ CREATE TABLE etc_batch.job_pace (
 COMMENT ON TABLE etc_batch.job_pace IS
     'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start.';
 
+CREATE TABLE etc_batch.job_retry (
+    job_id     text        NOT NULL,
+    chunk      integer     NOT NULL,
+    attempt    integer     NOT NULL,
+    sqlstate   text        NOT NULL,
+    message    text        NOT NULL,
+    retried_at timestamptz NOT NULL,
+    pid        integer     NOT NULL
+);
+
+CREATE INDEX job_retry_job_id ON etc_batch.job_retry (job_id, retried_at);
+
+COMMENT ON TABLE etc_batch.job_retry IS
+    'Every chunk rolled back for a transient error (40001, 40P01, 55P03) and tried again: which job and chunk, which failed attempt, the SQLSTATE and message, when, and the drainer''s pid. The chunk committed nothing of that attempt.';
+
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
-REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_retry', '');
+REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace, etc_batch.job_retry FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.pause_batch(batch text) RETURNS void
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'pause_batch_wrapper';
@@ -459,13 +476,15 @@ SELECT p.job_id, p.status,
        (SELECT pg_catalog.min(pg_catalog.substr(a.query, 15, pg_catalog.strpos(a.query, ' */') OPERATOR(pg_catalog.-) 15))
           FROM pg_catalog.pg_stat_activity a
          WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
-                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting
+                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting,
+       (SELECT pg_catalog.count(*) FROM etc_batch.job_retry r
+         WHERE r.job_id OPERATOR(pg_catalog.=) p.job_id) AS retries
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; and when and by whom it was paused.';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for, and how many chunks were rolled back for a transient error and tried again (job_retry).';
 
 
 CREATE OR REPLACE VIEW etc_batch.chain_progress AS

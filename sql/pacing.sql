@@ -4,7 +4,8 @@
 -- drainer holds for the span of each chunk: setting it waits for nothing, and the work
 -- in flight reads it at its next chunk. Neither is part of an approval, and neither
 -- changes anything committed. (A batch's pause is on its steps' rows: see
--- batch_log.paused_at.)
+-- batch_log.paused_at.) And the retries: the chunks rolled back for a transient error
+-- (a lock wait that timed out, a deadlock, a serialization failure) and tried again.
 
 CREATE TABLE etc_batch.job_pause (
     job_id    text        PRIMARY KEY,
@@ -28,6 +29,22 @@ CREATE TABLE etc_batch.job_pace (
 COMMENT ON TABLE etc_batch.job_pace IS
     'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start.';
 
+CREATE TABLE etc_batch.job_retry (
+    job_id     text        NOT NULL,
+    chunk      integer     NOT NULL,
+    attempt    integer     NOT NULL,
+    sqlstate   text        NOT NULL,
+    message    text        NOT NULL,
+    retried_at timestamptz NOT NULL,
+    pid        integer     NOT NULL
+);
+
+CREATE INDEX job_retry_job_id ON etc_batch.job_retry (job_id, retried_at);
+
+COMMENT ON TABLE etc_batch.job_retry IS
+    'Every chunk rolled back for a transient error (40001, 40P01, 55P03) and tried again: which job and chunk, which failed attempt, the SQLSTATE and message, when, and the drainer''s pid. The chunk committed nothing of that attempt.';
+
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
-REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_retry', '');
+REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace, etc_batch.job_retry FROM PUBLIC;

@@ -75,13 +75,15 @@ SELECT p.job_id, p.status,
        (SELECT pg_catalog.min(pg_catalog.substr(a.query, 15, pg_catalog.strpos(a.query, ' */') OPERATOR(pg_catalog.-) 15))
           FROM pg_catalog.pg_stat_activity a
          WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
-                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting
+                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting,
+       (SELECT pg_catalog.count(*) FROM etc_batch.job_retry r
+         WHERE r.job_id OPERATOR(pg_catalog.=) p.job_id) AS retries
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; and when and by whom it was paused.';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for, and how many chunks were rolled back for a transient error and tried again (job_retry).';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -145,6 +147,7 @@ BEGIN
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
         IF gone.parallel THEN

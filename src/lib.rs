@@ -17,6 +17,7 @@
 //! memory     a memory context reset for every round of a loop; memory handed back.
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
+//! retries    lock waits bounded, and the errors a chunk is tried again after.
 //! rows       rows of etc_batch's own tables read, locked and written without a
 //!            statement, by their index; audit rows written as COPY writes them.
 //! installed  the installed extension: its owner, and the version gate.
@@ -38,6 +39,7 @@ pub mod memory;
 pub mod pauses;
 pub mod procedure;
 pub mod query;
+pub mod retries;
 pub mod roles;
 pub mod rows;
 pub mod settings;
@@ -90,6 +92,7 @@ extension_sql_file!("../sql/api.sql", name = "api", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     job::crash::register();
+    retries::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
     // aid of a test build, set against the release build) is refused, not kept silently.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"etc_batch".as_ptr()) };

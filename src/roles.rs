@@ -46,7 +46,8 @@ fn switch_to<R>(role: pg_sys::Oid, restrictions: u32, work: impl FnOnce() -> R) 
 /// Runs SQL that `author` wrote (a step's command, a job's change, its handler and the
 /// target's triggers) for `caller`, in the author's context: the author's privileges and
 /// the search_path the author's session had, never the caller's, whose look-alike
-/// functions would otherwise run with the author's privileges. Settings the SQL changes
+/// functions would otherwise run with the author's privileges. Its lock waits are bounded
+/// by etc_batch.chunk_lock_timeout (retries.rs), unless that is 0. Settings the SQL changes
 /// (SET, SET LOCAL, set_config) end with it, so it cannot change the caller's session or
 /// the next step's settings. When author and caller differ it is also a security-restricted
 /// operation, as VACUUM and REFRESH MATERIALIZED VIEW run a table owner's code: the SQL
@@ -65,9 +66,12 @@ pub fn as_author<R>(
     } else {
         pg_sys::SECURITY_RESTRICTED_OPERATION
     };
-    crate::settings::with(&[(c"search_path", search_path)], || {
-        switch_to(author, restrictions, work)
-    })
+    let lock_timeout = crate::retries::lock_timeout();
+    let mut settings = vec![(c"search_path", search_path)];
+    if let Some(timeout) = &lock_timeout {
+        settings.push((c"lock_timeout", timeout.as_str()));
+    }
+    crate::settings::with(&settings, || switch_to(author, restrictions, work))
 }
 
 /// Whether a role with this OID exists (it may have been dropped since it was recorded).

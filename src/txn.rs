@@ -88,6 +88,44 @@ impl TxnLoop {
         unsafe { pg_sys::SPI_rollback() }
     }
 
+    /// Rolls the current transaction back after an error raised in it was caught (a
+    /// chunk's transient error, retries.rs), and starts the next one, as PostgreSQL's own
+    /// loops (autovacuum's, a backend's) abort the transaction an error left behind.
+    ///
+    /// The error unwound past what the statements in flight had set up and leave to the
+    /// abort, which SPI_rollback checks before it aborts:
+    /// - their atomic SPI connections (query.rs) are still above ours: they are finished
+    ///   first, because SPI_rollback runs on the connection at the top, and only a
+    ///   non-atomic one may roll back;
+    /// - their active snapshots are still pushed above the CALL's own (its portal's),
+    ///   which SPI_rollback counts on being the only ones: they are popped.
+    /// The abort then releases everything else the failed statement held: its locks,
+    /// buffer pins, registered snapshots and executor state.
+    pub fn rollback_after_error(&mut self) {
+        // SAFETY: every connection above ours is an atomic one a statement of this
+        // transaction opened (nothing non-atomic runs below our statements), so
+        // finishing them frees only those statements' memory, which nothing reads
+        // again; the loop stops at the first non-atomic connection from the top, ours.
+        // Likewise every active snapshot above the portal's was pushed by them.
+        unsafe {
+            while !pg_sys::SPI_inside_nonatomic_context() {
+                if pg_sys::SPI_finish() != pg_sys::SPI_OK_FINISH as i32 {
+                    break;
+                }
+            }
+            let portal = pg_sys::ActivePortal;
+            let kept = if portal.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*portal).portalSnapshot
+            };
+            while pg_sys::ActiveSnapshotSet() && pg_sys::GetActiveSnapshot() != kept {
+                pg_sys::PopActiveSnapshot();
+            }
+            pg_sys::SPI_rollback()
+        }
+    }
+
     /// Disconnects SPI after the last commit.
     pub fn finish(mut self) {
         self.finished = true;

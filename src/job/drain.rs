@@ -95,6 +95,9 @@ enum Chunk {
     AllHeld,
     /// The job is paused: the call stops here.
     Paused(Paused),
+    /// The chunk's change failed with a transient error (retries.rs); its transaction
+    /// is broken and must be rolled back before anything else runs.
+    Transient { number: i32, failure: Failure },
 }
 
 /// What the chunk's change did.
@@ -104,6 +107,9 @@ enum Change {
     /// Fewer rows changed than the chunk has items: the first one that did not, where it
     /// is already known (a handler that returned NULL).
     Conflict(Option<i32>),
+    /// The change failed with a transient error, caught: nothing may run in the
+    /// transaction before it is rolled back.
+    Transient(Failure),
 }
 
 pub fn drain(
@@ -173,6 +179,8 @@ pub fn drain(
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
     let mut all_held = false;
+    // the failed attempts of the chunk being tried, for transient errors
+    let mut failed_attempts = 0;
     // where this drainer looks for a parallel job's next chunk
     let mut cursor = claim::Cursor::new();
     while !finished
@@ -187,7 +195,15 @@ pub fn drain(
         } else {
             tx.item(|tx| job.next_chunk(tx, &mut audit))?
         };
+        if !matches!(chunk, Chunk::Transient { .. }) {
+            failed_attempts = 0;
+        }
         match chunk {
+            Chunk::Transient { number, failure } => {
+                tx.rollback_after_error();
+                failed_attempts += 1;
+                job.retry(tx, number, failure, failed_attempts)?;
+            }
             Chunk::Committed {
                 items,
                 first_key,
@@ -295,6 +311,54 @@ impl Job {
         }
     }
 
+    /// After attempt `attempt` of chunk `number` failed with a transient error and was
+    /// rolled back: the retry recorded (job_retry, and a NOTICE) and committed, then the
+    /// backoff slept, holding nothing; or, when the attempts are used up, the error
+    /// raised, the job still pending.
+    fn retry(&self, tx: &mut TxnLoop, number: i32, failure: Failure, attempt: i32) -> Result<()> {
+        let attempts = crate::retries::attempts();
+        let sqlstate = failure.sqlstate();
+        if attempt >= attempts {
+            let detail = format!(
+                "Chunk {number} of job \"{}\" was rolled back after {attempt} attempt{} (etc_batch.transient_attempts); the job is still pending.",
+                self.id(),
+                if attempt == 1 { "" } else { "s" }
+            );
+            let hint = format!(
+                "Call etc_batch.drain_job({}) again when the contention is over, or raise etc_batch.transient_attempts or etc_batch.chunk_lock_timeout.",
+                quote_literal(self.id())
+            );
+            failure.raise(detail, hint);
+        }
+        let backoff = crate::retries::backoff(attempt);
+        self.owner(|| {
+            query::run(
+                sql::RECORD_RETRY,
+                &[
+                    self.id().into(),
+                    number.into(),
+                    attempt.into(),
+                    sqlstate.as_str().into(),
+                    failure.message.as_str().into(),
+                ],
+            )
+        })?;
+        tx.commit();
+        notice!(
+            "chunk {number} of job \"{}\" was rolled back: {sqlstate} {}; attempt {attempt} of {attempts}, trying again in {} ms",
+            self.id(),
+            failure.message,
+            backoff.as_millis()
+        );
+        self.activity.report(&format!(
+            "job \"{}\": chunk {number} rolled back ({sqlstate}), trying again in {} ms",
+            self.id(),
+            backoff.as_millis()
+        ));
+        pace::sleep(backoff);
+        Ok(())
+    }
+
     /// The fence, then the job's row locked and its progress read.
     fn lock(&self) -> Result<Locked> {
         if let Some(fence) = &self.fence {
@@ -346,6 +410,7 @@ impl Job {
                 return self
                     .after_rollback(tx, &range, |job, tx| job.record_mismatch(tx, &range, known));
             }
+            Change::Transient(failure) => return Ok(Chunk::Transient { number, failure }),
         };
         let status = self.commit_chunk(tx, audit, number, &changed, || {
             checkpoint::advance(self.id(), &self.def.tables, locked.at, &range)
@@ -476,6 +541,7 @@ impl Job {
                 tx.rollback();
                 return self.after_parallel_rollback(tx, &range, known);
             }
+            Change::Transient(failure) => return Ok(Chunk::Transient { number, failure }),
         };
         self.commit_chunk(tx, audit, number, &changed, || {
             claim::mark_committed(self.id(), tables, &claimed)
@@ -573,7 +639,14 @@ impl Job {
                 },
             )
         }))
-        .catch_others(|caught| self.raise_rolled_back(caught.into(), number))
+        .catch_others(|caught| {
+            let failure = Failure::from(caught);
+            if crate::retries::is_transient(failure.code) {
+                Ok(Change::Transient(failure))
+            } else {
+                self.raise_rolled_back(failure, number)
+            }
+        })
         .execute();
         // etc_batch's own errors in the change (a handler's result it cannot read) say
         // the same: the chunk is rolled back

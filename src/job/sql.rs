@@ -280,6 +280,12 @@ SELECT GREATEST(
     WHERE COALESCE(s.confirmed_flush_lsn, s.restart_lsn) IS NOT NULL),
   0)::pg_catalog.int8";
 
+/// A chunk tried again: $1 job, $2 chunk, $3 the failed attempt, $4 its SQLSTATE,
+/// $5 its message.
+pub const RECORD_RETRY: &str = "\
+INSERT INTO etc_batch.job_retry (job_id, chunk, attempt, sqlstate, message, retried_at, pid)
+VALUES ($1, $2, $3, $4, $5, pg_catalog.clock_timestamp(), pg_catalog.pg_backend_pid())";
+
 /// A job's status. $1 job.
 pub const JOB_STATUS: &str = "\
 SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";

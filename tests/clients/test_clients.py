@@ -694,6 +694,176 @@ def test_a_drain_waits_for_a_slot_nobody_reads_holding_nothing(pg, tables):
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 201)})
 
 
+# transient errors --------------------------------------------------------------------------
+
+
+def retries_of(pg, job):
+    return pg.admin.execute(
+        "SELECT chunk, attempt, sqlstate FROM etc_batch.job_retry WHERE job_id = %s ORDER BY retried_at",
+        (job,)).fetchall()
+
+
+def test_a_row_lock_held_longer_than_chunk_lock_timeout_is_waited_out(pg, tables):
+    """An application transaction holds a row of chunk 2 for about 1.5 s. With
+    etc_batch.chunk_lock_timeout at 300 ms the chunk stops queueing, rolls back and backs
+    off, holding nothing while it waits, and tries again; once the lock is gone it
+    commits. The call returns normally, every order changed once."""
+    orders = Orders(pg, "locked", 30)
+    job = tag("locked")
+    register(pg.admin, job, orders, 10)
+    app = pg.direct(autocommit=False)
+    app.execute(sql.SQL("SELECT 1 FROM {} WHERE tenant = 'X' AND id = 15 FOR UPDATE").format(orders.ident))
+    drainer = pg.direct()
+    drainer.execute("SET etc_batch.chunk_lock_timeout = '300ms'")
+    pid = drainer.info.backend_pid
+    drain = Drain(drainer, job)
+    try:
+        wait_until(lambda: len(retries_of(pg, job)) >= 2, "two retries of chunk 2")
+        # between two looks at the same backoff, the drainer holds nothing
+        def backing_off_holding_nothing():
+            query = "SELECT query, backend_xid, backend_xmin FROM pg_stat_activity WHERE pid = %s"
+            before = pg.admin.execute(query, (pid,)).fetchone()
+            locks = pg.admin.execute(
+                "SELECT locktype FROM pg_locks WHERE pid = %s ORDER BY 1", (pid,)).fetchall()
+            after = pg.admin.execute(query, (pid,)).fetchone()
+            if before != after or "trying again in" not in (before[0] or ""):
+                return None
+            return before, locks
+        (activity, xid, xmin), locks = wait_until(backing_off_holding_nothing, "a look at a backoff")
+        assert activity.startswith(f'/* etc_batch: job "{job}": chunk 2 rolled back (55P03), trying again in'), activity
+        assert (xid, xmin) == (None, None)
+        assert [l[0] for l in locks] == ["virtualxid"], locks
+    finally:
+        app.rollback()
+    drain.join()
+    assert drain.error is None, drain.error
+    assert drain.result == (3, 30, "1", "30", "done"), drain.result
+    retries = retries_of(pg, job)
+    assert retries and all(r[0] == 2 and r[2] == "55P03" for r in retries), retries
+    assert [r[1] for r in retries] == list(range(1, len(retries) + 1))
+    said = [m for m in drain.notices.messages if "was rolled back: 55P03" in m]
+    assert len(said) == len(retries), drain.notices.messages
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 31)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 31)})
+
+
+def test_a_deadlock_built_on_purpose_is_retried(pg, tables):
+    """The drain's chunk has locked orders 1 to 19 and waits for order 20, which an
+    application transaction holds; that transaction then asks for order 1. The drainer's
+    deadlock check (deadlock_timeout 200 ms in its session, 10 s in the application's)
+    picks the drain as the victim: its chunk rolls back, the application's transaction goes
+    on and rolls back, and the chunk commits at its second attempt. Neither client sees
+    a deadlock."""
+    orders = Orders(pg, "deadlock", 20)
+    job = tag("deadlock")
+    register(pg.admin, job, orders, 20)
+    app = pg.direct(autocommit=False)
+    app.execute("SET deadlock_timeout = '10s'")
+    app.execute(sql.SQL("UPDATE {} SET revision = revision WHERE tenant = 'X' AND id = 20").format(orders.ident))
+    drainer = pg.direct()
+    drainer.execute("SET deadlock_timeout = '200ms'")
+    drainer.execute("SET etc_batch.chunk_lock_timeout = '30s'")
+    pid = drainer.info.backend_pid
+    drain = Drain(drainer, job)
+    try:
+        wait_until(lambda: pg.admin.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] == "Lock",
+            "the chunk to wait for order 20")
+        # returns once the drain, the deadlock's victim, has rolled back and let order 1 go
+        app.execute(sql.SQL("UPDATE {} SET revision = revision WHERE tenant = 'X' AND id = 1").format(orders.ident))
+    finally:
+        app.rollback()
+    drain.join()
+    assert drain.error is None, drain.error
+    assert drain.result == (1, 20, "1", "20", "done"), drain.result
+    assert retries_of(pg, job) == [(1, 1, "40P01")]
+    assert any("was rolled back: 40P01 deadlock detected" in m for m in drain.notices.messages), drain.notices.messages
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 21)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 21)})
+
+
+def test_an_application_workload_reaches_the_drain_only_as_the_conflict_it_made(pg, tables):
+    """Four application sessions update random rows of the job's table while it drains,
+    five rows per transaction in random order, holding them 0.3 s: two thirds of the rows
+    are not items of the job, and no update changes what the job checks, except one made before
+    the drain, to item 2990. No deadlock or lock timeout reaches the drain's caller: the
+    drain stops in conflict at item 2990, the one item really changed, with every item
+    before its chunk changed once and nothing after."""
+    table = tag("busy")
+    ident = sql.Identifier(table)
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (tenant text NOT NULL, id integer NOT NULL, revision integer NOT NULL DEFAULT 1, "
+        "status text NOT NULL DEFAULT 'pending', touched integer NOT NULL DEFAULT 0, "
+        "PRIMARY KEY (tenant, id))").format(ident))
+    pg.admin.execute(sql.SQL(
+        "INSERT INTO {} (tenant, id) SELECT 'X', g FROM generate_series(1, 12000) g").format(ident))
+    job = tag("busy")
+    pg.admin.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, "
+        "(SELECT jsonb_agg(jsonb_build_object('id', g, 'revision', 1)) FROM generate_series(1, 3000) g), "
+        "50, %s::jsonb)",
+        (job, table, json.dumps({"status": "cancelled"})))
+    pg.admin.execute(sql.SQL("UPDATE {} SET revision = 2 WHERE tenant = 'X' AND id = 2990").format(ident))
+    stop = threading.Event()
+    holding = threading.Event()
+    app_errors = []
+
+    def application(seed):
+        import random
+        rnd = random.Random(seed)
+        conn = pg.direct(autocommit=False)
+        conn.execute("SET deadlock_timeout = '50ms'")
+        first = True
+        while not stop.is_set():
+            # the first transaction of the first session holds item 100 (in chunk 2) when
+            # the drain starts, so that at least one chunk waits longer than its timeout
+            ids = [100] if first and seed == 1 else [rnd.randint(1, 9000) for _ in range(5)]
+            try:
+                for i in ids:
+                    conn.execute(sql.SQL(
+                        "UPDATE {} SET touched = touched + 1 WHERE tenant = 'X' AND id = %s").format(ident), (i,))
+                if first and seed == 1:
+                    holding.set()
+                conn.execute("SELECT pg_sleep(%s)", (1.0 if first else 0.3,))
+                conn.commit()
+            except (errors.DeadlockDetected, errors.LockNotAvailable) as exc:
+                conn.rollback()
+                app_errors.append(type(exc).__name__)
+            first = False
+
+    apps = [threading.Thread(target=application, args=(seed,), daemon=True) for seed in (1, 2, 3, 4)]
+    for t in apps:
+        t.start()
+    holding.wait(WAIT)
+    drainer = pg.direct()
+    drainer.execute("SET etc_batch.chunk_lock_timeout = '200ms'")
+    drainer.execute("SET etc_batch.transient_attempts = 20")
+    drainer.execute("SET deadlock_timeout = '1s'")
+    try:
+        with pytest.raises(errors.IntegrityConstraintViolation) as conflict:
+            drainer.execute("CALL etc_batch.drain_job(%s)", (job,))
+    finally:
+        stop.set()
+        for t in apps:
+            t.join(WAIT)
+    assert conflict.value.sqlstate == "23000", conflict.value
+    assert "2990" in conflict.value.diag.message_detail, conflict.value.diag.message_detail
+    status = pg.admin.execute(
+        "SELECT status, committed FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()
+    assert status == ("conflict", 2950), status
+    audited = audit_by_key(pg, job)
+    assert audited == Counter({i: 1 for i in range(1, 2951)}), len(audited)
+    changed = dict(pg.admin.execute(sql.SQL(
+        "SELECT id, status FROM {} WHERE status = 'cancelled'").format(ident)).fetchall())
+    assert set(changed) == set(range(1, 2951))
+    touched = pg.admin.execute(sql.SQL("SELECT sum(touched) FROM {}").format(ident)).fetchone()[0]
+    retries = retries_of(pg, job)
+    assert (2, 1, "55P03") in retries, retries
+    assert {r[2] for r in retries} <= {"55P03", "40P01"}, retries
+    print(f"application updates {touched}, retries {Counter(r[2] for r in retries)}, "
+          f"application errors {Counter(app_errors)}")
+
+
 # 3. autocommit off ----------------------------------------------------------------------------
 
 
