@@ -125,6 +125,28 @@ cluster_start() {
     as_pg env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 }
 
+# A streaming standby NAME on PORT of the cluster on PRIMARY_PORT: pg_basebackup -R over
+# loopback, then the primary's configuration with this cluster's port, socket and name
+# appended (the last setting wins). Its cluster_name is NAME, which is also the
+# application_name it streams under (for synchronous_standby_names).
+standby_start() {
+    local name=$1 port=$2 primary_port=$3; shift 3
+    local dir="$ROOT/target/pg/$name"
+    cluster_stop "$name" 2>/dev/null || true
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    as_root chown "$PG_OS_USER" "$dir"
+    as_pg "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres -D "$dir/data" \
+        -R -X stream -c fast >"$dir/basebackup.log" 2>&1
+    {
+        echo "port = $port"
+        echo "unix_socket_directories = '$dir'"
+        echo "cluster_name = '$name'"
+        printf '%s\n' "$@"
+    } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
+    as_pg env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+}
+
 cluster_stop() {
     local dir="$ROOT/target/pg/$1"
     [ -f "$dir/data/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null

@@ -14,6 +14,18 @@ DECLARE
     source text;
     found_any boolean;
 BEGIN
+    -- 0. On a hot standby: etc_batch's work runs on the primary; every check below reads
+    --    what this server has replayed.
+    IF pg_is_in_recovery() THEN
+        check_name := 'standby';
+        status := 'warn';
+        detail := 'This server is a hot standby, in recovery: etc_batch''s procedures and functions that write refuse to run here (25006). The checks below read what it has replayed from the primary.';
+        hint := coalesce((SELECT format('Run the work on the primary, at host %s port %s.', w.sender_host, w.sender_port)
+                            FROM pg_stat_wal_receiver w WHERE w.sender_host IS NOT NULL),
+                         'Run the work on the primary this standby replays from.');
+        RETURN NEXT;
+    END IF;
+
     -- 1. Timeouts: for this session as the server applies them, with where each value
     --    comes from; and for every role that owns steps or jobs, what a new session of
     --    that role would get, which is what survives a connection pooler.

@@ -77,13 +77,15 @@ SELECT p.job_id, p.status,
          WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
                                           OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting,
        (SELECT pg_catalog.count(*) FROM etc_batch.job_retry r
-         WHERE r.job_id OPERATOR(pg_catalog.=) p.job_id) AS retries
+         WHERE r.job_id OPERATOR(pg_catalog.=) p.job_id) AS retries,
+       -- read on a hot standby: as of the WAL replayed there, with no drainer at work
+       pg_catalog.pg_is_in_recovery() AS on_standby
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for, and how many chunks were rolled back for a transient error and tried again (job_retry).';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for, and how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -104,13 +106,14 @@ SELECT b.batch,
                              ORDER BY b.finished_at DESC NULLS LAST)
             FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
        pg_catalog.min(b.paused_at) AS paused_at,
-       (pg_catalog.array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
+       (pg_catalog.array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by,
+       pg_catalog.pg_is_in_recovery() AS on_standby
   FROM etc_batch.batch_log b
   LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
  GROUP BY b.batch;
 
 COMMENT ON VIEW etc_batch.chain_progress IS
-    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, and when and by whom it was paused.';
+    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there.';
 
 REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
 
@@ -128,6 +131,15 @@ DECLARE
     cutoff timestamptz;
     gone record;
 BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'etc_batch.prune_history cannot run on a standby'
+            USING ERRCODE = 'read_only_sql_transaction',
+                  DETAIL = 'This server is in recovery, a hot standby: it replays the primary''s WAL and cannot write. etc_batch''s views and doctor() work here; its work runs on the primary.',
+                  HINT = coalesce((SELECT format('Run it on the primary, at host %s port %s (this standby''s primary_conninfo).',
+                                                 w.sender_host, w.sender_port)
+                                     FROM pg_stat_wal_receiver w WHERE w.sender_host IS NOT NULL),
+                                  'Run it on the primary this standby replays from.');
+    END IF;
     IF older_than IS NULL OR older_than <= interval '0' THEN
         RAISE EXCEPTION 'older_than must be a positive interval'
             USING ERRCODE = 'invalid_parameter_value';

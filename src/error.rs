@@ -18,6 +18,12 @@ pub enum BatchError {
         /// Inside BEGIN ... COMMIT, as a driver with autocommit off puts every statement.
         in_transaction_block: bool,
     },
+    /// A routine that writes was called on a hot standby.
+    OnStandby {
+        routine: &'static str,
+        /// Where the primary is, as this standby's primary_conninfo names it.
+        primary: Option<String>,
+    },
     /// A required argument was NULL.
     NullArgument {
         argument: &'static str,
@@ -246,6 +252,21 @@ impl BatchError {
                 "Run \"CALL {procedure}(...)\" as a statement of its own in autocommit mode, \
                  or from a procedure that was itself CALLed that way."
             )),
+            OnStandby { routine, primary } => report(
+                Code::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+                format!("{routine} cannot run on a standby"),
+            )
+            .detail(
+                "This server is in recovery, a hot standby: it replays the primary's WAL and \
+                 cannot write. etc_batch's views and doctor() work here; its work runs on the \
+                 primary.",
+            )
+            .hint(match primary {
+                Some(primary) => format!(
+                    "Run it on the primary, at {primary} (this standby's primary_conninfo)."
+                ),
+                None => "Run it on the primary this standby replays from.".to_string(),
+            }),
             NullArgument { argument } => report(
                 Code::ERRCODE_NULL_VALUE_NOT_ALLOWED,
                 format!("argument \"{argument}\" must not be null"),
@@ -576,6 +597,14 @@ mod tests {
                 procedure: "etc_batch.drain_job",
                 in_transaction_block: false,
             },
+            OnStandby {
+                routine: "etc_batch.drain_job",
+                primary: Some("host 10.0.0.5 port 5432".into()),
+            },
+            OnStandby {
+                routine: "etc_batch.add_step",
+                primary: None,
+            },
             NullArgument { argument: "batch" },
             BatchError::invalid("chunk size 0 is out of range"),
             BatchError::invalid_because("items must be a JSON array", "It is an object."),
@@ -720,9 +749,10 @@ mod tests {
                 LeaseNotHeld { .. } => 26,
                 Spi { .. } => 27,
                 Internal(_) => 28,
+                OnStandby { .. } => 32,
             })
             .collect();
-        assert_eq!(covered, (0..=31).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=32).collect(), "every variant has an example");
         all
     }
 

@@ -18,6 +18,7 @@
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
 //! retries    lock waits bounded, and the errors a chunk is tried again after.
+//! standby    routines that write refused on a hot standby, naming the primary.
 //! rows       rows of etc_batch's own tables read, locked and written without a
 //!            statement, by their index; audit rows written as COPY writes them.
 //! installed  the installed extension: its owner, and the version gate.
@@ -43,6 +44,7 @@ pub mod retries;
 pub mod roles;
 pub mod rows;
 pub mod settings;
+pub mod standby;
 pub mod status;
 pub mod txn;
 

@@ -150,6 +150,7 @@ pub unsafe fn run<R: Results>(
                 signature.args.len()
             )));
         }
+        crate::standby::refuse_writes(signature.name)?;
         let mut tx = TxnLoop::begin(fcinfo, signature.name)?;
         let results = body(&Args { fcinfo, signature }, &mut tx)?;
         tx.finish();

@@ -14,6 +14,7 @@ fn add_step(
     command: Option<String>,
     id: default!(Option<i64>, "NULL"),
 ) -> i64 {
+    crate::standby::refuse_writes("etc_batch.add_step").or_raise();
     let batch = required(batch, "batch").or_raise();
     let command = required(command, "command").or_raise();
     steps::add(&batch, &command, id).or_raise()
@@ -23,12 +24,14 @@ fn add_step(
 /// history. Returns the number of steps reset.
 #[pg_extern(volatile, parallel_unsafe)]
 fn reset_batch(batch: Option<String>) -> i32 {
+    crate::standby::refuse_writes("etc_batch.reset_batch").or_raise();
     steps::reset(&required(batch, "batch").or_raise()).or_raise()
 }
 
 /// Puts a failed step back to pending, so that the next run of its chain runs it again.
 #[pg_extern(volatile, parallel_unsafe)]
 fn retry_step(id: Option<i64>) {
+    crate::standby::refuse_writes("etc_batch.retry_step").or_raise();
     steps::retry(required(id, "id").or_raise()).or_raise()
 }
 
@@ -36,6 +39,7 @@ fn retry_step(id: Option<i64>) {
 /// before its first pending step until resume_batch.
 #[pg_extern(volatile, parallel_unsafe)]
 fn pause_batch(batch: Option<String>) {
+    crate::standby::refuse_writes("etc_batch.pause_batch").or_raise();
     let batch = required(batch, "batch").or_raise();
     if !pauses::pause_batch(&batch).or_raise() {
         notice!("batch \"{batch}\" was already paused; nothing changed");
@@ -45,6 +49,7 @@ fn pause_batch(batch: Option<String>) {
 /// Lets a paused batch go on.
 #[pg_extern(volatile, parallel_unsafe)]
 fn resume_batch(batch: Option<String>) {
+    crate::standby::refuse_writes("etc_batch.resume_batch").or_raise();
     let batch = required(batch, "batch").or_raise();
     if !pauses::resume_batch(&batch).or_raise() {
         notice!("batch \"{batch}\" was not paused; nothing changed");

@@ -62,6 +62,7 @@ fn register_job(
         name!(chunks, i32),
     ),
 > {
+    crate::standby::refuse_writes("etc_batch.register_job").or_raise();
     register(
         || {
             Ok(register::Items::Json(required(
@@ -119,6 +120,7 @@ fn register_job_from_query(
         name!(chunks, i32),
     ),
 > {
+    crate::standby::refuse_writes("etc_batch.register_job_from_query").or_raise();
     register(
         || {
             Ok(register::Items::Query(required(
@@ -288,6 +290,7 @@ fn verify_job(
         name!(detail, String),
     ),
 > {
+    crate::standby::refuse_writes("etc_batch.verify_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
     let checks = report::verify(&job_id).or_raise();
     TableIterator::new(
@@ -300,6 +303,7 @@ fn verify_job(
 /// Stops a job for good; its approval, audit and checkpoint stay.
 #[pg_extern(volatile, parallel_unsafe)]
 fn abort_job(job_id: Option<String>, reason: Option<String>) {
+    crate::standby::refuse_writes("etc_batch.abort_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
     let reason = required(reason, "reason").or_raise();
     abort::abort(&job_id, &reason).or_raise()
@@ -309,6 +313,7 @@ fn abort_job(job_id: Option<String>, reason: Option<String>) {
 /// paused, until resume_job. Pausing changes nothing committed.
 #[pg_extern(volatile, parallel_unsafe)]
 fn pause_job(job_id: Option<String>) {
+    crate::standby::refuse_writes("etc_batch.pause_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
     if !pauses::pause_job(&job_id).or_raise() {
         notice!("job \"{job_id}\" was already paused; nothing changed");
@@ -334,6 +339,7 @@ fn pace_job(
     rows_per_second: Option<i32>,
     max_replica_lag_bytes: Option<i64>,
 ) {
+    crate::standby::refuse_writes("etc_batch.pace_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
     pace::set(
         &job_id,
@@ -348,6 +354,7 @@ fn pace_job(
 /// Lets a paused job go on from its checkpoint.
 #[pg_extern(volatile, parallel_unsafe)]
 fn resume_job(job_id: Option<String>) {
+    crate::standby::refuse_writes("etc_batch.resume_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
     if !pauses::resume_job(&job_id).or_raise() {
         notice!("job \"{job_id}\" was not paused; nothing changed");

@@ -23,6 +23,7 @@ fn acquire_lease(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
+    crate::standby::refuse_writes("etc_batch.acquire_lease").or_raise();
     let name = required(name, "name").or_raise();
     let holder = required(holder, "holder").or_raise();
     let ttl = required(ttl, "ttl").or_raise();
@@ -33,6 +34,7 @@ fn acquire_lease(
 /// Ends the caller's lease now; its generation stays, so the next holder gets a new one.
 #[pg_extern(volatile, parallel_unsafe)]
 fn release_lease(name: Option<String>, holder: Option<String>) -> bool {
+    crate::standby::refuse_writes("etc_batch.release_lease").or_raise();
     let name = required(name, "name").or_raise();
     let holder = required(holder, "holder").or_raise();
     lease::release(&name, &holder).or_raise()
@@ -42,6 +44,7 @@ fn release_lease(name: Option<String>, holder: Option<String>) -> bool {
 /// unexpired. Until the calling transaction ends, the lease cannot change hands.
 #[pg_extern(volatile, parallel_unsafe)]
 fn check_lease(name: Option<String>, holder: Option<String>, generation: Option<i64>) {
+    crate::standby::refuse_writes("etc_batch.check_lease").or_raise();
     let fence = Fence::from_args(
         Some(required(name, "name").or_raise()),
         Some(required(holder, "holder").or_raise()),
