@@ -15,7 +15,8 @@ list, cancelled chunk by chunk with an audit row per order and a checkpoint per 
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
 PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
 10,000,000-item job registered from a query and drained by one call
-(bench/big_job.py). Concurrency, at chunk 100: 1, 2, 4, 8 drainers on a sequential job
+(bench/big_job.py). The application's update latency, p50 and p99, without a drain, next to
+an unpaced drain and next to a paced one (bench/app_latency.py). Concurrency, at chunk 100: 1, 2, 4, 8 drainers on a sequential job
 each, 1 and 8 on one sequential job, 1, 2, 4, 8 on one parallel job, and the hand-written
 loop C on a job of its own each for 1 and 2 sessions (what the machine allows several
 sessions at once, whoever wrote the loop), in repetitions whose order turns.
@@ -501,6 +502,23 @@ def markdown(r):
             f"{name} {v['median']:.2f} ({v['min']:.2f} to {v['max']:.2f})" for name, v in co["ratios"].items()
         ) + ".")
         lines.append("")
+    al = r.get("app_latency")
+    if al:
+        lines += [
+            f"**The application next to a drain**: {al['sessions']} sessions updating single rows of the "
+            f"drained table in autocommit, a random row each time, a quarter of them items of the job; "
+            f"the job {al['items']:,} items in chunks of {al['chunk']:,}, paced at "
+            f"{al['paced_rows_per_second']:,} rows per second, a fifth of the unpaced drain's rate:",
+            "",
+            "| the application's updates | p50 ms | p99 ms | updates/s | the drain's rows/s |",
+            "|---|---|---|---|---|",
+        ]
+        for key, name in (("without", "without a drain"), ("unpaced", "with an unpaced drain"),
+                          ("paced", "with a paced drain")):
+            x = al[key]
+            drain = f"{x['drain_rows_per_s']:,}" if x["drain_rows_per_s"] else ""
+            lines.append(f"| {name} | {x['p50_ms']:.2f} | {x['p99_ms']:.2f} | {x['updates_per_s']:,} | {drain} |")
+        lines.append("")
     if r.get("targets"):
         lines += ["**Targets**", "", "| target | measured | |", "|---|---|---|"]
         for t in r["targets"]:
@@ -543,6 +561,8 @@ def main():
     ap.add_argument("--big", type=int, default=10_000_000, help="items of the big job; 0 to skip")
     ap.add_argument("--concurrency", type=int, default=1, help="0 to skip the concurrency runs")
     ap.add_argument("--concurrency-reps", type=int, default=5)
+    ap.add_argument("--app-seconds", type=int, default=5,
+                    help="the application's latency without a drain is measured this long; 0 to skip")
     ap.add_argument("--db", default="bench")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--only", default=None, help="comma-separated methods to run (default all)")
@@ -610,6 +630,12 @@ def main():
             "C separate 2 / 1": paired(conc["C separate"]["2"], conc["C separate"]["1"]),
         }
         result["concurrency"] = conc
+
+    if a.app_seconds:
+        import app_latency
+
+        result["app_latency"] = app_latency.measure(a.db, a.app_seconds)
+        print("application latency:", json.dumps(result["app_latency"]), flush=True)
 
     if a.big:
         import big_job
