@@ -103,15 +103,21 @@ install_released() {
         cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
 }
 
+# target/pg/NAME, stopped and emptied, owned by the postgres OS user.
+empty_cluster_dir() {
+    local dir="$ROOT/target/pg/$1"
+    cluster_stop "$1" 2>/dev/null || true
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    as_root chown "$PG_OS_USER" "$dir"
+}
+
 # cluster_start NAME PORT [postgresql.conf lines...]
 # Data and socket live in target/pg/NAME; the superuser is "postgres", trusted locally.
 cluster_start() {
     local name=$1 port=$2; shift 2
     local dir="$ROOT/target/pg/$name"
-    cluster_stop "$name" 2>/dev/null || true
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    as_root chown "$PG_OS_USER" "$dir"
+    empty_cluster_dir "$name"
     as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log"
     {
         echo "port = $port"
@@ -132,10 +138,7 @@ cluster_start() {
 standby_start() {
     local name=$1 port=$2 primary_port=$3; shift 3
     local dir="$ROOT/target/pg/$name"
-    cluster_stop "$name" 2>/dev/null || true
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    as_root chown "$PG_OS_USER" "$dir"
+    empty_cluster_dir "$name"
     as_pg "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres -D "$dir/data" \
         -R -X stream -c fast >"$dir/basebackup.log" 2>&1
     {

@@ -202,14 +202,29 @@ def test_the_standby_refuses_every_writer_and_reads_everything(primary, standby)
 # 2. and 3. lag --------------------------------------------------------------------------
 
 
+def lag_bound_job(conn, label):
+    """A 100-item job in chunks of 10 over a table of its own, whose drains wait while
+    anything downstream is more than a megabyte behind."""
+    table = make_orders(conn, 100)
+    job = tag(label)
+    register(conn, job, table, 100, 10)
+    conn.execute("SELECT etc_batch.pace_job(%s, NULL, %s)", (job, MEGABYTE))
+    return table, job
+
+
+def assert_drained_once(conn, call, job, table):
+    call.join()
+    assert call.error is None, call.error
+    assert call.result[1] == 100 and call.result[4] == "done", call.result
+    assert audit_by_key(conn, job) == Counter({i: 1 for i in range(1, 101)})
+    assert rows(conn, table) == {i: (2, "cancelled") for i in range(1, 101)}
+
+
 def test_a_paused_replay_holds_the_drain_back_until_it_resumes(primary, standby):
     p = primary.connect()
     s = standby.connect()
     try:
-        table = make_orders(p, 100)
-        job = tag("replay")
-        register(p, job, table, 100, 10)
-        p.execute("SELECT etc_batch.pace_job(%s, NULL, %s)", (job, MEGABYTE))
+        table, job = lag_bound_job(p, "replay")
         replayed(p, s)
         s.execute("SELECT pg_wal_replay_pause()")
         wait_until(lambda: s.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()[0] == "paused",
@@ -220,12 +235,8 @@ def test_a_paused_replay_holds_the_drain_back_until_it_resumes(primary, standby)
         time.sleep(1.0)
         assert audit_by_key(p, job) == Counter(), "a chunk committed while the standby was behind"
         s.execute("SELECT pg_wal_replay_resume()")
-        drain.join()
-        assert drain.error is None, drain.error
-        assert drain.result[1] == 100 and drain.result[4] == "done", drain.result
+        assert_drained_once(p, drain, job, table)
         assert sum(1 for n in drain.notices if "waits: the replicas are" in n) == 1, drain.notices
-        assert audit_by_key(p, job) == Counter({i: 1 for i in range(1, 101)})
-        assert rows(p, table) == {i: (2, "cancelled") for i in range(1, 101)}
         replayed(p, s)
         assert audit_by_key(s, job) == Counter({i: 1 for i in range(1, 101)})
         assert s.execute("SELECT status FROM etc_batch.job_progress WHERE job_id = %s",
@@ -239,10 +250,7 @@ def test_a_logical_slot_nobody_reads_holds_the_drain_back_until_it_is_read(prima
     p = primary.connect()
     slot = tag("cdc")
     try:
-        table = make_orders(p, 100)
-        job = tag("cdc")
-        register(p, job, table, 100, 10)
-        p.execute("SELECT etc_batch.pace_job(%s, NULL, %s)", (job, MEGABYTE))
+        table, job = lag_bound_job(p, "cdc")
         p.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
         write_wal(p, 3)
         drain = Call(primary.connect(), "CALL etc_batch.drain_job(%s)", (job,))
@@ -254,11 +262,7 @@ def test_a_logical_slot_nobody_reads_holds_the_drain_back_until_it_is_read(prima
         assert audit_by_key(p, job) == Counter()
         # a consumer reads everything so far
         p.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
-        drain.join()
-        assert drain.error is None, drain.error
-        assert drain.result[1] == 100 and drain.result[4] == "done", drain.result
-        assert audit_by_key(p, job) == Counter({i: 1 for i in range(1, 101)})
-        assert rows(p, table) == {i: (2, "cancelled") for i in range(1, 101)}
+        assert_drained_once(p, drain, job, table)
     finally:
         p.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         close_quietly([p])
