@@ -18,6 +18,7 @@
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
 //! retries    lock waits bounded, and the errors a chunk is tried again after.
+//! raised     an error's own SQLSTATE and context, kept and given back when raised again.
 //! standby    routines that write refused on a hot standby, naming the primary.
 //! rows       rows of etc_batch's own tables read, locked and written without a
 //!            statement, by their index; audit rows written as COPY writes them.
@@ -40,6 +41,7 @@ pub mod memory;
 pub mod pauses;
 pub mod procedure;
 pub mod query;
+pub mod raised;
 pub mod retries;
 pub mod roles;
 pub mod rows;

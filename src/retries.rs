@@ -66,13 +66,14 @@ pub fn attempts() -> i32 {
 
 /// Whether an error says nothing about the work, only about its timing: a serialization
 /// failure, a deadlock's victim, a lock wait that timed out.
-pub fn is_transient(code: PgSqlErrorCode) -> bool {
-    matches!(
-        code,
-        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE
-            | PgSqlErrorCode::ERRCODE_T_R_DEADLOCK_DETECTED
-            | PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE
-    )
+pub fn is_transient(code: i32) -> bool {
+    [
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        PgSqlErrorCode::ERRCODE_T_R_DEADLOCK_DETECTED,
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+    ]
+    .into_iter()
+    .any(|transient| transient as i32 == code)
 }
 
 /// The wait after failed attempt `attempt` (1 for the first): 100 ms, 200 ms, 400 ms ...,
@@ -110,7 +111,7 @@ mod tests {
             PgSqlErrorCode::ERRCODE_DIVISION_BY_ZERO,
             PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION,
         ] {
-            assert!(!is_transient(code));
+            assert!(!is_transient(code as i32));
         }
     }
 

@@ -15,6 +15,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::memory::Scratch;
+use crate::raised::Raised;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::{CaughtError, ErrorReport, ErrorReportWithLevel};
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
@@ -202,7 +203,10 @@ pub fn subtransaction_unless<R, E>(
 /// An error caught in a subtransaction, kept so it can be recorded and raised again.
 #[derive(Debug, Clone)]
 pub struct Failure {
+    /// The SQLSTATE as pgrx knows it: XX000 for one it does not know.
     pub code: PgSqlErrorCode,
+    /// The SQLSTATE and context as the SQL raised them, when `raised::capturing` saw it.
+    pub raised: Option<Raised>,
     pub message: String,
     pub detail: Option<String>,
     pub hint: Option<String>,
@@ -219,9 +223,16 @@ pub enum FailureKind {
 }
 
 impl Failure {
+    /// The SQLSTATE as PostgreSQL packs it: the error's own, whatever it is.
+    pub fn packed_code(&self) -> i32 {
+        self.raised
+            .as_ref()
+            .map_or(self.code as i32, |raised| raised.code)
+    }
+
     /// The five-character SQLSTATE, as PostgreSQL prints it.
     pub fn sqlstate(&self) -> String {
-        unpack_sqlstate(self.code as i32)
+        unpack_sqlstate(self.packed_code())
     }
 
     pub fn kind(&self) -> FailureKind {
@@ -231,9 +242,12 @@ impl Failure {
         }
     }
 
-    /// Raises the error again as PostgreSQL would, with `detail` and `hint` used only
-    /// where the original error had none.
+    /// Raises the error again as PostgreSQL would, with its own SQLSTATE and context,
+    /// and `detail` and `hint` used only where the original error had none.
     pub fn raise(self, detail: String, hint: String) -> ! {
+        if let Some(raised) = self.raised {
+            crate::raised::restore_on_raise(self.code as i32, raised);
+        }
         crate::error::raise(
             ErrorReport::new(self.code, self.message, "etc_batch")
                 .set_detail(self.detail.unwrap_or(detail))
@@ -247,6 +261,7 @@ impl From<BatchError> for Failure {
         let report = e.report();
         Failure {
             code: report.code,
+            raised: None,
             message: report.message,
             detail: report.detail,
             hint: report.hint,
@@ -255,13 +270,20 @@ impl From<BatchError> for Failure {
 }
 
 impl From<CaughtError> for Failure {
+    /// The error as pgrx caught it, with the SQLSTATE and context `raised::capturing`
+    /// copied while it was raised: the copy is taken when it is of this error (its
+    /// SQLSTATE is the one pgrx read, or one pgrx does not know).
     fn from(caught: CaughtError) -> Self {
         let e: &ErrorReportWithLevel = match &caught {
             CaughtError::PostgresError(e) | CaughtError::ErrorReport(e) => e,
             CaughtError::RustPanic { ereport, .. } => ereport,
         };
+        let code = e.sql_error_code();
+        let raised = crate::raised::take()
+            .filter(|r| r.code == code as i32 || code == PgSqlErrorCode::ERRCODE_INTERNAL_ERROR);
         Failure {
-            code: e.sql_error_code(),
+            code,
+            raised,
             message: e.message().to_string(),
             detail: e.detail().map(str::to_string),
             hint: e.hint().map(str::to_string),
@@ -306,6 +328,7 @@ mod tests {
     fn failure(code: PgSqlErrorCode) -> Failure {
         Failure {
             code,
+            raised: None,
             message: String::new(),
             detail: None,
             hint: None,

@@ -217,8 +217,10 @@ impl Runner {
                 }
                 let started = now();
                 let outcome = subtransaction(|| {
-                    as_author(step.added_by, &step.search_path, self.caller, || {
-                        run_command(&step.command, self.deferrable)
+                    crate::raised::capturing(|| {
+                        as_author(step.added_by, &step.search_path, self.caller, || {
+                            run_command(&step.command, self.deferrable)
+                        })
                     })
                 });
                 let finished = now();

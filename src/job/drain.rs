@@ -629,19 +629,24 @@ impl Job {
             args.extend(self.constants.iter().chain(&bounds).map(query::Opaque::arg));
         }
         let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-            as_author(
-                self.def.registered_by,
-                &self.def.search_path,
-                self.caller,
-                || match &self.def.handler {
-                    None => self.guarded_update(&args, range),
-                    Some(_) => self.handler_change(&args, range),
-                },
-            )
+            crate::raised::capturing(|| {
+                as_author(
+                    self.def.registered_by,
+                    &self.def.search_path,
+                    self.caller,
+                    || match &self.def.handler {
+                        None => self.guarded_update(&args, range),
+                        Some(_) => self.handler_change(&args, range),
+                    },
+                )
+            })
         }))
         .catch_others(|caught| {
-            let failure = Failure::from(caught);
-            if crate::retries::is_transient(failure.code) {
+            let mut failure = Failure::from(caught);
+            failure.raised = failure
+                .raised
+                .map(|r| r.without_statement(&self.change_sql));
+            if crate::retries::is_transient(failure.packed_code()) {
                 Ok(Change::Transient(failure))
             } else {
                 self.raise_rolled_back(failure, number)
