@@ -3,8 +3,8 @@
 -- is the administrator's decision, as with pg_cron: nothing here is granted to PUBLIC.
 
 -- Chains
-COMMENT ON FUNCTION etc_batch.add_step(text, text, bigint) IS
-    'Adds a step to a batch and returns its id; the step will run with the privileges of the role that adds it.';
+COMMENT ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) IS
+    'Adds a step to a batch and returns its id; the step will run with the privileges of the role that adds it. commits: a single CALL of a procedure that may COMMIT; timeout: its statement_timeout; max_attempts: attempts in all after 40001, 40P01 or 55P03.';
 COMMENT ON FUNCTION etc_batch.reset_batch(text) IS
     'Puts every step of a batch back to pending for its next run and returns how many; step_audit keeps the history.';
 COMMENT ON FUNCTION etc_batch.retry_step(bigint) IS
@@ -13,7 +13,7 @@ COMMENT ON FUNCTION etc_batch.pause_batch(text) IS
     'Pauses a batch: a runner at work stops after the step in flight, and runs stop before its first pending step until resume_batch.';
 COMMENT ON FUNCTION etc_batch.resume_batch(text) IS
     'Lets a paused batch go on.';
-REVOKE ALL ON FUNCTION etc_batch.add_step(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.pause_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.resume_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.reset_batch(text) FROM PUBLIC;

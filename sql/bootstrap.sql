@@ -28,6 +28,7 @@ $guard$;
 -- constraints on the tables: these rows are written at every step and chunk, and a
 -- domain's check is kept parsed, where a table's CHECK is read back for every statement.
 CREATE DOMAIN etc_batch.step_status AS text CHECK (VALUE IN ('pending', 'done', 'failed'));
-CREATE DOMAIN etc_batch.attempt_outcome AS text CHECK (VALUE IN ('done', 'failed', 'skipped'));
+CREATE DOMAIN etc_batch.attempt_outcome AS text
+    CHECK (VALUE IN ('done', 'failed', 'skipped', 'timed_out', 'retried'));
 CREATE DOMAIN etc_batch.job_status AS text
     CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted'));

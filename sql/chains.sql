@@ -16,7 +16,10 @@ CREATE TABLE etc_batch.batch_log (
     added_at      timestamptz NOT NULL DEFAULT now(),
     search_path   text        NOT NULL,
     paused_at     timestamptz,
-    paused_by     regrole
+    paused_by     regrole,
+    commits       boolean     NOT NULL DEFAULT false,
+    timeout       interval,
+    max_attempts  integer     NOT NULL DEFAULT 1
 ) WITH (fillfactor = 50);
 COMMENT ON COLUMN etc_batch.batch_log.search_path IS
     'The search_path of the session that added the step. The command runs with it, never with the caller''s, as a function with SET search_path FROM CURRENT does.';
@@ -34,6 +37,12 @@ COMMENT ON COLUMN etc_batch.batch_log.attempts IS 'Attempts in the current run; 
 COMMENT ON COLUMN etc_batch.batch_log.paused_at IS
     'When pause_batch paused the step''s batch: a runner stops before the step until resume_batch. pause_batch marks every step of the batch but the one a runner holds, so it waits for nothing.';
 COMMENT ON COLUMN etc_batch.batch_log.paused_by IS 'Who paused the step''s batch.';
+COMMENT ON COLUMN etc_batch.batch_log.commits IS
+    'The step is a single CALL of a procedure that may COMMIT: it runs in the runner''s own non-atomic context, not in a subtransaction; what it committed stays, and a run that dies inside it calls it again (at least once, exactly once when the procedure is resumable).';
+COMMENT ON COLUMN etc_batch.batch_log.timeout IS
+    'The statement_timeout the step runs with, and only it; exceeded, the step fails with 57014, recorded as timed_out.';
+COMMENT ON COLUMN etc_batch.batch_log.max_attempts IS
+    'Attempts in all for a step that fails with 40001, 40P01 or 55P03: each is rolled back and run again after a backoff that doubles.';
 COMMENT ON COLUMN etc_batch.batch_log.added_by IS 'The role that added the step; the step runs with its privileges.';
 
 CREATE TABLE etc_batch.step_audit (

@@ -776,3 +776,53 @@ $doctor$;
 COMMENT ON FUNCTION etc_batch.doctor() IS
     'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way or in conflict, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
+
+-- Chains that orchestrate: steps that commit, per-step timeouts and retries.
+ALTER TABLE etc_batch.batch_log
+    ADD COLUMN commits boolean NOT NULL DEFAULT false,
+    ADD COLUMN timeout interval,
+    ADD COLUMN max_attempts integer NOT NULL DEFAULT 1;
+COMMENT ON COLUMN etc_batch.batch_log.commits IS
+    'The step is a single CALL of a procedure that may COMMIT: it runs in the runner''s own non-atomic context, not in a subtransaction; what it committed stays, and a run that dies inside it calls it again (at least once, exactly once when the procedure is resumable).';
+COMMENT ON COLUMN etc_batch.batch_log.timeout IS
+    'The statement_timeout the step runs with, and only it; exceeded, the step fails with 57014, recorded as timed_out.';
+COMMENT ON COLUMN etc_batch.batch_log.max_attempts IS
+    'Attempts in all for a step that fails with 40001, 40P01 or 55P03: each is rolled back and run again after a backoff that doubles.';
+ALTER DOMAIN etc_batch.attempt_outcome DROP CONSTRAINT attempt_outcome_check;
+ALTER DOMAIN etc_batch.attempt_outcome ADD CONSTRAINT attempt_outcome_check
+    CHECK (VALUE IN ('done', 'failed', 'skipped', 'timed_out', 'retried'));
+
+-- add_step takes the new arguments: made again, with the EXECUTE grants it had.
+DO $add_step$
+DECLARE
+    old constant regprocedure := 'etc_batch.add_step(text, text, bigint)'::regprocedure;
+    grantees regrole[];
+    g regrole;
+BEGIN
+    SELECT array_agg(DISTINCT a.grantee::regrole) INTO grantees
+      FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+     WHERE p.oid = old AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+       AND a.grantee <> 0;
+    EXECUTE 'DROP FUNCTION ' || old::text;
+    EXECUTE $ddl$
+CREATE FUNCTION etc_batch."add_step"(
+	"batch" TEXT,
+	"command" TEXT,
+	"id" bigint DEFAULT NULL,
+	"commits" bool DEFAULT false,
+	"timeout" interval DEFAULT NULL,
+	"max_attempts" INT DEFAULT 1
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_step_wrapper';
+
+COMMENT ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) IS
+    'Adds a step to a batch and returns its id; the step will run with the privileges of the role that adds it. commits: a single CALL of a procedure that may COMMIT; timeout: its statement_timeout; max_attempts: attempts in all after 40001, 40P01 or 55P03.';
+REVOKE ALL ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) FROM PUBLIC;
+$ddl$;
+    FOREACH g IN ARRAY coalesce(grantees, '{}') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) TO %s', g);
+    END LOOP;
+END
+$add_step$;

@@ -24,6 +24,17 @@ pub enum BatchError {
         /// Where the primary is, as this standby's primary_conninfo names it.
         primary: Option<String>,
     },
+    /// A chain whose steps would run it again.
+    ChainRunsItself {
+        batch: String,
+        /// From the batch to itself: "a (step 3) → b (step 9) → a".
+        path: String,
+    },
+    /// A step that commits, run by a role other than the one that added it.
+    CommittingStepRole {
+        id: i64,
+        batch: String,
+    },
     /// A required argument was NULL.
     NullArgument {
         argument: &'static str,
@@ -267,6 +278,24 @@ impl BatchError {
                 ),
                 None => "Run it on the primary this standby replays from.".to_string(),
             }),
+            ChainRunsItself { batch, path } => report(
+                Code::ERRCODE_INVALID_OBJECT_DEFINITION,
+                format!("chain \"{batch}\" would run itself again"),
+            )
+            .detail(format!(
+                "Its steps that commit run exec_batch_from_id in turn: {path}. Nothing was run."
+            ))
+            .hint("Remove or change the step that runs the chain again (etc_batch.batch_log)."),
+            CommittingStepRole { id, batch } => report(
+                Code::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                format!("step {id} of batch \"{batch}\" commits, and only the role that added it may run it"),
+            )
+            .detail(
+                "A step that commits runs in the runner's own session, whose role cannot be \
+                 switched across a COMMIT without letting the step's procedure act as the \
+                 runner's role.",
+            )
+            .hint("Run the chain as the role that added the step (for pg_cron, schedule it as that role), or add the step as the role that runs the chain."),
             NullArgument { argument } => report(
                 Code::ERRCODE_NULL_VALUE_NOT_ALLOWED,
                 format!("argument \"{argument}\" must not be null"),
@@ -605,6 +634,14 @@ mod tests {
                 routine: "etc_batch.add_step",
                 primary: None,
             },
+            ChainRunsItself {
+                batch: "a".into(),
+                path: "a (step 3) → b (step 9) → a".into(),
+            },
+            CommittingStepRole {
+                id: 3,
+                batch: "a".into(),
+            },
             NullArgument { argument: "batch" },
             BatchError::invalid("chunk size 0 is out of range"),
             BatchError::invalid_because("items must be a JSON array", "It is an object."),
@@ -750,9 +787,11 @@ mod tests {
                 Spi { .. } => 27,
                 Internal(_) => 28,
                 OnStandby { .. } => 32,
+                ChainRunsItself { .. } => 33,
+                CommittingStepRole { .. } => 34,
             })
             .collect();
-        assert_eq!(covered, (0..=32).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=34).collect(), "every variant has an example");
         all
     }
 

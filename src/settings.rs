@@ -31,3 +31,33 @@ pub fn with<R>(settings: &[(&CStr, &str)], work: impl FnOnce() -> R) -> R {
     unsafe { pg_sys::AtEOXact_GUC(false, level) };
     result
 }
+
+/// Sets `name` to `value` for the session, as SET does, and returns the value it had:
+/// for work that commits on its way, across which a setting of `with` would not last
+/// (a commit ends every nesting level). The caller sets the old value back afterwards.
+pub fn set_in_session(name: &CStr, value: &str) -> String {
+    // SAFETY: GetConfigOptionByName copies the value into the current memory context.
+    let old = unsafe {
+        let value = pg_sys::GetConfigOptionByName(name.as_ptr(), std::ptr::null_mut(), false);
+        if value.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(value).to_string_lossy().into_owned()
+        }
+    };
+    let value = CString::new(value).unwrap_or_default();
+    // SAFETY: as in with, but a plain SET of the session's value.
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SET,
+            true,
+            pgrx::PgLogLevel::ERROR as i32,
+            false,
+        );
+    }
+    old
+}

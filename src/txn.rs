@@ -19,6 +19,7 @@ use crate::raised::Raised;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::{CaughtError, ErrorReport, ErrorReportWithLevel};
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
+use std::ffi::CString;
 
 /// A non-atomic SPI connection owned by the running procedure.
 pub struct TxnLoop {
@@ -125,6 +126,38 @@ impl TxnLoop {
             }
             pg_sys::SPI_rollback()
         }
+    }
+
+    /// Runs `sql`, a CALL, on this non-atomic connection, so that the procedure it calls
+    /// may COMMIT and ROLLBACK as it does when a client CALLs it: whatever it committed
+    /// stays committed. Its error is caught and returned, its SQLSTATE and context kept
+    /// (raised.rs); the transaction it left is broken then, and `rollback_after_error`
+    /// must come next.
+    pub fn call(&mut self, sql: &str) -> std::result::Result<(), Failure> {
+        let text = CString::new(sql).map_err(|_| {
+            Failure::from(BatchError::InvalidCommand {
+                detail: "The command contains a zero byte.".into(),
+            })
+        })?;
+        PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+            crate::raised::capturing(|| {
+                let options = pg_sys::SPIExecuteOptions {
+                    allow_nonatomic: true,
+                    ..Default::default()
+                };
+                // SAFETY: our non-atomic connection is the top of the SPI stack (see
+                // commit); allow_nonatomic hands the CALL a non-atomic context.
+                let rc = unsafe { pg_sys::SPI_execute_extended(text.as_ptr(), &options) };
+                if rc < 0 {
+                    return Err(Failure::from(BatchError::Internal(format!(
+                        "SPI_execute_extended returned {rc}"
+                    ))));
+                }
+                Ok(())
+            })
+        }))
+        .catch_others(|caught| Err(Failure::from(caught)))
+        .execute()
     }
 
     /// Disconnects SPI after the last commit.

@@ -5,6 +5,7 @@ use crate::error::{required, OrRaise};
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, Arg, Mode, Signature};
+use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
 /// Adds a step to a batch; it will run as the role calling add_step.
@@ -13,11 +14,19 @@ fn add_step(
     batch: Option<String>,
     command: Option<String>,
     id: default!(Option<i64>, "NULL"),
+    commits: default!(Option<bool>, false),
+    timeout: default!(Option<Interval>, "NULL"),
+    max_attempts: default!(Option<i32>, 1),
 ) -> i64 {
     crate::standby::refuse_writes("etc_batch.add_step").or_raise();
     let batch = required(batch, "batch").or_raise();
     let command = required(command, "command").or_raise();
-    steps::add(&batch, &command, id).or_raise()
+    let options = steps::Options {
+        commits: required(commits, "commits").or_raise(),
+        timeout,
+        max_attempts: required(max_attempts, "max_attempts").or_raise(),
+    };
+    steps::add(&batch, &command, id, options).or_raise()
 }
 
 /// Puts every step of a batch back to pending for its next run; step_audit keeps the
@@ -126,11 +135,25 @@ mod tests {
     #[pg_test]
     fn add_step_numbers_steps_after_the_highest_id() {
         assert_eq!(
-            crate::api::chain::add_step(Some("t".into()), Some("SELECT 1".into()), Some(41)),
+            crate::api::chain::add_step(
+                Some("t".into()),
+                Some("SELECT 1".into()),
+                Some(41),
+                Some(false),
+                None,
+                Some(1)
+            ),
             41
         );
         assert_eq!(
-            crate::api::chain::add_step(Some("t".into()), Some("SELECT 2".into()), None),
+            crate::api::chain::add_step(
+                Some("t".into()),
+                Some("SELECT 2".into()),
+                None,
+                Some(false),
+                None,
+                Some(1)
+            ),
             42
         );
         assert_eq!(status(42), "pending");
@@ -142,7 +165,14 @@ mod tests {
 
     #[pg_test(error = "step command has a syntax error")]
     fn add_step_rejects_a_command_that_does_not_parse() {
-        crate::api::chain::add_step(Some("t".into()), Some("SELEC 1".into()), None);
+        crate::api::chain::add_step(
+            Some("t".into()),
+            Some("SELEC 1".into()),
+            None,
+            Some(false),
+            None,
+            Some(1),
+        );
     }
 
     #[pg_test(error = "invalid step command")]
@@ -151,18 +181,42 @@ mod tests {
             Some("t".into()),
             Some("INSERT INTO x VALUES (1); COMMIT".into()),
             None,
+            Some(false),
+            None,
+            Some(1),
         );
     }
 
     #[pg_test(error = "argument \"batch\" must not be null")]
     fn add_step_rejects_null_batch() {
-        crate::api::chain::add_step(None, Some("SELECT 1".into()), None);
+        crate::api::chain::add_step(
+            None,
+            Some("SELECT 1".into()),
+            None,
+            Some(false),
+            None,
+            Some(1),
+        );
     }
 
     #[pg_test]
     fn reset_and_retry_move_steps_back_to_pending() {
-        let a = crate::api::chain::add_step(Some("r".into()), Some("SELECT 1".into()), None);
-        let b = crate::api::chain::add_step(Some("r".into()), Some("SELECT 2".into()), None);
+        let a = crate::api::chain::add_step(
+            Some("r".into()),
+            Some("SELECT 1".into()),
+            None,
+            Some(false),
+            None,
+            Some(1),
+        );
+        let b = crate::api::chain::add_step(
+            Some("r".into()),
+            Some("SELECT 2".into()),
+            None,
+            Some(false),
+            None,
+            Some(1),
+        );
         Spi::run_with_args(
             "UPDATE etc_batch.batch_log SET status = 'failed' WHERE id = $1",
             &[b.into()],

@@ -5,11 +5,17 @@
 //! - `steps`   add_step, reset_batch, retry_step.
 //! - `runner`  the commit loop: lock, re-check, run, record, COMMIT, next.
 //! - `audit`   a step's audit row.
+//! - `timer`   a step's timeout, on PostgreSQL's statement timer.
+//! - `step_lock` the session lock that keeps a step that commits to one runner.
+//! - `running` the check that a chain never runs itself again.
 //! - `sql`     every statement the runner and the chain functions send, in one place.
 
 pub mod audit;
 pub mod command;
 pub mod runner;
+pub mod running;
 pub mod sql;
 pub mod step;
+pub mod step_lock;
 pub mod steps;
+pub mod timer;

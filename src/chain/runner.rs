@@ -7,8 +7,11 @@
 //! second runner waits on the same step and then reads the status the first committed.
 
 use super::audit::{Attempt, StepAuditWriter};
+use super::running;
 use super::sql;
 use super::step::{action_for, Action, StepStatus};
+use super::step_lock::StepLock;
+use super::timer::StepTimer;
 use crate::activity::Activity;
 use crate::error::{retry_step_hint, BatchError, OrRaise, Result};
 use crate::installed;
@@ -18,11 +21,13 @@ use crate::query;
 use crate::roles::{as_author, as_role, current_user};
 use crate::rows::{self, Key, Lock, Tid};
 use crate::txn::{subtransaction, FailureKind, TxnLoop};
-use pgrx::datum::{clock_timestamp as now, TimestampWithTimeZone};
+use pgrx::datum::{clock_timestamp as now, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
 use std::cell::RefCell;
+use std::ffi::CStr;
+use std::time::Duration;
 
 /// What the runner knows once it holds a step's lock.
 struct LockedStep {
@@ -35,6 +40,22 @@ struct LockedStep {
     search_path: String,
     /// Who paused the step's batch, if it is paused.
     paused: Option<Paused>,
+    /// A single CALL of a procedure that may commit.
+    commits: bool,
+    /// Its statement_timeout, in milliseconds.
+    timeout_ms: Option<i32>,
+    /// Attempts in all after a transient error.
+    max_attempts: i32,
+}
+
+/// A step's command that failed, and what the runner knows of it.
+struct Failed {
+    failure: crate::txn::Failure,
+    /// Its deadline had passed: a 57014 is its timeout.
+    timed_out: bool,
+    ran: (TimestampWithTimeZone, TimestampWithTimeZone),
+    /// The attempts of the step that failed before, in this call.
+    failed_before: i32,
 }
 
 enum Flow {
@@ -46,6 +67,9 @@ enum Flow {
     Yielded,
     /// The step's batch is paused: the run stops before it.
     Paused,
+    /// Run the step again after this long: its attempt failed with a transient error
+    /// (committed as retried), or another runner was inside it.
+    Again(Duration),
 }
 
 /// Who is running the chain, fixed once at the start of the CALL.
@@ -107,6 +131,9 @@ pub fn exec_batch_from_id(
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
     })?
     .ok_or(BatchError::UnknownStep { id: first })?;
+    // a chain that would run itself again is refused before anything runs
+    let _running = running::enter(&batch)?;
+    as_role(bookkeeper, || running::check_no_cycle(&batch))?;
     let deferrable = query::one::<bool>(sql::ANY_DEFERRABLE, &[])?.unwrap_or(true);
     let runner = Runner {
         deferrable,
@@ -120,25 +147,43 @@ pub fn exec_batch_from_id(
     };
 
     let mut next = Some(first);
+    // the attempts of the step at hand that failed with a transient error
+    let mut failed_before = 0;
     while let Some(id) = next {
-        next = tx.item(|tx| -> Result<Option<i64>> {
-            let (ran, next) = match runner.run_step(tx, id)? {
-                Flow::Yielded => return Ok(None),
+        let flow = tx.item(|tx| -> Result<Flow> {
+            let flow = runner.run_step(tx, id, failed_before)?;
+            match flow {
+                Flow::Yielded | Flow::Again(_) => {}
                 Flow::Paused => {
                     // nothing done: the step's lock goes with this transaction
                     tx.commit();
-                    return Ok(None);
                 }
-                Flow::Ran(next) => (true, next),
-                Flow::Skipped(next) => (false, next),
-            };
-            tx.commit();
-            // the message is not even put together when nobody would receive it
-            if ran && crate::activity::notices_are_sent() {
-                notice!("step {id} of batch \"{}\" committed", runner.batch);
+                Flow::Ran(_) => {
+                    tx.commit();
+                    // the message is not even put together when nobody would receive it
+                    if crate::activity::notices_are_sent() {
+                        notice!("step {id} of batch \"{}\" committed", runner.batch);
+                    }
+                }
+                Flow::Skipped(_) => tx.commit(),
             }
-            Ok(next)
+            Ok(flow)
         })?;
+        next = match flow {
+            Flow::Yielded | Flow::Paused => None,
+            Flow::Ran(next) | Flow::Skipped(next) => {
+                failed_before = 0;
+                next
+            }
+            Flow::Again(backoff) => {
+                if !backoff.is_zero() {
+                    failed_before += 1;
+                    // holding nothing: the retry was committed
+                    crate::job::pace::sleep(backoff);
+                }
+                Some(id)
+            }
+        };
     }
     Ok(())
 }
@@ -146,7 +191,9 @@ pub fn exec_batch_from_id(
 impl Runner {
     /// Runs one step in the current transaction. Returns before the COMMIT, except for a
     /// failed step, whose failure is committed here and then raised.
-    fn run_step(&self, tx: &mut TxnLoop, id: i64) -> Result<Flow> {
+    /// `failed_before`: the attempts of this step that failed with a transient error
+    /// earlier in this call.
+    fn run_step(&self, tx: &mut TxnLoop, id: i64, failed_before: i32) -> Result<Flow> {
         self.activity
             .report(&format!("chain \"{}\": step {id}", self.batch));
         if let Some(fence) = &self.fence {
@@ -215,78 +262,243 @@ impl Runner {
                         batch: self.batch.clone(),
                     });
                 }
+                if step.commits {
+                    return self.run_committing(tx, id, step, locked, failed_before);
+                }
                 let started = now();
+                let timeout = step.timeout_ms.map(|ms| format!("{ms}ms"));
+                let timer = step.timeout_ms.map(StepTimer::start);
                 let outcome = subtransaction(|| {
                     crate::raised::capturing(|| {
-                        as_author(step.added_by, &step.search_path, self.caller, || {
-                            run_command(&step.command, self.deferrable)
+                        let settings: Vec<(&CStr, &str)> = timeout
+                            .as_deref()
+                            .map(|t| (c"statement_timeout", t))
+                            .into_iter()
+                            .collect();
+                        crate::settings::with(&settings, || {
+                            as_author(step.added_by, &step.search_path, self.caller, || {
+                                run_command(&step.command, self.deferrable)
+                            })
                         })
                     })
                 });
+                let timed_out = timer.as_ref().is_some_and(StepTimer::expired);
+                drop(timer);
                 let finished = now();
                 match outcome {
-                    Ok(()) => {
-                        let next = self.owner(|| {
-                            let (batch, attempt, added_by, next) =
-                                mark_done(id, at, started, finished)?;
-                            self.audit.borrow_mut().write(&Attempt {
-                                outcome: "done",
-                                ran: Some((started, finished)),
-                                ..locked.attempt(id, &batch, attempt, added_by)
-                            })?;
-                            Ok(next)
-                        })?;
-                        Ok(Flow::Ran(next))
-                    }
-                    Err(failure) if failure.kind() == FailureKind::Interrupted => {
-                        // Nothing is recorded: the whole transaction rolls back and the
-                        // step stays pending for the next run.
-                        failure.raise(
-                            format!("Step {id} of batch \"{}\" was interrupted and is still pending.", self.batch),
-                            format!("Run \"CALL etc_batch.exec_batch_from_id({id})\" to continue the chain."),
-                        )
-                    }
-                    Err(failure) => {
-                        let sqlstate = failure.sqlstate();
-                        let attempt = self.owner(|| {
-                            let (batch, attempt, added_by) = query::row(
-                                sql::MARK_FAILED,
-                                &[
-                                    id.into(),
-                                    started.into(),
-                                    finished.into(),
-                                    failure.message.as_str().into(),
-                                    sqlstate.as_str().into(),
-                                ],
-                                |r| {
-                                    Ok((
-                                        r.get::<String>(1)?.unwrap_or_default(),
-                                        r.get::<i32>(2)?.unwrap_or_default(),
-                                        r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-                                    ))
-                                },
-                            )?
-                            .ok_or(BatchError::UnknownStep { id })?;
-                            self.audit.borrow_mut().write(&Attempt {
-                                outcome: "failed",
-                                ran: Some((started, finished)),
-                                error: Some((&failure.message, &sqlstate)),
-                                ..locked.attempt(id, &batch, attempt, added_by)
-                            })?;
-                            Ok(attempt)
-                        })?;
-                        tx.commit();
-                        failure.raise(
-                            format!(
-                                "Step {id} of batch \"{}\" failed on attempt {attempt}.",
-                                self.batch
-                            ),
-                            retry_step_hint(id),
-                        )
-                    }
+                    Ok(()) => self.record_done(id, at, (started, finished), &locked),
+                    Err(failure) => self.after_failure(
+                        tx,
+                        id,
+                        &step,
+                        Failed {
+                            failure,
+                            timed_out,
+                            ran: (started, finished),
+                            failed_before,
+                        },
+                        &locked,
+                    ),
                 }
             }
         }
+    }
+
+    /// A step that commits: its procedure CALLed in the runner's own non-atomic context
+    /// (see txn::TxnLoop::call), not in a subtransaction, under the step's session lock
+    /// (step_lock.rs) instead of its row lock, which the first COMMIT would let go. Its
+    /// outcome is recorded once the procedure returns, under the row lock taken again.
+    fn run_committing(
+        &self,
+        tx: &mut TxnLoop,
+        id: i64,
+        step: LockedStep,
+        locked: Locked,
+        failed_before: i32,
+    ) -> Result<Flow> {
+        // A role switch cannot outlast a COMMIT (see roles.rs), and a step that switched
+        // without the restrictions as_author puts on it could SET ROLE to the caller's.
+        if step.added_by != self.caller {
+            return Err(BatchError::CommittingStepRole {
+                id,
+                batch: self.batch.clone(),
+            });
+        }
+        let Some(step_lock) = StepLock::try_take(id) else {
+            // another runner is inside the step's procedure
+            if !self.wait {
+                self.report_holder(id)?;
+                return Ok(Flow::Yielded);
+            }
+            tx.commit();
+            StepLock::wait_for(id);
+            return Ok(Flow::Again(Duration::ZERO));
+        };
+        tx.commit();
+
+        let started = now();
+        // Settings for the span of the CALL, set for the session and put back after it:
+        // a nesting level of settings::with would end at the procedure's first COMMIT.
+        let timeout = step.timeout_ms.map(|ms| format!("{ms}ms"));
+        let mut settings: Vec<(&CStr, String)> = vec![(c"search_path", step.search_path.clone())];
+        if let Some(lock_timeout) = crate::retries::lock_timeout() {
+            settings.push((c"lock_timeout", lock_timeout));
+        }
+        if let Some(timeout) = timeout {
+            settings.push((c"statement_timeout", timeout));
+        }
+        let before: Vec<(&CStr, String)> = settings
+            .iter()
+            .map(|(name, value)| (*name, crate::settings::set_in_session(name, value)))
+            .collect();
+        let timer = step.timeout_ms.map(StepTimer::start);
+        let outcome = tx.call(&step.command);
+        let timed_out = timer.as_ref().is_some_and(StepTimer::expired);
+        drop(timer);
+        if outcome.is_err() {
+            tx.rollback_after_error();
+        }
+        for (name, value) in &before {
+            crate::settings::set_in_session(name, value);
+        }
+        let finished = now();
+
+        // the step's row again, waiting for a runner that holds it only to find us here
+        let (_, at) = self
+            .lock_waiting(id)?
+            .ok_or(BatchError::UnknownStep { id })?;
+        let flow = match outcome {
+            Ok(()) => self.record_done(id, at, (started, finished), &locked),
+            Err(failure) => self.after_failure(
+                tx,
+                id,
+                &step,
+                Failed {
+                    failure,
+                    timed_out,
+                    ran: (started, finished),
+                    failed_before,
+                },
+                &locked,
+            ),
+        };
+        drop(step_lock);
+        flow
+    }
+
+    /// Marks the step done, with its audit row, in the transaction that ran it.
+    fn record_done(
+        &self,
+        id: i64,
+        at: Tid,
+        (started, finished): (TimestampWithTimeZone, TimestampWithTimeZone),
+        locked: &Locked,
+    ) -> Result<Flow> {
+        let next = self.owner(|| {
+            let (batch, attempt, added_by, next) = mark_done(id, at, started, finished)?;
+            self.audit.borrow_mut().write(&Attempt {
+                outcome: "done",
+                ran: Some((started, finished)),
+                ..locked.attempt(id, &batch, attempt, added_by)
+            })?;
+            Ok(next)
+        })?;
+        Ok(Flow::Ran(next))
+    }
+
+    /// After the step's command failed and its work was rolled back: a cancel of the
+    /// whole call leaves the step pending; a transient error with attempts left is
+    /// recorded as retried and the step run again after a backoff; otherwise the step is
+    /// failed (or timed out), which is committed, and the error raised as the step
+    /// raised it.
+    fn after_failure(
+        &self,
+        tx: &mut TxnLoop,
+        id: i64,
+        step: &LockedStep,
+        failed: Failed,
+        locked: &Locked,
+    ) -> Result<Flow> {
+        let Failed {
+            failure,
+            timed_out,
+            ran,
+            failed_before,
+        } = failed;
+        let timed_out = timed_out && failure.kind() == FailureKind::Interrupted;
+        if !timed_out && failure.kind() == FailureKind::Interrupted {
+            // Nothing is recorded: the whole transaction rolls back and the step stays
+            // pending for the next run.
+            failure.raise(
+                format!(
+                    "Step {id} of batch \"{}\" was interrupted and is still pending.",
+                    self.batch
+                ),
+                format!("Run \"CALL etc_batch.exec_batch_from_id({id})\" to continue the chain."),
+            )
+        }
+        let attempt_here = failed_before + 1;
+        let retry = !timed_out
+            && crate::retries::is_transient(failure.packed_code())
+            && attempt_here < step.max_attempts;
+        let (statement, outcome) = match (retry, timed_out) {
+            (true, _) => (sql::MARK_RETRIED, "retried"),
+            (false, true) => (sql::MARK_FAILED, "timed_out"),
+            (false, false) => (sql::MARK_FAILED, "failed"),
+        };
+        let sqlstate = failure.sqlstate();
+        let attempt = self.owner(|| {
+            let (batch, attempt, added_by) = query::row(
+                statement,
+                &[
+                    id.into(),
+                    ran.0.into(),
+                    ran.1.into(),
+                    failure.message.as_str().into(),
+                    sqlstate.as_str().into(),
+                ],
+                |r| {
+                    Ok((
+                        r.get::<String>(1)?.unwrap_or_default(),
+                        r.get::<i32>(2)?.unwrap_or_default(),
+                        r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+                    ))
+                },
+            )?
+            .ok_or(BatchError::UnknownStep { id })?;
+            self.audit.borrow_mut().write(&Attempt {
+                outcome,
+                ran: Some(ran),
+                error: Some((&failure.message, &sqlstate)),
+                ..locked.attempt(id, &batch, attempt, added_by)
+            })?;
+            Ok(attempt)
+        })?;
+        tx.commit();
+        if retry {
+            let backoff = crate::retries::backoff(attempt_here);
+            notice!(
+                "step {id} of batch \"{}\" was rolled back: {sqlstate} {}; attempt {attempt_here} of {}, trying again in {} ms",
+                self.batch,
+                failure.message,
+                step.max_attempts,
+                backoff.as_millis()
+            );
+            return Ok(Flow::Again(backoff));
+        }
+        let detail = if timed_out {
+            format!(
+                "Step {id} of batch \"{}\" timed out after {} ms, its timeout, and failed on attempt {attempt}.",
+                self.batch,
+                step.timeout_ms.unwrap_or_default()
+            )
+        } else {
+            format!(
+                "Step {id} of batch \"{}\" failed on attempt {attempt}.",
+                self.batch
+            )
+        };
+        failure.raise(detail, retry_step_hint(id))
     }
 
     fn owner<R>(&self, work: impl FnOnce() -> Result<R>) -> Result<R> {
@@ -297,9 +509,18 @@ impl Runner {
     /// version lies (for marking it done). `None`: another runner holds it and `wait` is
     /// false.
     fn lock(&self, id: i64) -> Result<Option<(LockedStep, Tid)>> {
+        self.lock_step(id, self.wait)
+    }
+
+    /// As `lock`, waiting whatever the caller asked.
+    fn lock_waiting(&self, id: i64) -> Result<Option<(LockedStep, Tid)>> {
+        self.lock_step(id, true)
+    }
+
+    fn lock_step(&self, id: i64, wait: bool) -> Result<Option<(LockedStep, Tid)>> {
         let step = as_role(self.bookkeeper, || {
             rows::with_table("batch_log", |steps| {
-                steps.lock_by_key("id", Key::Int8(id), self.wait, |row| {
+                steps.lock_by_key("id", Key::Int8(id), wait, |row| {
                     Ok(LockedStep {
                         status: StepStatus::parse(
                             &row.get::<String>("status")?.unwrap_or_default(),
@@ -313,6 +534,12 @@ impl Runner {
                         last_error: row.get::<String>("last_error")?,
                         search_path: row.get::<String>("search_path")?.unwrap_or_default(),
                         paused: Paused::from_row(row.get("paused_at")?, row.get("paused_by")?),
+                        commits: row.get::<bool>("commits")?.unwrap_or(false),
+                        timeout_ms: row
+                            .get::<Interval>("timeout")?
+                            .map(super::step::timeout_ms)
+                            .transpose()?,
+                        max_attempts: row.get::<i32>("max_attempts")?.unwrap_or(1),
                     })
                 })
             })

@@ -50,6 +50,22 @@ RETURNING batch, attempts, added_by::pg_catalog.oid, ",
     next_step!()
 );
 
+/// Records a failed attempt that will be tried again: the step stays pending. Returns
+/// what the audit row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE.
+pub const MARK_RETRIED: &str = "\
+UPDATE etc_batch.batch_log
+   SET attempts = attempts OPERATOR(pg_catalog.+) 1,
+       started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5
+ WHERE id OPERATOR(pg_catalog.=) $1
+RETURNING batch, attempts, added_by::pg_catalog.oid";
+
+/// The steps of a batch that commit, and their commands: for the check that a chain
+/// never runs itself again. $1 batch.
+pub const COMMITTING_STEPS: &str = "\
+SELECT b.id, b.command FROM etc_batch.batch_log b
+ WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.commits
+ ORDER BY b.id";
+
 /// Marks the step failed with the error; its audit row follows. Returns what the audit
 /// row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE.
 pub const MARK_FAILED: &str = "\
@@ -90,8 +106,10 @@ SELECT pg_catalog.max(b.id) FROM etc_batch.batch_log b";
 /// $1 id, $2 batch, $3 command, $4 the adding role. The step keeps the adding session's
 /// search_path, to run with.
 pub const INSERT_STEP: &str = "\
-INSERT INTO etc_batch.batch_log (id, batch, command, added_by, search_path, paused_at, paused_by)
-SELECT $1, $2, $3, $4, pg_catalog.current_setting('search_path'), p.paused_at, p.paused_by
+INSERT INTO etc_batch.batch_log (id, batch, command, added_by, search_path, paused_at, paused_by,
+                                 commits, timeout, max_attempts)
+SELECT $1, $2, $3, $4, pg_catalog.current_setting('search_path'), p.paused_at, p.paused_by,
+       $5, $6, $7
   FROM (SELECT) n
   -- a step added to a paused batch is paused with it
   LEFT JOIN LATERAL (SELECT b.paused_at, b.paused_by FROM etc_batch.batch_log b

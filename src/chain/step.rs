@@ -22,6 +22,19 @@ pub fn action_for(status: StepStatus) -> Action {
     }
 }
 
+/// A step's timeout in milliseconds, as statement_timeout takes it: above 0, and at most
+/// what statement_timeout can hold.
+pub fn timeout_ms(timeout: pgrx::datum::Interval) -> Result<i32> {
+    let micros = timeout.as_micros();
+    if micros < 1000 || micros > i32::MAX as i128 * 1000 {
+        return Err(crate::error::BatchError::invalid_because(
+            format!("timeout of {} ms is out of range", micros / 1000),
+            "Give a timeout of at least 1 millisecond and at most 24 days, or NULL for none.",
+        ));
+    }
+    Ok((micros / 1000) as i32)
+}
+
 /// A batch name as given to add_step or reset_batch.
 pub fn check_batch_name(batch: &str) -> Result<()> {
     non_empty(batch, "batch name")

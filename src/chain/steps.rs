@@ -6,15 +6,35 @@ use super::{command, sql, step};
 use crate::error::{BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
+use pgrx::datum::Interval;
+
+/// How a step runs, beyond its command: see add_step.
+pub struct Options {
+    /// The command is a single CALL of a procedure that may commit.
+    pub commits: bool,
+    /// Its statement_timeout.
+    pub timeout: Option<Interval>,
+    /// Attempts in all after 40001, 40P01 or 55P03.
+    pub max_attempts: i32,
+}
 
 /// Adds a pending step that will run as the calling role; returns its id, `id` or the
 /// one after the highest.
-pub fn add(batch: &str, command: &str, id: Option<i64>) -> Result<i64> {
+pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Result<i64> {
     step::check_batch_name(batch)?;
     if let Some(id) = id {
         step::check_step_id(id)?;
     }
-    command::check(command)?;
+    if options.max_attempts < 1 {
+        return Err(BatchError::invalid_because(
+            format!("max_attempts {} is out of range", options.max_attempts),
+            "Give the number of attempts in all, 1 or more.",
+        ));
+    }
+    if let Some(timeout) = options.timeout {
+        step::timeout_ms(timeout)?;
+    }
+    command::check(command, options.commits)?;
     let adder = current_user();
     as_owner(|| {
         query::run(sql::LOCK_STEP_IDS, &[])?;
@@ -29,7 +49,15 @@ pub fn add(batch: &str, command: &str, id: Option<i64>) -> Result<i64> {
         };
         query::one::<i64>(
             sql::INSERT_STEP,
-            &[id.into(), batch.into(), command.into(), adder.into()],
+            &[
+                id.into(),
+                batch.into(),
+                command.into(),
+                adder.into(),
+                options.commits.into(),
+                options.timeout.into(),
+                options.max_attempts.into(),
+            ],
         )?
         .ok_or_else(|| BatchError::Internal("INSERT ... RETURNING returned no row".into()))
     })

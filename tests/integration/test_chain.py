@@ -487,7 +487,7 @@ def test_failed_step_is_recorded_blocks_the_chain_and_can_be_retried(db):
 def _grant_add_step(db, role):
     db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(sql.Identifier(role)))
     db.admin.execute(
-        sql.SQL("GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint) TO {}").format(
+        sql.SQL("GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) TO {}").format(
             sql.Identifier(role)
         )
     )

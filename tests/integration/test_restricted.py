@@ -15,7 +15,7 @@ from psycopg import errors, sql
 
 from test_jobs import Orders, drain, grant_job_api, make_handler, register
 
-ADD_STEP = "etc_batch.add_step(text, text, bigint)"
+ADD_STEP = "etc_batch.add_step(text, text, bigint, boolean, interval, integer)"
 
 
 def grant_steps(db, role):

@@ -443,7 +443,7 @@ def prepare_app_role(pg, role):
     pg.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(ident))
     pg.admin.execute(
         sql.SQL(
-            "GRANT EXECUTE ON FUNCTION etc_batch.doctor(), etc_batch.add_step(text, text, bigint) TO {}"
+            "GRANT EXECUTE ON FUNCTION etc_batch.doctor(), etc_batch.add_step(text, text, bigint, boolean, interval, integer) TO {}"
         ).format(ident)
     )
     # the doctor reads etc_batch's tables with the caller's privileges (docs/security.md, Privileges)

@@ -194,6 +194,16 @@ def carry_on(c):
     assert c.execute(
         "SELECT count(*) AS n FROM etc_batch.batch_log WHERE status = 'done'"
     ).fetchone()["n"] == 5
+    # the chain from before takes steps of the new kinds: one that commits, one with a
+    # timeout and retries
+    c.execute("SELECT etc_batch.add_step('nightly', $$CALL etc_batch.drain_job('half')$$, 6, commits => true)")
+    c.execute("SELECT etc_batch.add_step('nightly', 'INSERT INTO public.loaded VALUES (7)', 7, "
+              "timeout => '1 minute', max_attempts => 3)")
+    c.execute("CALL etc_batch.exec_batch_from_id(6)")
+    assert [r["step"] for r in c.execute("SELECT step FROM public.loaded ORDER BY step")] == [1, 2, 3, 4, 5, 7]
+    assert c.execute(
+        "SELECT count(*) AS n FROM etc_batch.batch_log WHERE status = 'done'"
+    ).fetchone()["n"] == 7
 
     c.execute("SELECT etc_batch.check_lease('leader', 'w1', 1)")  # raises unless held
     with pytest.raises(psycopg.errors.lookup("0B000")):
@@ -377,8 +387,10 @@ ADDED = {
     # every job a number of its own, which names its partitions
     # and whether its chunks may commit in any order: jobs from before are sequential
     "0.3.0": {"job": {"job_number": lambda n: isinstance(n, int) and n > 0, "parallel": False},
-              # and steps can be paused: none is
-              "batch_log": {"paused_at": None, "paused_by": None}},
+              # and steps can be paused: none is; steps that commit, timeouts and retries:
+              # the steps from before run as they did
+              "batch_log": {"paused_at": None, "paused_by": None, "commits": False,
+                            "timeout": None, "max_attempts": 1}},
 }
 
 

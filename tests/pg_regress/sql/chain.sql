@@ -115,7 +115,7 @@ SELECT count(*) AS steps_after FROM etc_batch.batch_log;
 CREATE ROLE etl_owner;
 CREATE TABLE secrets (v int);
 GRANT USAGE ON SCHEMA etc_batch TO etl_owner;
-GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint) TO etl_owner;
+GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) TO etl_owner;
 GRANT INSERT ON sales TO etl_owner;
 SET ROLE etl_owner;
 SELECT etc_batch.add_step('owned', 'INSERT INTO sales(step) VALUES (101)', 101);
