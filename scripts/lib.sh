@@ -10,7 +10,7 @@ PG_CONFIG="$PG_BIN/pg_config"
 PGRX_VERSION=0.18.0
 VENV="$ROOT/target/venv"
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pgbouncer
-              postgresql-15-cron sudo python3-venv)
+              postgresql-15-cron postgresql-15-partman sudo python3-venv)
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 

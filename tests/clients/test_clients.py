@@ -1173,3 +1173,227 @@ def test_plpgsql_orchestrator_commits_between_calls(client, tables):
         (a, b),
     ).fetchall()
     assert dict(outcomes) == {"done": 5, "skipped": 5}
+
+
+# chains that orchestrate -----------------------------------------------------------------
+
+
+def test_a_chain_step_that_drains_a_job_killed_mid_drain_finishes_exactly_once(client, tables):
+    """A chain's step drains a job (commits => true) and another runs a procedure of the
+    user's that commits every row. The runner is terminated in the middle of the drain:
+    the chunks it committed stay, the step stays pending; run again, the chain finishes
+    the job (every item once), the step is done once, and the user's procedure runs."""
+    pg = client.pg
+    orders = Orders(pg, "chained", 60)
+    job = tag("chained")
+    handler = orders.handler(lock_key := secrets.randbelow(2**31 - 1) + 1, from_id=31)
+    register(pg.admin, job, orders, 10, handler=handler)
+    proc = tag("load_rows")
+    pg.admin.execute(sql.SQL(
+        """CREATE PROCEDURE {proc}(batch text) LANGUAGE plpgsql AS $$
+           BEGIN
+             FOR i IN 1..3 LOOP
+               INSERT INTO side (batch, step) VALUES (batch, 1000 + i);
+               COMMIT;
+             END LOOP;
+           END $$""").format(proc=sql.Identifier(proc)))
+    batch = tag("combo")
+    first = pg.admin.execute("SELECT etc_batch.add_step(%s, %s)",
+                             (batch, f"INSERT INTO side (batch, step) VALUES ('{batch}', 1)")).fetchone()[0]
+    drain_step = pg.admin.execute("SELECT etc_batch.add_step(%s, %s, commits => true)",
+                                  (batch, f"CALL etc_batch.drain_job('{job}')")).fetchone()[0]
+    pg.admin.execute("SELECT etc_batch.add_step(%s, %s, commits => true)",
+                     (batch, f"CALL {proc}('{batch}')"))
+    # chunks 1 to 3 commit; chunk 4 waits for the lock the test holds
+    holder = pg.direct()
+    holder.execute("SELECT pg_advisory_lock(%s)", (lock_key,))
+    runner = client.connect()
+    notices = Notices(runner)
+    pid = runner.info.backend_pid if not client.pooled else None
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(error=_call_error(
+        runner, "CALL etc_batch.exec_batch_from_id(%s)", (first,))), daemon=True)
+    thread.start()
+    waiting = wait_until(lambda: pg.admin.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s::bigint::oid",
+        (lock_key,)).fetchone(), "the drain to wait in chunk 4")
+    assert pid is None or waiting[0] == pid
+    # the step's session lock, held while its procedure runs
+    assert pg.admin.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 3 AND granted "
+        "AND objid = %s::bigint::oid", (drain_step,)).fetchone() == (1,)
+    pg.admin.execute("SELECT pg_terminate_backend(%s)", (waiting[0],))
+    thread.join(WAIT)
+    assert not thread.is_alive() and done["error"] is not None
+    holder.execute("SELECT pg_advisory_unlock(%s)", (lock_key,))
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 31)})
+    assert statuses(pg, batch)[drain_step] == "pending"
+
+    again = client.connect()
+    again.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
+    assert set(statuses(pg, batch).values()) == {"done"}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 61)})
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 61)}
+    assert job_state(pg, job)[0] == "done"
+    assert side_counts(pg, batch) == Counter({1: 1, 1001: 1, 1002: 1, 1003: 1})
+    outcomes = pg.admin.execute(
+        "SELECT outcome, count(*) FROM etc_batch.step_audit WHERE step_id = %s GROUP BY outcome",
+        (drain_step,)).fetchall()
+    assert outcomes == [("done", 1)], outcomes
+
+
+def statuses(pg, batch):
+    return {id: status for id, status, _ in step_states(pg, batch)}
+
+
+def _call_error(conn, statement, params):
+    try:
+        conn.execute(statement, params)
+    except BaseException as exc:  # for the test to assert on
+        return exc
+    return None
+
+
+def test_a_step_that_deadlocks_on_purpose_succeeds_on_its_second_attempt(pg, tables):
+    """Step (max_attempts => 2) updates row 1 then row 2 of a table while another session
+    holds row 2 and then asks for row 1: the step, whose deadlock check runs first, is
+    the victim; its attempt is rolled back and recorded as retried, and the second
+    attempt commits once the other session is done."""
+    table = tag("pair")
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)")
+                     .format(sql.Identifier(table)))
+    pg.admin.execute(sql.SQL("INSERT INTO {} VALUES (1), (2)").format(sql.Identifier(table)))
+    batch = tag("deadlock")
+    step = pg.admin.execute(
+        "SELECT etc_batch.add_step(%s, %s, max_attempts => 2)",
+        (batch, f"UPDATE {table} SET v = v + 1 WHERE id = 1; UPDATE {table} SET v = v + 1 WHERE id = 2")).fetchone()[0]
+    other = pg.direct(autocommit=False)
+    other.execute("SET deadlock_timeout = '10s'")
+    other.execute(sql.SQL("UPDATE {} SET v = v + 10 WHERE id = 2").format(sql.Identifier(table)))
+    runner = pg.direct()
+    runner.execute("SET deadlock_timeout = '200ms'")
+    notices = Notices(runner)
+    pid = runner.info.backend_pid
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(error=_call_error(
+        runner, "CALL etc_batch.exec_batch_from_id(%s)", (step,))), daemon=True)
+    thread.start()
+    wait_until(lambda: pg.admin.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] == "Lock",
+        "the step to wait for row 2")
+    # returns once the step, the deadlock's victim, has rolled back and let row 1 go
+    other.execute(sql.SQL("UPDATE {} SET v = v + 10 WHERE id = 1").format(sql.Identifier(table)))
+    other.commit()
+    thread.join(WAIT)
+    assert not thread.is_alive() and done["error"] is None, done
+    assert statuses(pg, batch) == {step: "done"}
+    assert pg.admin.execute(sql.SQL("SELECT id, v FROM {} ORDER BY id").format(sql.Identifier(table))).fetchall() \
+        == [(1, 11), (2, 11)]
+    audit = pg.admin.execute(
+        "SELECT attempt, outcome, sqlstate FROM etc_batch.step_audit WHERE step_id = %s ORDER BY audit_id",
+        (step,)).fetchall()
+    assert audit == [(1, "retried", "40P01"), (2, "done", None)], audit
+    assert notices.matching(r"was rolled back: 40P01 deadlock detected; attempt 1 of 2"), notices.messages
+
+
+def test_a_step_that_times_out_fails_as_timed_out(client, tables):
+    """timeout => '200ms' on a step that sleeps a second: 57014, the step failed and
+    recorded as timed_out; a cancel of the whole call leaves a step pending instead."""
+    pg = client.pg
+    batch = tag("slow")
+    step = pg.admin.execute("SELECT etc_batch.add_step(%s, 'SELECT pg_sleep(1)', timeout => '200ms')",
+                            (batch,)).fetchone()[0]
+    conn = client.connect()
+    with pytest.raises(errors.QueryCanceled) as timed_out:
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (step,))
+    assert "timed out after 200 ms, its timeout" in timed_out.value.diag.message_detail
+    assert statuses(pg, batch) == {step: "failed"}
+    assert pg.admin.execute("SELECT outcome, sqlstate FROM etc_batch.step_audit WHERE step_id = %s",
+                            (step,)).fetchall() == [("timed_out", "57014")]
+    # the caller's own statement_timeout, sooner, is a cancel: the step stays pending
+    pg.admin.execute("SELECT etc_batch.retry_step(%s)", (step,))
+    pg.admin.execute("UPDATE etc_batch.batch_log SET timeout = '5s' WHERE id = %s", (step,))
+    conn.execute("SET statement_timeout = '300ms'")
+    with pytest.raises(errors.QueryCanceled):
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (step,))
+    conn.execute("SET statement_timeout = 0")
+    assert statuses(pg, batch) == {step: "pending"}
+
+
+def test_user_defined_sqlstates_reach_psql_and_psycopg(client, tables, tmp_path):
+    """A step's RAISE ... USING ERRCODE = 'UE001' (and 22P99, P0099) reaches psycopg and
+    psql with that SQLSTATE, message, detail and hint, and batch_log records it."""
+    pg = client.pg
+    fn = tag("boom")
+    pg.admin.execute(sql.SQL(
+        """CREATE FUNCTION {fn}(code text) RETURNS void LANGUAGE plpgsql AS $$
+           BEGIN
+             RAISE EXCEPTION 'failed with %', code
+               USING ERRCODE = code, DETAIL = 'Raised on purpose.', HINT = 'Nothing to do.';
+           END $$""").format(fn=sql.Identifier(fn)))
+    conn = client.connect()
+    for code in ("UE001", "22P99", "P0099"):
+        batch = tag("codes")
+        step = pg.admin.execute("SELECT etc_batch.add_step(%s, %s)",
+                                (batch, f"SELECT {fn}('{code}')")).fetchone()[0]
+        with pytest.raises(errors.Error) as raised:
+            conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (step,))
+        diag = raised.value.diag
+        assert (diag.sqlstate, diag.message_primary, diag.message_detail, diag.message_hint) == (
+            code, f"failed with {code}", "Raised on purpose.", "Nothing to do."), code
+        assert f"PL/pgSQL function {fn}(text) line 3 at RAISE" in diag.context
+        assert pg.admin.execute("SELECT last_sqlstate FROM etc_batch.batch_log WHERE id = %s",
+                                (step,)).fetchone() == (code,)
+    batch = tag("codes_psql")
+    step = pg.admin.execute("SELECT etc_batch.add_step(%s, %s)",
+                            (batch, f"SELECT {fn}('UE001')")).fetchone()[0]
+    shown = run_psql(client, "\\set VERBOSITY verbose\nCALL etc_batch.exec_batch_from_id(:step);\n",
+                     {"step": step}, tmp_path)
+    assert shown.returncode != 0
+    assert "ERROR:  UE001: failed with UE001" in shown.stderr, shown.stderr
+
+
+def test_a_chain_that_would_call_itself_is_refused(client, tables):
+    pg = client.pg
+    batch = tag("selfish")
+    first = pg.admin.execute("SELECT etc_batch.add_step(%s, %s)",
+                             (batch, f"INSERT INTO side (batch, step) VALUES ('{batch}', 1)")).fetchone()[0]
+    pg.admin.execute("SELECT etc_batch.add_step(%s, %s, commits => true)",
+                     (batch, f"CALL etc_batch.exec_batch_from_id({first})"))
+    conn = client.connect()
+    with pytest.raises(errors.InvalidObjectDefinition) as refused:
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
+    assert refused.value.diag.message_primary == f'chain "{batch}" would run itself again'
+    assert side_counts(pg, batch) == Counter()
+
+
+def test_partition_maintenance_runs_as_a_step(direct, tables):
+    """pg_partman's run_maintenance_proc, a procedure that commits between partition
+    sets, as a step that commits: the partitions it premakes are there, the step done."""
+    pg = direct.pg
+    pg.admin.execute("CREATE SCHEMA IF NOT EXISTS partman")
+    pg.admin.execute("CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman")
+    events = tag("events")
+    pg.admin.execute(sql.SQL("CREATE TABLE public.{} (at timestamptz NOT NULL, v int) PARTITION BY RANGE (at)")
+                     .format(sql.Identifier(events)))
+    pg.admin.execute("SELECT partman.create_parent(%s, 'at', 'native', 'daily', p_premake => 2)",
+                     (f"public.{events}",))
+
+    def six_days_ahead_exists():
+        # the partition premake = 6 asks for, as pg_partman names it
+        return pg.admin.execute(
+            "SELECT table_exists FROM partman.show_partition_name(%s, (now() + interval '6 days')::text)",
+            (f"public.{events}",)).fetchone()[0]
+
+    assert not six_days_ahead_exists()
+    # infinite_time_partitions: partitions ahead even while the table has no rows
+    pg.admin.execute("UPDATE partman.part_config SET premake = 6, infinite_time_partitions = true "
+                     "WHERE parent_table = %s",
+                     (f"public.{events}",))
+    batch = tag("maintenance")
+    step = pg.admin.execute("SELECT etc_batch.add_step(%s, 'CALL partman.run_maintenance_proc()', commits => true)",
+                            (batch,)).fetchone()[0]
+    conn = direct.connect()
+    conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (step,))
+    assert statuses(pg, batch) == {step: "done"}
+    assert six_days_ahead_exists()
