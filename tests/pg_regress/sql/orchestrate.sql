@@ -43,6 +43,15 @@ SELECT count(*) AS rows, count(DISTINCT txid) AS transactions FROM loaded WHERE 
 -- run again: every step is done, each is skipped
 CALL etc_batch.exec_batch_from_id(501);
 
+-- The lease arguments fence a step that commits: a runner that lost its lease does not
+-- start it.
+SELECT acquired, generation FROM etc_batch.acquire_lease('nightly-runner', 'w1', '1 hour');
+SELECT etc_batch.reset_batch('nightly');
+CALL etc_batch.exec_batch_from_id(503, lease_name => 'nightly-runner', lease_holder => 'w1', lease_generation => 7);
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS rows FROM loaded WHERE n > 0;
+SELECT status FROM etc_batch.batch_log WHERE id = 503;
+
 -- A timeout: the step runs with that statement_timeout, and only it.
 SELECT etc_batch.add_step('slow',
     $step$DO $do$ BEGIN RAISE NOTICE 'statement_timeout %', current_setting('statement_timeout'); END $do$$step$,
