@@ -10,7 +10,8 @@ PG_CONFIG="$PG_BIN/pg_config"
 PGRX_VERSION=0.18.0
 VENV="$ROOT/target/venv"
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pgbouncer
-              postgresql-15-cron postgresql-15-partman sudo python3-venv)
+              postgresql-15-cron postgresql-15-partman sudo python3-venv
+              libpostgresql-jdbc-java openjdk-17-jdk-headless nodejs)
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -47,8 +48,21 @@ ensure_python() {
         log "creating the test virtualenv"
         python3 -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python" -c 'import psycopg, pytest' 2>/dev/null; then
+    if ! "$VENV/bin/python" -c 'import asyncpg, psycopg, psycopg2, pytest' 2>/dev/null; then
         "$VENV/bin/pip" install -q -r "$ROOT/tests/requirements.txt"
+    fi
+}
+
+# node-postgres for tests/drivers, as tests/drivers/node/package-lock.json pins it, in
+# target/node/node_modules.
+ensure_node() {
+    local dir="$ROOT/target/node"
+    if ! cmp -s "$ROOT/tests/drivers/node/package-lock.json" "$dir/package-lock.json" 2>/dev/null \
+        || [ ! -d "$dir/node_modules/pg" ]; then
+        log "installing node-postgres"
+        mkdir -p "$dir"
+        cp "$ROOT/tests/drivers/node/package.json" "$ROOT/tests/drivers/node/package-lock.json" "$dir/"
+        (cd "$dir" && npm ci --no-audit --no-fund --silent)
     fi
 }
 

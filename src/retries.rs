@@ -100,11 +100,13 @@ mod tests {
 
     #[test]
     fn only_timing_errors_are_transient() {
-        assert!(is_transient(
-            PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE
-        ));
-        assert!(is_transient(PgSqlErrorCode::ERRCODE_T_R_DEADLOCK_DETECTED));
-        assert!(is_transient(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE));
+        for code in [
+            PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            PgSqlErrorCode::ERRCODE_T_R_DEADLOCK_DETECTED,
+            PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        ] {
+            assert!(is_transient(code as i32));
+        }
         for code in [
             PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
             PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
