@@ -10,6 +10,9 @@
   isolation tester) that produces it, and its lines stand in that file, in order, one
   after another. Those tests compare their output with the file, so what the
   documentation shows is what the extension printed.
+- Every block of code preceded by a line `<!-- code: <file> -->` is quoted from that
+  file, a test that runs it: its lines stand there, in order, one after another (blank
+  lines and indentation aside).
 """
 
 import re
@@ -79,6 +82,41 @@ def test_every_output_shown_was_printed_by_a_test(page, info, source, line, body
         f"{where}: these lines do not stand, one after another, in {source}:\n"
         + "\n".join(want)
     )
+
+
+CODE = re.compile(r"^<!-- code: (\S+) -->$")
+
+
+def quoted_code():
+    """(page, line, file, lines) of each block marked as quoted from a test's source."""
+    out = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            m = CODE.match(line)
+            if not m:
+                continue
+            j = i + 1
+            while j < len(lines) and not FENCE.match(lines[j]):
+                j += 1
+            k = j + 1
+            while k < len(lines) and lines[k] != "```":
+                k += 1
+            out.append((page.relative_to(ROOT), j + 2, m.group(1), lines[j + 1:k]))
+    return out
+
+
+@pytest.mark.parametrize("page, line, source, body", quoted_code(),
+                         ids=[f"{q[0]}:{q[1]}" for q in quoted_code()])
+def test_every_code_quoted_is_in_the_test_that_runs_it(page, line, source, body):
+    where = f"{page}:{line}"
+    path = ROOT / source
+    assert path.is_file(), f"{where}: {source} does not exist"
+    have = [l.strip() for l in path.read_text().splitlines() if l.strip()]
+    want = [l.strip() for l in body if l.strip()]
+    assert want, f"{where}: empty block"
+    assert any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1)), (
+        f"{where}: these lines do not stand, one after another, in {source}:\n" + "\n".join(want))
 
 
 def test_there_are_examples_to_check():

@@ -241,3 +241,50 @@ def test_psycopg2(pg, bouncer, pooled):
     objects = Objects(pg)
     host, port = route(pg, bouncer, pooled)
     objects.check(psycopg2_scenarios(host, port, pg.name, *objects.args()))
+
+
+# what each setting is for: the defaults, through the pooler ------------------------------
+
+
+def test_the_defaults_break_behind_a_transaction_mode_pooler(pg, bouncer, scenarios_class):
+    """Without the settings above, through PgBouncer in transaction mode: pgjdbc's
+    statement prepared on the server from its fifth execution, node-postgres' named
+    query meet a server connection that holds another client's prepared statement of
+    the same name (42P05); asyncpg's cached statement, once another client's
+    transaction holds the server connection it was prepared on, runs on one that lacks
+    it (26000)."""
+    objects = Objects(pg)
+    host, port = route(pg, bouncer, pooled=True)
+    url = f"jdbc:postgresql://{host}:{port}/{pg.name}?user=postgres"
+    # two clients, one after the other, share the server connection the pooler hands
+    # out most recently used first
+    jdbc = [run(["java", "-cp", f"{JDBC_JAR}:{scenarios_class}", "Scenarios", url, "repeat", objects.job])
+            for _ in range(2)]
+    assert jdbc[1] == ["repeat\t42P05"], jdbc
+    # and straight to the server too, {call ...} without escapeSyntaxCallMode is a SELECT
+    direct = f"jdbc:postgresql://127.0.0.1:{os.environ['PGPORT']}/{pg.name}?user=postgres"
+    escape = run(["java", "-cp", f"{JDBC_JAR}:{scenarios_class}", "Scenarios", direct, "escape", objects.job])
+    assert escape == ["escape\t42809"], escape
+    node = [run(["node", str(HERE / "node" / "scenarios.js"), host, str(port), pg.name, "named", "", objects.job],
+                env={"NODE_PATH": str(NODE_MODULES), "PATH": "/usr/bin:/bin"}) for _ in range(2)]
+    assert node[1] == ["named\t42P05"], node
+
+    async def cached_statement_moved_to_another_server():
+        import asyncpg
+
+        conn = await asyncpg.connect(host=host, port=port, user="postgres", database=pg.name)
+        # another client's open transaction takes the server connection this one used
+        other = bouncer.connect(pg.name, autocommit=False)
+        try:
+            await conn.fetchval("SELECT status FROM etc_batch.job_summary($1)", objects.job)
+            other.execute("SELECT 1")
+            await conn.fetchval("SELECT status FROM etc_batch.job_summary($1)", objects.job)
+            return "ok"
+        except asyncpg.PostgresError as e:
+            return e.sqlstate
+        finally:
+            other.rollback()
+            other.close()
+            await conn.close()
+
+    assert asyncio.run(cached_statement_moved_to_another_server()) == "26000"

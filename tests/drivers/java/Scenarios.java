@@ -42,6 +42,33 @@ public class Scenarios {
 
     public static void main(String[] a) throws Exception {
         String url = a[0];
+        if (a[1].equals("escape")) {
+            // the JDBC escape for a call, as pgjdbc sends it by default
+            try (Connection c = DriverManager.getConnection(url);
+                 CallableStatement cs = c.prepareCall("{call etc_batch.drain_job(?)}")) {
+                cs.setString(1, a[2]);
+                cs.execute();
+                out("escape", "ok");
+            } catch (SQLException e) {
+                out("escape", e.getSQLState());
+            }
+            return;
+        }
+        if (a[1].equals("repeat")) {
+            // the same statement nine times and nothing else (what a transaction-mode
+            // pooler breaks)
+            try (Connection c = DriverManager.getConnection(url);
+                 PreparedStatement p = c.prepareStatement("SELECT status FROM etc_batch.job_summary(?)")) {
+                for (int i = 0; i < 9; i++) {
+                    p.setString(1, a[2]);
+                    p.executeQuery().close();
+                }
+                out("repeat", "ok");
+            } catch (SQLException e) {
+                out("repeat", e.getSQLState());
+            }
+            return;
+        }
         long chain = Long.parseLong(a[1]);
         long failing = Long.parseLong(a[2]);
         String job = a[3];
