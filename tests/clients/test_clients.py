@@ -1365,35 +1365,3 @@ def test_a_chain_that_would_call_itself_is_refused(client, tables):
         conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
     assert refused.value.diag.message_primary == f'chain "{batch}" would run itself again'
     assert side_counts(pg, batch) == Counter()
-
-
-def test_partition_maintenance_runs_as_a_step(direct, tables):
-    """pg_partman's run_maintenance_proc, a procedure that commits between partition
-    sets, as a step that commits: the partitions it premakes are there, the step done."""
-    pg = direct.pg
-    pg.admin.execute("CREATE SCHEMA IF NOT EXISTS partman")
-    pg.admin.execute("CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman")
-    events = tag("events")
-    pg.admin.execute(sql.SQL("CREATE TABLE public.{} (at timestamptz NOT NULL, v int) PARTITION BY RANGE (at)")
-                     .format(sql.Identifier(events)))
-    pg.admin.execute("SELECT partman.create_parent(%s, 'at', 'native', 'daily', p_premake => 2)",
-                     (f"public.{events}",))
-
-    def six_days_ahead_exists():
-        # the partition premake = 6 asks for, as pg_partman names it
-        return pg.admin.execute(
-            "SELECT table_exists FROM partman.show_partition_name(%s, (now() + interval '6 days')::text)",
-            (f"public.{events}",)).fetchone()[0]
-
-    assert not six_days_ahead_exists()
-    # infinite_time_partitions: partitions ahead even while the table has no rows
-    pg.admin.execute("UPDATE partman.part_config SET premake = 6, infinite_time_partitions = true "
-                     "WHERE parent_table = %s",
-                     (f"public.{events}",))
-    batch = tag("maintenance")
-    step = pg.admin.execute("SELECT etc_batch.add_step(%s, 'CALL partman.run_maintenance_proc()', commits => true)",
-                            (batch,)).fetchone()[0]
-    conn = direct.connect()
-    conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (step,))
-    assert statuses(pg, batch) == {step: "done"}
-    assert six_days_ahead_exists()

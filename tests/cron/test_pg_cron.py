@@ -14,6 +14,9 @@ do the tests assert, each on its own case:
   multi        'SET statement_timeout = ...; CALL etc_batch.drain_job(...)': pg_cron
                sends it as one simple query, which PostgreSQL runs as one implicit
                transaction, where drain_job cannot commit
+
+And, in the same cluster (PostgreSQL 15, where Debian packages pg_partman too), pg_partman's
+maintenance as a chain's step that commits.
 """
 
 import json
@@ -387,3 +390,30 @@ def test_multi_statement_job_string_is_refused(minute):
     assert (j["status"], j["next_index"], j["chunks_committed"]) == ("pending", 0, 0)
     assert audit_by_key(db, "other") == {}
     assert orders(db, "O") == {k: (1, "pending") for k in range(1, 11)}
+
+
+def test_partition_maintenance_runs_as_a_step(cron_cluster):
+    """pg_partman's run_maintenance_proc, a procedure that commits between partition
+    sets, as a step that commits: the partition premake asks for is made, the step done."""
+    with cron_cluster.connect() as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS partman")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman")
+        conn.execute("CREATE TABLE public.events (at timestamptz NOT NULL, v int) PARTITION BY RANGE (at)")
+        conn.execute("SELECT partman.create_parent('public.events', 'at', 'native', 'daily', p_premake => 2)")
+
+        def six_days_ahead_exists():
+            # the partition premake = 6 asks for, as pg_partman names it
+            return conn.execute(
+                "SELECT table_exists FROM partman.show_partition_name('public.events', "
+                "(now() + interval '6 days')::text)").fetchone()[0]
+
+        assert not six_days_ahead_exists()
+        # infinite_time_partitions: partitions ahead even while the table has no rows
+        conn.execute("UPDATE partman.part_config SET premake = 6, infinite_time_partitions = true "
+                     "WHERE parent_table = 'public.events'")
+        step = conn.execute("SELECT etc_batch.add_step('maintenance', "
+                            "'CALL partman.run_maintenance_proc()', commits => true)").fetchone()[0]
+        conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (step,))
+        assert conn.execute("SELECT status FROM etc_batch.batch_log WHERE id = %s",
+                            (step,)).fetchone() == ("done",)
+        assert six_days_ahead_exists()

@@ -9,7 +9,9 @@ CREATE EXTENSION IF NOT EXISTS etc_batch;
 SHOW etc_batch.chunk_lock_timeout;
 SHOW etc_batch.transient_attempts;
 SET etc_batch.transient_attempts = 0;
-SET etc_batch.chunk_lock_timeout = -1;
+-- (PostgreSQL 18 words the range of a setting with units otherwise: only the SQLSTATE)
+DO $$ BEGIN SET etc_batch.chunk_lock_timeout = -1;
+   EXCEPTION WHEN invalid_parameter_value THEN RAISE NOTICE 'refused: %', SQLSTATE; END $$;
 SET etc_batch.chunk_lock_timeout = '2s';
 SHOW etc_batch.chunk_lock_timeout;
 SET etc_batch.chunk_lock_tmeout = '2s';
