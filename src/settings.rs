@@ -11,21 +11,7 @@ use std::ffi::{CStr, CString};
 pub fn with<R>(settings: &[(&CStr, &str)], work: impl FnOnce() -> R) -> R {
     let level = unsafe { pg_sys::NewGUCNestLevel() };
     for (name, value) in settings {
-        let value = CString::new(*value).unwrap_or_default();
-        // SAFETY: both strings are NUL-terminated and live across the call; an invalid
-        // value raises an ERROR, as SET would.
-        unsafe {
-            pg_sys::set_config_option(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_SAVE,
-                true,
-                pgrx::PgLogLevel::ERROR as i32,
-                false,
-            );
-        }
+        set(name, value, pg_sys::GucAction::GUC_ACTION_SAVE);
     }
     let result = work();
     unsafe { pg_sys::AtEOXact_GUC(false, level) };
@@ -45,19 +31,26 @@ pub fn set_in_session(name: &CStr, value: &str) -> String {
             CStr::from_ptr(value).to_string_lossy().into_owned()
         }
     };
+    set(name, value, pg_sys::GucAction::GUC_ACTION_SET);
+    old
+}
+
+/// Sets one setting as SET does (GUC_ACTION_SET) or as a function's SET clause does
+/// (GUC_ACTION_SAVE, undone at the end of its nesting level).
+fn set(name: &CStr, value: &str, action: pg_sys::GucAction::Type) {
     let value = CString::new(value).unwrap_or_default();
-    // SAFETY: as in with, but a plain SET of the session's value.
+    // SAFETY: both strings are NUL-terminated and live across the call; an invalid value
+    // raises an ERROR, as SET would.
     unsafe {
         pg_sys::set_config_option(
             name.as_ptr(),
             value.as_ptr(),
             pg_sys::GucContext::PGC_USERSET,
             pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SET,
+            action,
             true,
             pgrx::PgLogLevel::ERROR as i32,
             false,
         );
     }
-    old
 }

@@ -92,3 +92,19 @@ class OwnCluster:
             return (self.socket_dir / "server.log").read_text(errors="replace")
         except OSError:
             return ""
+
+
+def pooler_fixtures():
+    """tests/pooler's conftest, loaded once under a name of its own (every conftest.py
+    outside a package is a module called "conftest" otherwise), for the suites that
+    reuse its cluster and PgBouncer fixtures."""
+    import importlib.util
+    import sys
+
+    name = "etc_batch_pooler_fixtures"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "pooler" / "conftest.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

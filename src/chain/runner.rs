@@ -48,6 +48,9 @@ struct LockedStep {
     max_attempts: i32,
 }
 
+/// When a step's command started and finished.
+type Span = (TimestampWithTimeZone, TimestampWithTimeZone);
+
 /// A step's command that failed, and what the runner knows of it.
 struct Failed {
     failure: crate::txn::Failure,
@@ -284,22 +287,16 @@ impl Runner {
                 });
                 let timed_out = timer.as_ref().is_some_and(StepTimer::expired);
                 drop(timer);
-                let finished = now();
-                match outcome {
-                    Ok(()) => self.record_done(id, at, (started, finished), &locked),
-                    Err(failure) => self.after_failure(
-                        tx,
-                        id,
-                        &step,
-                        Failed {
-                            failure,
-                            timed_out,
-                            ran: (started, finished),
-                            failed_before,
-                        },
-                        &locked,
-                    ),
-                }
+                let ran = (started, now());
+                self.record(
+                    tx,
+                    id,
+                    &step,
+                    at,
+                    outcome,
+                    (ran, timed_out, failed_before),
+                    &locked,
+                )
             }
         }
     }
@@ -367,23 +364,49 @@ impl Runner {
         let (_, at) = self
             .lock_waiting(id)?
             .ok_or(BatchError::UnknownStep { id })?;
-        let flow = match outcome {
-            Ok(()) => self.record_done(id, at, (started, finished), &locked),
+        let ran = (started, finished);
+        let flow = self.record(
+            tx,
+            id,
+            &step,
+            at,
+            outcome,
+            (ran, timed_out, failed_before),
+            &locked,
+        );
+        drop(step_lock);
+        flow
+    }
+
+    /// The outcome of a step's command recorded: done, or what after_failure makes of
+    /// its error. `how`: when it ran, whether its deadline had passed, the attempts that
+    /// failed before in this call.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        tx: &mut TxnLoop,
+        id: i64,
+        step: &LockedStep,
+        at: Tid,
+        outcome: std::result::Result<(), crate::txn::Failure>,
+        (ran, timed_out, failed_before): (Span, bool, i32),
+        locked: &Locked,
+    ) -> Result<Flow> {
+        match outcome {
+            Ok(()) => self.record_done(id, at, ran, locked),
             Err(failure) => self.after_failure(
                 tx,
                 id,
-                &step,
+                step,
                 Failed {
                     failure,
                     timed_out,
-                    ran: (started, finished),
+                    ran,
                     failed_before,
                 },
-                &locked,
+                locked,
             ),
-        };
-        drop(step_lock);
-        flow
+        }
     }
 
     /// Marks the step done, with its audit row, in the transaction that ran it.
