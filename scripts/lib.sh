@@ -53,11 +53,12 @@ ensure_cargo_pgrx() {
         [ -x "$ROOT/target/pginstall/$major/bin/pg_config" ] \
             && args+=("--pg$major" "$ROOT/target/pginstall/$major/bin/pg_config")
     done
-    local missing=0
-    for ((i = 0; i < ${#args[@]}; i += 2)); do
-        grep -q "^${args[i]#--} = \"${args[i+1]}\"" "$config" 2>/dev/null || missing=1
-    done
-    if [ $missing = 1 ]; then
+    # exactly these: an entry for an installation that is gone (another clone's) makes
+    # every cargo pgrx command fail
+    local want have
+    want=$(for ((i = 0; i < ${#args[@]}; i += 2)); do echo "${args[i]#--} = \"${args[i+1]}\""; done | sort)
+    have=$(grep '^pg[0-9]* = ' "$config" 2>/dev/null | sort || true)
+    if [ "$want" != "$have" ]; then
         cargo pgrx init "${args[@]}" >/dev/null
     fi
 }
