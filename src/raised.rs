@@ -48,17 +48,16 @@ unsafe extern "C" {
     fn set_errcontext_domain(domain: *const c_char) -> c_int;
 }
 
-/// Removes its callback from PostgreSQL's stack when dropped, on return and unwind alike.
-struct Pushed {
-    callback: Box<pg_sys::ErrorContextCallback>,
-}
+/// Puts PostgreSQL's callback stack back as it was when dropped, on return and unwind
+/// alike.
+struct Pop(*mut pg_sys::ErrorContextCallback);
 
-impl Drop for Pushed {
+impl Drop for Pop {
     fn drop(&mut self) {
         // SAFETY: ours is on top: whatever `work` pushed it popped again (a PG_TRY, or the
         // boundary pgrx puts around every call into PostgreSQL, restores the stack as it
         // was when it began).
-        unsafe { pg_sys::error_context_stack = self.callback.previous };
+        unsafe { pg_sys::error_context_stack = self.0 };
     }
 }
 
@@ -66,16 +65,15 @@ impl Drop for Pushed {
 /// the copy over afterwards.
 pub fn capturing<R>(work: impl FnOnce() -> R) -> R {
     CAPTURED.with(|c| c.borrow_mut().take());
-    // SAFETY: the callback lives in a Box until `Pushed` takes it off the stack again.
-    let _pushed = unsafe {
-        let mut callback = Box::new(pg_sys::ErrorContextCallback {
-            previous: pg_sys::error_context_stack,
-            callback: Some(capture),
-            arg: std::ptr::null_mut(),
-        });
-        pg_sys::error_context_stack = &mut *callback;
-        Pushed { callback }
+    // SAFETY: the callback lives in this frame, which outlasts `work`; `Pop` takes it off
+    // the stack before the frame ends, however `work` ends.
+    let mut callback = pg_sys::ErrorContextCallback {
+        previous: unsafe { pg_sys::error_context_stack },
+        callback: Some(capture),
+        arg: std::ptr::null_mut(),
     };
+    let _pop = Pop(callback.previous);
+    unsafe { pg_sys::error_context_stack = &mut callback };
     work()
 }
 

@@ -67,11 +67,12 @@ pub fn as_author<R>(
         pg_sys::SECURITY_RESTRICTED_OPERATION
     };
     let lock_timeout = crate::retries::lock_timeout();
-    let mut settings = vec![(c"search_path", search_path)];
-    if let Some(timeout) = &lock_timeout {
-        settings.push((c"lock_timeout", timeout.as_str()));
-    }
-    crate::settings::with(&settings, || switch_to(author, restrictions, work))
+    let settings = [
+        (c"search_path", search_path),
+        (c"lock_timeout", lock_timeout.as_deref().unwrap_or_default()),
+    ];
+    let set = if lock_timeout.is_some() { 2 } else { 1 };
+    crate::settings::with(&settings[..set], || switch_to(author, restrictions, work))
 }
 
 /// Whether a role with this OID exists (it may have been dropped since it was recorded).

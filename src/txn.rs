@@ -182,6 +182,34 @@ impl Drop for TxnLoop {
     }
 }
 
+/// Sleeps `for_how_long` between two transactions of the loop, after a commit, so that it
+/// holds nothing (a pace's slot, a wait for the replicas, the backoff before a retry),
+/// waking for interrupts: a cancel or a statement_timeout ends the call here with an
+/// ERROR, everything committed before kept.
+pub fn sleep(for_how_long: std::time::Duration) {
+    let until = std::time::Instant::now() + for_how_long;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        // SAFETY: waits on the backend's own latch, as pg_sleep does; interrupts are
+        // checked after every wake-up
+        unsafe {
+            pgrx::pg_sys::WaitLatch(
+                pgrx::pg_sys::MyLatch,
+                (pgrx::pg_sys::WL_LATCH_SET
+                    | pgrx::pg_sys::WL_TIMEOUT
+                    | pgrx::pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                left.as_millis().clamp(1, 1000) as std::ffi::c_long,
+                pgrx::pg_sys::PG_WAIT_EXTENSION,
+            );
+            pgrx::pg_sys::ResetLatch(pgrx::pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
+
 /// The id of the current (top-level) transaction, assigned now if it has none, as
 /// txid_current() returns it.
 pub fn txid_current() -> i64 {

@@ -70,9 +70,11 @@ enum Flow {
     Yielded,
     /// The step's batch is paused: the run stops before it.
     Paused,
-    /// Run the step again after this long: its attempt failed with a transient error
-    /// (committed as retried), or another runner was inside it.
+    /// Run the step again after this long: its attempt failed with a transient error,
+    /// committed as retried.
     Again(Duration),
+    /// Another runner was inside the step, and is done with it: read it again.
+    Recheck,
 }
 
 /// Who is running the chain, fixed once at the start of the CALL.
@@ -156,7 +158,7 @@ pub fn exec_batch_from_id(
         let flow = tx.item(|tx| -> Result<Flow> {
             let flow = runner.run_step(tx, id, failed_before)?;
             match flow {
-                Flow::Yielded | Flow::Again(_) => {}
+                Flow::Yielded | Flow::Again(_) | Flow::Recheck => {}
                 Flow::Paused => {
                     // nothing done: the step's lock goes with this transaction
                     tx.commit();
@@ -179,13 +181,12 @@ pub fn exec_batch_from_id(
                 next
             }
             Flow::Again(backoff) => {
-                if !backoff.is_zero() {
-                    failed_before += 1;
-                    // holding nothing: the retry was committed
-                    crate::job::pace::sleep(backoff);
-                }
+                failed_before += 1;
+                // holding nothing: the retry was committed
+                crate::txn::sleep(backoff);
                 Some(id)
             }
+            Flow::Recheck => Some(id),
         };
     }
     Ok(())
@@ -329,7 +330,7 @@ impl Runner {
             }
             tx.commit();
             StepLock::wait_for(id);
-            return Ok(Flow::Again(Duration::ZERO));
+            return Ok(Flow::Recheck);
         };
         tx.commit();
 

@@ -290,7 +290,7 @@ impl Job {
                         self.id(),
                         delay.as_millis()
                     ));
-                    pace::sleep(delay);
+                    crate::txn::sleep(delay);
                     return Ok(());
                 }
                 Some(Wait::Replicas { behind, limit }) => {
@@ -305,7 +305,7 @@ impl Job {
                         "job \"{}\": waiting for the replicas, {behind} bytes behind, more than {limit}",
                         self.id()
                     ));
-                    pace::sleep(pace::REPLICA_RECHECK);
+                    crate::txn::sleep(pace::REPLICA_RECHECK);
                 }
             }
         }
@@ -355,7 +355,7 @@ impl Job {
             self.id(),
             backoff.as_millis()
         ));
-        pace::sleep(backoff);
+        crate::txn::sleep(backoff);
         Ok(())
     }
 

@@ -98,31 +98,5 @@ pub fn wait_before(job_id: &str, pace: Pace, rows: i32) -> Result<Option<Wait>> 
     Ok(None)
 }
 
-/// Sleeps `for_how_long` holding nothing, waking for interrupts: a cancel or a
-/// statement_timeout ends the call here with an ERROR, every committed chunk kept.
-pub fn sleep(for_how_long: Duration) {
-    let until = std::time::Instant::now() + for_how_long;
-    loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        // SAFETY: waits on the backend's own latch, as pg_sleep does; interrupts are
-        // checked after every wake-up
-        unsafe {
-            pgrx::pg_sys::WaitLatch(
-                pgrx::pg_sys::MyLatch,
-                (pgrx::pg_sys::WL_LATCH_SET
-                    | pgrx::pg_sys::WL_TIMEOUT
-                    | pgrx::pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                left.as_millis().clamp(1, 1000) as std::ffi::c_long,
-                pgrx::pg_sys::PG_WAIT_EXTENSION,
-            );
-            pgrx::pg_sys::ResetLatch(pgrx::pg_sys::MyLatch);
-        }
-        pgrx::check_for_interrupts!();
-    }
-}
-
 /// How long a drainer waits before it looks at the replicas again.
 pub const REPLICA_RECHECK: Duration = Duration::from_millis(200);

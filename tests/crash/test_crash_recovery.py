@@ -291,6 +291,13 @@ def check_job(conn, job, table, ids, counts, where):
         f" for {chunks} committed chunks"
     )
 
+    check_rows(conn, job, t, ITEM_CHECK, counts, f"{where} (checkpoint {n})")
+    return status, n, chunks, size
+
+
+def check_rows(conn, job, t, item_check, counts, where):
+    """Every approved item applied once or not at all (item_check), no other row
+    changed, none lost or added, and verify_job clean."""
     with conn.transaction():
         # Without statistics on fresh tables the planner picks nested loops, quadratic
         # over tens of thousands of items; a hash join is linear. Disabling a plan type
@@ -298,20 +305,18 @@ def check_job(conn, job, table, ids, counts, where):
         # than it runs.
         conn.execute("SET LOCAL enable_nestloop = off")
         conn.execute("SET LOCAL jit = off")
-        bad = conn.execute(sql.SQL(ITEM_CHECK).format(t=t), {"job": job}).fetchall()
-    assert bad == [], f"{where}: items half-applied or applied twice (checkpoint {n}): {bad}"
+        bad = conn.execute(sql.SQL(item_check).format(t=t), {"job": job}).fetchall()
+    assert bad == [], f"{where}: items half-applied or applied twice: {bad}"
     others = conn.execute(sql.SQL(OTHERS_CHECK).format(t=t), {"job": job}).fetchall()
     assert others == [], f"{where}: rows outside the approval changed: {others}"
     per_tenant = dict(
         conn.execute(sql.SQL("SELECT tenant, count(*) FROM {t} GROUP BY tenant").format(t=t))
     )
     assert per_tenant == counts, f"{where}: rows lost or added: {per_tenant}"
-
     checks = conn.execute(
         "SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,)
     ).fetchall()
     assert checks and all(ok for _, ok, _ in checks), f"{where}: verify_job: {checks}"
-    return status, n, chunks, size
 
 
 def check_announced_chunks(notices, chunks, where):
@@ -448,21 +453,7 @@ def check_parallel_job(conn, job, table, ids, counts, where):
         "SELECT chunk_size FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]), where
     assert status == ("done" if committed == chunks else "pending") or (
         status == "pending" and committed == chunks), f"{where}: {status} {problem}"
-    with conn.transaction():
-        conn.execute("SET LOCAL enable_nestloop = off")
-        conn.execute("SET LOCAL jit = off")
-        bad = conn.execute(sql.SQL(PARALLEL_ITEM_CHECK).format(t=t), {"job": job}).fetchall()
-    assert bad == [], f"{where}: items half-applied or applied twice: {bad}"
-    others = conn.execute(sql.SQL(OTHERS_CHECK).format(t=t), {"job": job}).fetchall()
-    assert others == [], f"{where}: rows outside the approval changed: {others}"
-    per_tenant = dict(
-        conn.execute(sql.SQL("SELECT tenant, count(*) FROM {t} GROUP BY tenant").format(t=t))
-    )
-    assert per_tenant == counts, f"{where}: rows lost or added: {per_tenant}"
-    checks = conn.execute(
-        "SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,)
-    ).fetchall()
-    assert checks and all(ok for _, ok, _ in checks), f"{where}: verify_job: {checks}"
+    check_rows(conn, job, t, PARALLEL_ITEM_CHECK, counts, where)
     return status, committed, chunks
 
 
