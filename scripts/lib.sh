@@ -59,6 +59,8 @@ ensure_cargo_pgrx() {
     want=$(for ((i = 0; i < ${#args[@]}; i += 2)); do echo "${args[i]#--} = \"${args[i+1]}\""; done | sort)
     have=$(grep '^pg[0-9]* = ' "$config" 2>/dev/null | sort || true)
     if [ "$want" != "$have" ]; then
+        # cargo pgrx init keeps the entries it is not given: start from none
+        rm -f "$config"
         cargo pgrx init "${args[@]}" >/dev/null
     fi
 }
