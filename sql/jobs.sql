@@ -161,18 +161,14 @@ BEGIN
 END
 $$;
 
--- A parallel job's chunk rows, one per chunk, open, each with its seal (see
--- src/job/claim.rs), written once the item count is known; then the partitions attached.
-CREATE FUNCTION etc_batch.attach_job_tables(job_number bigint, job_id text, chunks integer)
+-- A job's partitions attached, once registration has filled them (a parallel job's
+-- chunk rows, one per chunk, open, each with its seal, written by src/job/claim.rs).
+CREATE FUNCTION etc_batch.attach_job_tables(job_number bigint, job_id text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF pg_catalog.to_regclass(pg_catalog.format('etc_batch.%I', 'job_chunk_' || job_number)) IS NOT NULL THEN
-        EXECUTE format('INSERT INTO etc_batch.%I (job_id, chunk, seal)
-                        SELECT $1, c, pg_catalog.hashtextextended($1 || '':chunk:'' || c || '':0'', 7919)
-                          FROM pg_catalog.generate_series(1, $2) c', 'job_chunk_' || job_number)
-            USING job_id, chunks;
         EXECUTE format('ALTER TABLE etc_batch.job_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                        'job_chunk_' || job_number, job_id);
     END IF;
@@ -201,4 +197,4 @@ REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit, etc_batch.
               etc_batch.job_audit_items FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;

@@ -1,7 +1,7 @@
 -- The procedures that commit: C functions declared by hand as procedures, since
--- #[pg_extern] declares functions, which always run atomically. Their arguments are
--- also described in Rust (the Signature beside each in src/api), and a test compares
--- the two; change both together.
+-- #[pg_extern] declares functions, which always run atomically. This is their only
+-- declaration: the library reads each argument by the name given here, and places
+-- each INOUT result by its name (src/procedure.rs).
 --
 -- Who may run chains and drain jobs is the administrator's decision, as with pg_cron.
 

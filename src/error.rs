@@ -14,13 +14,13 @@ use pgrx::PgSqlErrorCode as Code;
 pub enum BatchError {
     /// A procedure that commits was called where it cannot commit.
     AtomicContext {
-        procedure: &'static str,
+        procedure: String,
         /// Inside BEGIN ... COMMIT, as a driver with autocommit off puts every statement.
         in_transaction_block: bool,
     },
     /// A routine that writes was called on a hot standby.
     OnStandby {
-        routine: &'static str,
+        routine: String,
         /// Where the primary is, as this standby's primary_conninfo names it.
         primary: Option<String>,
     },
@@ -619,19 +619,19 @@ mod tests {
         use BatchError::*;
         let all = vec![
             AtomicContext {
-                procedure: "etc_batch.exec_batch_from_id",
+                procedure: "etc_batch.exec_batch_from_id".into(),
                 in_transaction_block: true,
             },
             AtomicContext {
-                procedure: "etc_batch.drain_job",
+                procedure: "etc_batch.drain_job".into(),
                 in_transaction_block: false,
             },
             OnStandby {
-                routine: "etc_batch.drain_job",
+                routine: "etc_batch.drain_job".into(),
                 primary: Some("host 10.0.0.5 port 5432".into()),
             },
             OnStandby {
-                routine: "etc_batch.add_step",
+                routine: "etc_batch.add_step".into(),
                 primary: None,
             },
             ChainRunsItself {
@@ -866,7 +866,7 @@ mod tests {
     #[test]
     fn atomic_context_is_2d000() {
         let e = BatchError::AtomicContext {
-            procedure: "etc_batch.exec_batch_from_id",
+            procedure: "etc_batch.exec_batch_from_id".into(),
             in_transaction_block: false,
         };
         assert_eq!(e.sqlstate(), Code::ERRCODE_INVALID_TRANSACTION_TERMINATION);

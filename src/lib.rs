@@ -4,24 +4,27 @@
 //!
 //! ```text
 //! api/       the SQL surface: every function and procedure a DBA calls; it only
-//!            converts between SQL and the modules below.
-//! chain/     chains behind exec_batch_from_id: the rules (step), managing steps
-//!            (steps), the commit loop (runner), its statements (sql).
-//! job/       checkpointed jobs behind drain_job: the approval, the checkpoint's
-//!            rules and the job's row in a chunk, registration, the drain loop, reports.
+//!            converts between SQL and the modules below (types: the SQL types of its
+//!            arguments pgrx has none for).
+//! chain/     chains behind exec_batch_from_id: the rules and the kinds of step (step),
+//!            managing steps (steps), the commit loop (runner), its statements (sql).
+//! job/       checkpointed jobs behind drain_job: the approval, its key and its guard,
+//!            the checkpoint's rules, a chunk opened in order or claimed (chunk), the
+//!            seals, registration, the drain loop, reports.
 //! lease/     leases and the fence that stops a holder who lost one.
 //! procedure  a C-language procedure that commits: arguments by name, INOUT results.
-//! txn        the one place that talks to SPI in non-atomic mode, commits, and opens
-//!            subtransactions.
+//! txn/       the one place that ends transactions: the loop's `Transactions` and the
+//!            CALL's driver of them, subtransactions, a failure caught in them.
 //! query      every statement etc_batch sends: kept plans, rows read in place, cursors.
+//! own_rows   etc_batch's own rows read, locked and written without a statement, by
+//!            their index; audit rows written as COPY writes them.
+//! parse      PostgreSQL's raw parser, for SQL handed in as text: plain values out.
 //! memory     a memory context reset for every round of a loop; memory handed back.
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
 //! retries    lock waits bounded, and the errors a chunk is tried again after.
 //! raised     an error's own SQLSTATE and context, kept and given back when raised again.
 //! standby    routines that write refused on a hot standby, naming the primary.
-//! rows       rows of etc_batch's own tables read, locked and written without a
-//!            statement, by their index; audit rows written as COPY writes them.
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
 //! pauses     pause_job, pause_batch and their resumes, read before each chunk or step.
@@ -38,13 +41,14 @@ pub mod installed;
 pub mod job;
 pub mod lease;
 pub mod memory;
+pub mod own_rows;
+pub mod parse;
 pub mod pauses;
 pub mod procedure;
 pub mod query;
 pub mod raised;
 pub mod retries;
 pub mod roles;
-pub mod rows;
 pub mod settings;
 pub mod standby;
 pub mod status;

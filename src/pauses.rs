@@ -1,4 +1,4 @@
-//! Pauses of jobs and batches (sql/pauses.sql): pause_job, resume_job, pause_batch,
+//! Pauses of jobs and batches (job_pause in sql/pacing.sql, batch_log's paused_at): pause_job, resume_job, pause_batch,
 //! resume_batch, and what a drain or a run reads before each chunk or step.
 //!
 //! A job's pause is a row of its own table, never a change to the job's row: a pause
@@ -10,9 +10,9 @@
 //! which it locks anyway, for nothing.
 
 use crate::error::{BatchError, Result};
+use crate::own_rows::{self, Compare, Key};
 use crate::query;
 use crate::roles::{as_owner, current_user};
-use crate::rows::{self, Key};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 
@@ -52,8 +52,8 @@ pub fn of_job(job_id: &str) -> Result<Option<Paused>> {
 }
 
 fn read(table: &str, column: &str, name: &str) -> Result<Option<Paused>> {
-    let found = rows::reading_table(table, |pauses| {
-        pauses.find(column, Key::Text(name), |row| {
+    let found = own_rows::reading_table(table, |pauses| {
+        pauses.first(column, Compare::Equal, Key::Text(name), |row| {
             Ok(Paused::from_row(
                 row.get::<TimestampWithTimeZone>("paused_at")?,
                 row.get::<pg_sys::Oid>("paused_by")?,

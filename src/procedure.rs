@@ -2,93 +2,83 @@
 //! arguments, and how it hands back its INOUT results.
 //!
 //! `#[pg_extern]` makes functions, which always run atomically. A procedure that commits
-//! between steps or chunks is declared by hand (sql/procedures.sql) as LANGUAGE c, and
-//! its library side is written here once: the V1 info record, the check that it was
-//! CALLed where it may commit (txn::TxnLoop::begin), its arguments read by name from its
-//! `Signature`, and its INOUT row built in the memory context the caller reads it from.
-//! An api file declares a procedure with `c_procedure!` and only converts.
-//!
-//! Each `Signature` states the arguments exactly as `pg_get_function_arguments` prints
-//! the installed procedure; a test compares the two, so the declaration in SQL and what
-//! the library reads cannot drift apart.
+//! between steps or chunks is declared by hand, once, in sql/procedures.sql, as LANGUAGE
+//! c; its library side is written here once: the V1 info record, the check that it was
+//! CALLed where it may commit (txn::CallLoop::begin), its arguments read by the names
+//! the catalog gives the procedure that was called, and its INOUT row built, by the
+//! names of a result struct's fields, in the memory context the caller reads it from. An
+//! api file declares the library side with `c_procedure!` and only converts; nothing of
+//! the declaration is written twice, so nothing can drift apart.
 
 use crate::error::{required, BatchError, OrRaise, Result};
-use crate::txn::TxnLoop;
-use pgrx::datum::{FromDatum, IntoDatum};
+use crate::txn::CallLoop;
+use pgrx::datum::FromDatum;
+use pgrx::pg_catalog::pg_proc::{PgProc, ProArgMode};
 use pgrx::pg_sys;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    In,
-    InOut,
+/// The arguments of one call, read by the names the procedure declares.
+pub struct Args {
+    fcinfo: pg_sys::FunctionCallInfo,
+    /// The declared name of each argument, in order, and whether it is INOUT.
+    declared: Vec<(String, bool)>,
+    name: String,
 }
 
-/// One argument as the procedure's CREATE PROCEDURE declares it.
-#[derive(Debug)]
-pub struct Arg {
-    pub name: &'static str,
-    /// As format_type prints it: `text`, `bigint`, `text[]`.
-    pub sql_type: &'static str,
-    /// The default as PostgreSQL prints it (`NULL::integer`, `true`), if any.
-    pub default: Option<&'static str>,
-    pub mode: Mode,
-}
-
-/// A procedure's name and arguments, in order.
-#[derive(Debug)]
-pub struct Signature {
-    /// Schema-qualified, as it appears in messages: `etc_batch.drain_job`.
-    pub name: &'static str,
-    pub args: &'static [Arg],
-}
-
-impl Signature {
-    /// The arguments as `pg_get_function_arguments` prints them.
-    pub fn arguments(&self) -> String {
-        self.args
-            .iter()
-            .map(|a| {
-                // a procedure's arguments always print with their mode
-                let mode = match a.mode {
-                    Mode::In => "IN ",
-                    Mode::InOut => "INOUT ",
-                };
-                let default = a
-                    .default
-                    .map(|d| format!(" DEFAULT {d}"))
-                    .unwrap_or_default();
-                format!("{mode}{} {}{default}", a.name, a.sql_type)
+impl Args {
+    /// The called procedure's declaration, from the catalog.
+    ///
+    /// # Safety
+    /// `fcinfo` is the call info PostgreSQL passed to the running C function.
+    unsafe fn of(fcinfo: pg_sys::FunctionCallInfo) -> Result<Args> {
+        let oid = (*(*fcinfo).flinfo).fn_oid;
+        let proc = PgProc::new(oid).ok_or_else(|| {
+            BatchError::Internal(format!("procedure {} is not in the catalog", oid.to_u32()))
+        })?;
+        let modes = proc.proargmodes();
+        let declared = proc
+            .proargnames()
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let inout = matches!(modes.get(i), Some(ProArgMode::InOut));
+                (name.unwrap_or_default(), inout)
             })
-            .collect::<Vec<_>>()
-            .join(", ")
+            .collect();
+        // SAFETY: a catalog lookup by OID; the name is palloc'd, copied and freed here
+        let name = {
+            let name = pg_sys::get_func_name(oid);
+            let copied = std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned();
+            pg_sys::pfree(name.cast());
+            format!("etc_batch.{copied}")
+        };
+        Ok(Args {
+            fcinfo,
+            declared,
+            name,
+        })
+    }
+
+    /// The procedure's name, schema-qualified, as messages give it.
+    pub fn procedure(&self) -> &str {
+        &self.name
     }
 
     fn position(&self, name: &str) -> Result<usize> {
-        self.args
+        self.declared
             .iter()
-            .position(|a| a.name == name)
+            .position(|(n, _)| n == name)
             .ok_or_else(|| {
                 BatchError::Internal(format!("{} has no argument \"{name}\"", self.name))
             })
     }
 
-    fn results(&self) -> usize {
-        self.args.iter().filter(|a| a.mode == Mode::InOut).count()
-    }
-}
-
-/// The arguments of one call, read by name.
-pub struct Args {
-    fcinfo: pg_sys::FunctionCallInfo,
-    signature: &'static Signature,
-}
-
-impl Args {
     /// The argument called `name`, or None when it is NULL.
     pub fn get<T: FromDatum>(&self, name: &str) -> Result<Option<T>> {
-        let n = self.signature.position(name)?;
-        // SAFETY: fcinfo is the call PostgreSQL is making (see run), which has checked
-        // that it carries exactly the signature's arguments.
+        let n = self.position(name)?;
+        // SAFETY: fcinfo is the call PostgreSQL is making, with the arguments the
+        // catalog declares, of which this is one.
         Ok(unsafe { pgrx::fcinfo::pg_getarg(self.fcinfo, n) })
     }
 
@@ -96,84 +86,90 @@ impl Args {
     pub fn required<T: FromDatum>(&self, name: &'static str) -> Result<T> {
         required(self.get(name)?, name)
     }
+
+    /// The INOUT arguments' names, in order: the columns of the procedure's result.
+    fn results(&self) -> impl Iterator<Item = &str> {
+        self.declared
+            .iter()
+            .filter(|(_, inout)| *inout)
+            .map(|(n, _)| n.as_str())
+    }
 }
 
-/// The INOUT results of a procedure, in the order it declares them.
+/// The INOUT results of a procedure, by the names it declares them with.
 pub trait Results {
-    fn datums(self) -> Vec<Option<pg_sys::Datum>>;
+    fn named(self) -> Vec<(&'static str, Option<pg_sys::Datum>)>;
 }
 
 impl Results for () {
-    fn datums(self) -> Vec<Option<pg_sys::Datum>> {
+    fn named(self) -> Vec<(&'static str, Option<pg_sys::Datum>)> {
         Vec::new()
     }
 }
 
-impl<A: IntoDatum, B: IntoDatum, C: IntoDatum, D: IntoDatum, E: IntoDatum> Results
-    for (A, B, C, D, E)
-{
-    fn datums(self) -> Vec<Option<pg_sys::Datum>> {
-        vec![
-            self.0.into_datum(),
-            self.1.into_datum(),
-            self.2.into_datum(),
-            self.3.into_datum(),
-            self.4.into_datum(),
-        ]
-    }
+/// A struct whose fields are a procedure's INOUT results, each named as the procedure
+/// declares it.
+macro_rules! results {
+    ($(#[$doc:meta])* pub struct $name:ident { $($(#[$field_doc:meta])* pub $field:ident: $type:ty,)* }) => {
+        $(#[$doc])*
+        pub struct $name { $($(#[$field_doc])* pub $field: $type,)* }
+
+        impl $crate::procedure::Results for $name {
+            fn named(self) -> Vec<(&'static str, Option<::pgrx::pg_sys::Datum>)> {
+                vec![$((stringify!($field), ::pgrx::datum::IntoDatum::into_datum(self.$field)),)*]
+            }
+        }
+    };
 }
+pub(crate) use results;
 
 /// Runs a procedure that commits, for the C function PostgreSQL called: checks that the
-/// CALL may commit and connects SPI non-atomically (TxnLoop), hands `body` the arguments
+/// CALL may commit and connects SPI non-atomically (CallLoop), hands `body` the arguments
 /// and the loop, disconnects, and returns the INOUT row, or raises the error.
 ///
 /// # Safety
-/// `fcinfo` must be the call info PostgreSQL passed to the running C function, declared
-/// in SQL with `signature`'s arguments.
+/// `fcinfo` must be the call info PostgreSQL passed to the running C function.
 pub unsafe fn run<R: Results>(
     fcinfo: pg_sys::FunctionCallInfo,
-    signature: &'static Signature,
-    body: impl FnOnce(&Args, &mut TxnLoop) -> Result<R>,
+    body: impl FnOnce(&Args, &mut CallLoop) -> Result<R>,
 ) -> pg_sys::Datum {
     // The result row is built where the caller will read it: the memory context current
     // at entry, which outlives the commits (SPI's own contexts do not).
     let caller_context = pg_sys::CurrentMemoryContext;
-    let results = (|| {
-        let declared = (*fcinfo).nargs as usize;
-        if declared != signature.args.len() {
-            // Declared otherwise than the library reads it: the database's etc_batch is
-            // of another version (the gate says so), or the declaration is wrong.
-            crate::installed::owner()?;
-            return Err(BatchError::Internal(format!(
-                "{} was called with {declared} arguments, but the library reads {}",
-                signature.name,
-                signature.args.len()
-            )));
-        }
-        crate::standby::refuse_writes(signature.name)?;
-        let mut tx = TxnLoop::begin(fcinfo, signature.name)?;
-        let results = body(&Args { fcinfo, signature }, &mut tx)?;
+    let (args, results) = (|| {
+        // A database whose etc_batch is of another version declares its procedures
+        // otherwise: the gate says so before any argument is read.
+        crate::installed::owner()?;
+        let args = Args::of(fcinfo)?;
+        crate::standby::refuse_writes(&args.name)?;
+        let mut tx = CallLoop::begin(fcinfo, &args.name)?;
+        let results = body(&args, &mut tx)?;
         tx.finish();
-        Ok(results.datums())
+        Ok((args, results.named()))
     })()
     .or_raise();
     pg_sys::MemoryContextSwitchTo(caller_context);
-    result_datum(fcinfo, signature, results).or_raise()
+    result_datum(fcinfo, &args, results).or_raise()
 }
 
 /// The procedure's result: nothing without INOUT arguments, the value itself with one,
-/// a row of them with several, as ExecuteCallStmt expects.
+/// a row of them with several, as ExecuteCallStmt expects, each value placed by its name.
 unsafe fn result_datum(
     fcinfo: pg_sys::FunctionCallInfo,
-    signature: &Signature,
-    mut values: Vec<Option<pg_sys::Datum>>,
+    args: &Args,
+    mut named: Vec<(&'static str, Option<pg_sys::Datum>)>,
 ) -> Result<pg_sys::Datum> {
-    if values.len() != signature.results() {
+    let mut values = Vec::with_capacity(named.len());
+    for name in args.results() {
+        let at = named.iter().position(|(n, _)| *n == name).ok_or_else(|| {
+            BatchError::Internal(format!("{} returns no result \"{name}\"", args.name))
+        })?;
+        values.push(named.swap_remove(at).1);
+    }
+    if let Some((extra, _)) = named.first() {
         return Err(BatchError::Internal(format!(
-            "{} returns {} results, but declares {} INOUT arguments",
-            signature.name,
-            values.len(),
-            signature.results()
+            "{} declares no INOUT argument \"{extra}\"",
+            args.name
         )));
     }
     match values.len() {
@@ -193,7 +189,7 @@ unsafe fn result_datum(
             {
                 return Err(BatchError::Internal(format!(
                     "{} was not declared with INOUT arguments",
-                    signature.name
+                    args.name
                 )));
             }
             let tupdesc = pg_sys::BlessTupleDesc(tupdesc);
@@ -210,9 +206,9 @@ unsafe fn result_datum(
 
 /// Declares the C function behind a procedure that commits: its exported symbol (the
 /// name sql/procedures.sql gives after MODULE_PATHNAME), its V1 info record, and the
-/// body, a `fn(&Args, &mut TxnLoop) -> Result<impl Results>` run by `procedure::run`.
+/// body, a `fn(&Args, &mut CallLoop) -> Result<impl Results>` run by `procedure::run`.
 macro_rules! c_procedure {
-    ($symbol:ident, $info:ident, $signature:expr, $body:expr) => {
+    ($symbol:ident, $info:ident, $body:expr) => {
         #[no_mangle]
         #[doc(hidden)]
         pub extern "C" fn $info() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
@@ -228,42 +224,8 @@ macro_rules! c_procedure {
         pub unsafe extern "C-unwind" fn $symbol(
             fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
         ) -> ::pgrx::pg_sys::Datum {
-            $crate::procedure::run(fcinfo, &$signature, $body)
+            $crate::procedure::run(fcinfo, $body)
         }
     };
 }
 pub(crate) use c_procedure;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const EXAMPLE: Signature = Signature {
-        name: "etc_batch.example",
-        args: &[
-            Arg {
-                name: "job_id",
-                sql_type: "text",
-                default: None,
-                mode: Mode::In,
-            },
-            Arg {
-                name: "status",
-                sql_type: "text",
-                default: Some("NULL::text"),
-                mode: Mode::InOut,
-            },
-        ],
-    };
-
-    #[test]
-    fn arguments_print_as_postgres_prints_them() {
-        assert_eq!(
-            EXAMPLE.arguments(),
-            "IN job_id text, INOUT status text DEFAULT NULL::text"
-        );
-        assert_eq!(EXAMPLE.results(), 1);
-        assert_eq!(EXAMPLE.position("status"), Ok(1));
-        assert!(EXAMPLE.position("nope").is_err());
-    }
-}

@@ -255,24 +255,41 @@ impl SpiArgs {
     }
 }
 
+/// Every row of the result SPI holds now, read with `read`.
+///
+/// # Safety
+/// SPI is connected, and SPI_tuptable is the result of its last statement (or NULL).
+unsafe fn read_result<R>(mut read: impl FnMut(&Row) -> Result<R>) -> Result<Vec<R>> {
+    if pg_sys::SPI_tuptable.is_null() {
+        return Ok(Vec::new());
+    }
+    let table = &*pg_sys::SPI_tuptable;
+    let types = column_types(table.tupdesc);
+    (0..pg_sys::SPI_processed as usize)
+        .map(|i| {
+            read(&Row {
+                tuple: *table.vals.add(i),
+                desc: table.tupdesc,
+                types: &types,
+            })
+        })
+        .collect()
+}
+
 /// Runs `sql` and reads every row it returns with `read` (at most `limit`, 0 = all).
 pub fn rows<R>(
     sql: &str,
     args: &[DatumWithOid],
     limit: i64,
-    mut read: impl FnMut(&Row) -> Result<R>,
+    read: impl FnMut(&Row) -> Result<R>,
 ) -> Result<Vec<R>> {
-    let SpiArgs {
-        mut types,
-        mut values,
-        nulls,
-    } = SpiArgs::of(args);
+    let mut args = SpiArgs::of(args);
     // SAFETY: a plain atomic SPI connection, finished before returning. An error raised
     // by PostgreSQL unwinds through pgrx's guard, and the transaction's (or the
     // subtransaction's) abort pops the connection.
     unsafe {
         pg_sys::SPI_connect();
-        let plan = match plan_for(sql, &mut types) {
+        let plan = match plan_for(sql, &mut args.types) {
             Ok(plan) => plan,
             Err(e) => {
                 pg_sys::SPI_finish();
@@ -280,29 +297,23 @@ pub fn rows<R>(
             }
         };
         let running = Running::start();
-        let rc = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, limit);
+        let rc = pg_sys::SPI_execute_plan(
+            plan,
+            args.values.as_mut_ptr(),
+            args.nulls.as_ptr(),
+            false,
+            limit,
+        );
         drop(running);
-        let mut out = Vec::new();
         let result = if rc < 0 {
             Err(BatchError::Internal(format!(
                 "SPI_execute_plan returned {rc}"
             )))
-        } else if pg_sys::SPI_tuptable.is_null() {
-            Ok(())
         } else {
-            let table = &*pg_sys::SPI_tuptable;
-            let types = column_types(table.tupdesc);
-            (0..pg_sys::SPI_processed as usize).try_for_each(|i| {
-                out.push(read(&Row {
-                    tuple: *table.vals.add(i),
-                    desc: table.tupdesc,
-                    types: &types,
-                })?);
-                Ok(())
-            })
+            read_result(read)
         };
         pg_sys::SPI_finish();
-        result.map(|()| out)
+        result
     }
 }
 
@@ -380,17 +391,17 @@ impl Cursor {
     pub fn open(sql: &str, args: &[DatumWithOid]) -> Result<Cursor> {
         let text = CString::new(sql)
             .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
-        let SpiArgs {
-            mut types,
-            mut values,
-            nulls,
-        } = SpiArgs::of(args);
+        let mut args = SpiArgs::of(args);
         // SAFETY: an atomic SPI connection, finished before returning; the portal the
         // cursor opens copies the plan and the parameter values, and belongs to the
         // transaction, not to the connection.
         unsafe {
             pg_sys::SPI_connect();
-            let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            let plan = pg_sys::SPI_prepare(
+                text.as_ptr(),
+                args.types.len() as i32,
+                args.types.as_mut_ptr(),
+            );
             if plan.is_null() {
                 let code = pg_sys::SPI_result;
                 pg_sys::SPI_finish();
@@ -401,8 +412,8 @@ impl Cursor {
             let portal = pg_sys::SPI_cursor_open(
                 std::ptr::null(),
                 plan,
-                values.as_mut_ptr(),
-                nulls.as_ptr(),
+                args.values.as_mut_ptr(),
+                args.nulls.as_ptr(),
                 false,
             );
             let name = std::ffi::CStr::from_ptr((*portal).name).to_owned();
@@ -413,7 +424,7 @@ impl Cursor {
     }
 
     /// The next `count` rows (fewer at the end, none after it), read with `read`.
-    pub fn fetch<R>(&self, count: i64, mut read: impl FnMut(&Row) -> Result<R>) -> Result<Vec<R>> {
+    pub fn fetch<R>(&self, count: i64, read: impl FnMut(&Row) -> Result<R>) -> Result<Vec<R>> {
         // SAFETY: as in `rows`; the portal is found by name, since SPI hands out no
         // pointer that outlives a connection.
         unsafe {
@@ -426,23 +437,9 @@ impl Cursor {
                 ));
             }
             pg_sys::SPI_cursor_fetch(portal, true, count as std::os::raw::c_long);
-            let mut out = Vec::with_capacity(pg_sys::SPI_processed as usize);
-            let result = if pg_sys::SPI_tuptable.is_null() {
-                Ok(())
-            } else {
-                let table = &*pg_sys::SPI_tuptable;
-                let types = column_types(table.tupdesc);
-                (0..pg_sys::SPI_processed as usize).try_for_each(|i| {
-                    out.push(read(&Row {
-                        tuple: *table.vals.add(i),
-                        desc: table.tupdesc,
-                        types: &types,
-                    })?);
-                    Ok(())
-                })
-            };
+            let result = read_result(read);
             pg_sys::SPI_finish();
-            result.map(|()| out)
+            result
         }
     }
 

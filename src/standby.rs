@@ -7,11 +7,11 @@ use pgrx::pg_sys;
 
 /// Fails with 25006 when this server is in recovery: `routine` writes, and only the
 /// primary can.
-pub fn refuse_writes(routine: &'static str) -> Result<()> {
+pub fn refuse_writes(routine: &str) -> Result<()> {
     // SAFETY: reads shared memory, callable in any backend at any time.
     if unsafe { pg_sys::RecoveryInProgress() } {
         return Err(BatchError::OnStandby {
-            routine,
+            routine: routine.to_string(),
             primary: primary(),
         });
     }

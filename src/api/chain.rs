@@ -1,10 +1,11 @@
 //! Chains: add_step, reset_batch, retry_step, and the procedure exec_batch_from_id.
 
+use crate::chain::step::StepKind;
 use crate::chain::{runner, steps};
 use crate::error::{required, OrRaise};
 use crate::lease::Fence;
 use crate::pauses;
-use crate::procedure::{c_procedure, Arg, Mode, Signature};
+use crate::procedure::c_procedure;
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
@@ -22,7 +23,7 @@ fn add_step(
     let batch = required(batch, "batch").or_raise();
     let command = required(command, "command").or_raise();
     let options = steps::Options {
-        commits: required(commits, "commits").or_raise(),
+        kind: StepKind::of(required(commits, "commits").or_raise()),
         timeout,
         max_attempts: required(max_attempts, "max_attempts").or_raise(),
     };
@@ -65,47 +66,10 @@ fn resume_batch(batch: Option<String>) {
     }
 }
 
-/// `CALL etc_batch.exec_batch_from_id(...)`, declared in sql/procedures.sql.
-pub const EXEC_BATCH_FROM_ID: Signature = Signature {
-    name: "etc_batch.exec_batch_from_id",
-    args: &[
-        Arg {
-            name: "p_id",
-            sql_type: "bigint",
-            default: None,
-            mode: Mode::In,
-        },
-        Arg {
-            name: "wait",
-            sql_type: "boolean",
-            default: Some("true"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "lease_name",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "lease_holder",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "lease_generation",
-            sql_type: "bigint",
-            default: Some("NULL::bigint"),
-            mode: Mode::In,
-        },
-    ],
-};
-
+// `CALL etc_batch.exec_batch_from_id(...)`, declared in sql/procedures.sql.
 c_procedure!(
     etc_batch_exec_batch_from_id,
     pg_finfo_etc_batch_exec_batch_from_id,
-    EXEC_BATCH_FROM_ID,
     |args, tx| {
         let first = args.required("p_id")?;
         let wait = args.required("wait")?;
@@ -123,6 +87,18 @@ c_procedure!(
 mod tests {
     use pgrx::prelude::*;
 
+    /// add_step with its defaults: a plain step, no timeout, one attempt.
+    fn add(batch: Option<&str>, command: &str, id: Option<i64>) -> i64 {
+        crate::api::chain::add_step(
+            batch.map(Into::into),
+            Some(command.into()),
+            id,
+            Some(false),
+            None,
+            Some(1),
+        )
+    }
+
     fn status(id: i64) -> String {
         Spi::get_one_with_args::<String>(
             "SELECT status FROM etc_batch.batch_log WHERE id = $1",
@@ -134,28 +110,8 @@ mod tests {
 
     #[pg_test]
     fn add_step_numbers_steps_after_the_highest_id() {
-        assert_eq!(
-            crate::api::chain::add_step(
-                Some("t".into()),
-                Some("SELECT 1".into()),
-                Some(41),
-                Some(false),
-                None,
-                Some(1)
-            ),
-            41
-        );
-        assert_eq!(
-            crate::api::chain::add_step(
-                Some("t".into()),
-                Some("SELECT 2".into()),
-                None,
-                Some(false),
-                None,
-                Some(1)
-            ),
-            42
-        );
+        assert_eq!(add(Some("t"), "SELECT 1", Some(41)), 41);
+        assert_eq!(add(Some("t"), "SELECT 2", None), 42);
         assert_eq!(status(42), "pending");
         let adder = Spi::get_one::<bool>(
             "SELECT added_by = current_user::regrole FROM etc_batch.batch_log WHERE id = 42",
@@ -165,58 +121,23 @@ mod tests {
 
     #[pg_test(error = "step command has a syntax error")]
     fn add_step_rejects_a_command_that_does_not_parse() {
-        crate::api::chain::add_step(
-            Some("t".into()),
-            Some("SELEC 1".into()),
-            None,
-            Some(false),
-            None,
-            Some(1),
-        );
+        add(Some("t"), "SELEC 1", None);
     }
 
     #[pg_test(error = "invalid step command")]
     fn add_step_rejects_transaction_control() {
-        crate::api::chain::add_step(
-            Some("t".into()),
-            Some("INSERT INTO x VALUES (1); COMMIT".into()),
-            None,
-            Some(false),
-            None,
-            Some(1),
-        );
+        add(Some("t"), "INSERT INTO x VALUES (1); COMMIT", None);
     }
 
     #[pg_test(error = "argument \"batch\" must not be null")]
     fn add_step_rejects_null_batch() {
-        crate::api::chain::add_step(
-            None,
-            Some("SELECT 1".into()),
-            None,
-            Some(false),
-            None,
-            Some(1),
-        );
+        add(None, "SELECT 1", None);
     }
 
     #[pg_test]
     fn reset_and_retry_move_steps_back_to_pending() {
-        let a = crate::api::chain::add_step(
-            Some("r".into()),
-            Some("SELECT 1".into()),
-            None,
-            Some(false),
-            None,
-            Some(1),
-        );
-        let b = crate::api::chain::add_step(
-            Some("r".into()),
-            Some("SELECT 2".into()),
-            None,
-            Some(false),
-            None,
-            Some(1),
-        );
+        let a = add(Some("r"), "SELECT 1", None);
+        let b = add(Some("r"), "SELECT 2", None);
         Spi::run_with_args(
             "UPDATE etc_batch.batch_log SET status = 'failed' WHERE id = $1",
             &[b.into()],

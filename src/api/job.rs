@@ -1,222 +1,92 @@
 //! Checkpointed jobs: register_job, register_job_from_query, drain_job, job_report,
 //! job_summary, verify_job, abort_job.
 
+use super::types::{Jsonb, Name, RegClass, RegProcedure};
 use crate::error::{required, BatchError, OrRaise, Result};
+use crate::job::guard::Guard;
+use crate::job::key::JobKey;
 use crate::job::{abort, approval, drain, pace, register, report};
 use crate::lease::Fence;
 use crate::pauses;
-use crate::procedure::{c_procedure, Arg, Mode, Signature};
-use pgrx::datum::Internal;
-use pgrx::pg_sys;
+use crate::procedure::{c_procedure, results};
 use pgrx::prelude::*;
-use std::ffi::CStr;
 
-type Registration = TableIterator<
-    'static,
-    (
-        name!(job_id, String),
-        name!(created, bool),
-        name!(items, i32),
-        name!(chunks, i32),
-    ),
->;
-
-// pgrx reads the return type of a #[pg_extern] as written, so the two registrations
-// spell it out; the helper below them names it.
-/// The approval's columns are `name`s and its target a `regclass`, as a DBA would write
-/// them, so the declaration is written out here rather than derived from Rust types.
-#[allow(clippy::too_many_arguments)]
-#[pg_extern(
-    volatile,
-    parallel_unsafe,
-    sql = r#"
-CREATE FUNCTION etc_batch.register_job(
-    job_id text, tenant text, target regclass, items jsonb, chunk_size integer,
-    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT 'id',
-    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
-    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false)
-RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
-"#
-)]
-fn register_job(
-    job_id: Option<String>,
-    tenant: Option<String>,
-    target: Option<pg_sys::Oid>,
-    items: Option<Internal>,
-    chunk_size: Option<i32>,
-    set_values: Option<Internal>,
-    expect: Option<Internal>,
-    key_column: Option<&CStr>,
-    tenant_column: Option<&CStr>,
-    revision_column: Option<&CStr>,
-    handler: Option<pg_sys::Oid>,
-    parallel: Option<bool>,
-) -> TableIterator<
-    'static,
-    (
-        name!(job_id, String),
-        name!(created, bool),
-        name!(items, i32),
-        name!(chunks, i32),
-    ),
-> {
-    crate::standby::refuse_writes("etc_batch.register_job").or_raise();
-    register(
-        || {
-            Ok(register::Items::Json(required(
-                jsonb_text(items, "items")?,
-                "items",
-            )?))
-        },
-        job_id,
-        tenant,
-        target,
-        chunk_size,
-        set_values,
-        expect,
-        [key_column, tenant_column, revision_column],
-        handler,
-        parallel,
-    )
-}
-
-/// As register_job, with the items the rows of a SELECT, read set-based in key order.
-#[allow(clippy::too_many_arguments)]
-#[pg_extern(
-    volatile,
-    parallel_unsafe,
-    sql = r#"
-CREATE FUNCTION etc_batch.register_job_from_query(
-    job_id text, tenant text, target regclass, items_query text, chunk_size integer,
-    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT 'id',
-    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
-    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false)
-RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
-"#
-)]
-fn register_job_from_query(
-    job_id: Option<String>,
-    tenant: Option<String>,
-    target: Option<pg_sys::Oid>,
-    items_query: Option<String>,
-    chunk_size: Option<i32>,
-    set_values: Option<Internal>,
-    expect: Option<Internal>,
-    key_column: Option<&CStr>,
-    tenant_column: Option<&CStr>,
-    revision_column: Option<&CStr>,
-    handler: Option<pg_sys::Oid>,
-    parallel: Option<bool>,
-) -> TableIterator<
-    'static,
-    (
-        name!(job_id, String),
-        name!(created, bool),
-        name!(items, i32),
-        name!(chunks, i32),
-    ),
-> {
-    crate::standby::refuse_writes("etc_batch.register_job_from_query").or_raise();
-    register(
-        || {
-            Ok(register::Items::Query(required(
-                items_query,
-                "items_query",
-            )?))
-        },
-        job_id,
-        tenant,
-        target,
-        chunk_size,
-        set_values,
-        expect,
-        [key_column, tenant_column, revision_column],
-        handler,
-        parallel,
-    )
-}
-
-/// Both registrations, once their items are read: the arguments checked in the order
-/// they are declared, the job registered, its one row returned.
-#[allow(clippy::too_many_arguments)]
-fn register(
-    items: impl FnOnce() -> Result<register::Items>,
-    job_id: Option<String>,
-    tenant: Option<String>,
-    target: Option<pg_sys::Oid>,
-    chunk_size: Option<i32>,
-    set_values: Option<Internal>,
-    expect: Option<Internal>,
-    [key_column, tenant_column, revision_column]: [Option<&CStr>; 3],
-    handler: Option<pg_sys::Oid>,
-    parallel: Option<bool>,
-) -> Registration {
-    let name = |v: Option<&CStr>, arg| required(v, arg).map(|c| c.to_string_lossy().into_owned());
-    let request = (|| -> Result<register::Request> {
-        let job_id = required(job_id, "job_id")?;
-        let tenant = required(tenant, "tenant")?;
-        let target = required(target, "target")?;
-        let items = items()?;
-        Ok(register::Request {
-            job_id,
-            tenant,
-            target,
-            items,
-            chunk_size: required(chunk_size, "chunk_size")?,
-            set_values: jsonb_arg(set_values, "set_values")?.filter(|v| !v.is_null()),
-            expect: required(jsonb_arg(expect, "expect")?, "expect")?,
-            key_column: name(key_column, "key_column")?,
-            tenant_column: name(tenant_column, "tenant_column")?,
-            revision_column: name(revision_column, "revision_column")?,
-            handler,
-            parallel: required(parallel, "parallel")?,
-        })
-    })()
-    .or_raise();
-    let job_id = request.job_id.clone();
-    let registered = register::register(request).or_raise();
-    crate::memory::hand_back();
-    TableIterator::once((
-        job_id,
-        registered.created,
-        registered.items,
-        registered.chunks,
-    ))
-}
-
-/// A jsonb argument (declared so in the SQL above), read from its text form. pgrx's
-/// JsonB turns jsonb that serde_json cannot hold (nesting deeper than it reads, a number
-/// beyond double precision) into an internal error; this refuses it with a clear one.
-fn jsonb_arg(arg: Option<Internal>, what: &str) -> Result<Option<serde_json::Value>> {
-    jsonb_text(arg, what)?
-        .map(|text| approval::read_json(what, &text))
-        .transpose()
-}
-
-/// A jsonb argument as JSON text (jsonb_out), for reading an item at a time.
-fn jsonb_text(arg: Option<Internal>, what: &str) -> Result<Option<String>> {
-    let Some(datum) = arg.and_then(Internal::unwrap) else {
-        return Ok(None);
+/// Declares register_job and register_job_from_query, which differ only in where the
+/// items come from: the argument `$items` of SQL type `$items_type`, made into
+/// register::Items by `$read`.
+macro_rules! registration {
+    ($(#[$doc:meta])* $name:ident, $items:ident: $items_type:ident, $read:expr) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        #[pg_extern(volatile, parallel_unsafe)]
+        fn $name(
+            job_id: Option<String>,
+            tenant: Option<String>,
+            target: Option<RegClass>,
+            $items: Option<$items_type>,
+            chunk_size: Option<i32>,
+            set_values: Option<Jsonb>,
+            expect: default!(Option<Jsonb>, "'{}'"),
+            key_column: default!(Option<Name>, "'id'"),
+            tenant_column: default!(Option<Name>, "'tenant'"),
+            revision_column: default!(Option<Name>, "'revision'"),
+            handler: default!(Option<RegProcedure>, "NULL"),
+            parallel: default!(Option<bool>, false),
+        ) -> TableIterator<
+            'static,
+            (
+                name!(job_id, String),
+                name!(created, bool),
+                name!(items, i32),
+                name!(chunks, i32),
+            ),
+        > {
+            crate::standby::refuse_writes(concat!("etc_batch.", stringify!($name))).or_raise();
+            // the arguments checked in the order they are declared
+            let request = (|| -> Result<register::Request> {
+                let name = |v: Option<Name>, arg| required(v, arg).map(|n| n.0);
+                Ok(register::Request {
+                    job_id: required(job_id, "job_id")?,
+                    tenant: required(tenant, "tenant")?,
+                    target: required(target, "target")?.0,
+                    items: ($read)(required($items, stringify!($items))?)?,
+                    chunk_size: required(chunk_size, "chunk_size")?,
+                    set_values: jsonb_arg(set_values, "set_values")?.filter(|v| !v.is_null()),
+                    expect: required(jsonb_arg(expect, "expect")?, "expect")?,
+                    key: JobKey::of(&name(key_column, "key_column")?),
+                    tenant_column: name(tenant_column, "tenant_column")?,
+                    guard: Guard::of(&name(revision_column, "revision_column")?),
+                    handler: handler.map(|h| h.0),
+                    parallel: required(parallel, "parallel")?,
+                })
+            })()
+            .or_raise();
+            let job_id = request.job_id.clone();
+            let registered = register::register(request).or_raise();
+            crate::memory::hand_back();
+            TableIterator::once((job_id, registered.created, registered.items, registered.chunks))
+        }
     };
-    // SAFETY: the datum is a jsonb argument of this call; jsonb_out detoasts it and
-    // returns a C string palloc'd in the current memory context, freed below.
-    unsafe {
-        let text = pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)])
-            .ok_or_else(|| BatchError::Internal(format!("jsonb_out returned NULL for {what}")))?;
-        let value = match text.to_str() {
-            Ok(text) => Ok(text.to_string()),
-            Err(_) => Err(BatchError::Unsupported {
-                message: format!("{what} is not valid UTF-8"),
-                detail: "etc_batch reads approvals in UTF8 databases only.".into(),
-            }),
-        };
-        pg_sys::pfree(text.as_ptr() as *mut std::ffi::c_void);
-        value.map(Some)
-    }
+}
+
+registration!(
+    /// Freezes an approved list of items, given as a jsonb array, for a job.
+    register_job,
+    items: Jsonb,
+    |items: Jsonb| items.text("items").map(register::Items::Json)
+);
+
+registration!(
+    /// As register_job, with the items the rows of a SELECT, read set-based in key order.
+    register_job_from_query,
+    items_query: String,
+    |query: String| Ok::<_, BatchError>(register::Items::Query(query))
+);
+
+/// A jsonb argument read as JSON.
+fn jsonb_arg(arg: Option<Jsonb>, what: &str) -> Result<Option<serde_json::Value>> {
+    arg.map(|a| approval::read_json(what, &a.text(what)?))
+        .transpose()
 }
 
 /// Every approved item of a job: unprocessed, or committed and now matching, drifted
@@ -323,21 +193,11 @@ fn pause_job(job_id: Option<String>) {
 /// Sets how fast a job may go: rows per second for all its drainers together, and how
 /// many WAL bytes the slowest standby or replication slot may be behind before they
 /// wait; NULL: no limit. Read by every drainer at its next chunk.
-#[pg_extern(
-    volatile,
-    parallel_unsafe,
-    sql = r#"
-CREATE FUNCTION etc_batch.pace_job(
-    job_id text, rows_per_second integer, max_replica_lag_bytes bigint DEFAULT NULL)
-RETURNS void
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c AS 'MODULE_PATHNAME', 'pace_job_wrapper';
-"#
-)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn pace_job(
     job_id: Option<String>,
     rows_per_second: Option<i32>,
-    max_replica_lag_bytes: Option<i64>,
+    max_replica_lag_bytes: default!(Option<i64>, "NULL"),
 ) {
     crate::standby::refuse_writes("etc_batch.pace_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
@@ -361,77 +221,22 @@ fn resume_job(job_id: Option<String>) {
     }
 }
 
-/// `CALL etc_batch.drain_job(...)`, declared in sql/procedures.sql.
-pub const DRAIN_JOB: Signature = Signature {
-    name: "etc_batch.drain_job",
-    args: &[
-        Arg {
-            name: "job_id",
-            sql_type: "text",
-            default: None,
-            mode: Mode::In,
-        },
-        Arg {
-            name: "max_chunks",
-            sql_type: "integer",
-            default: Some("NULL::integer"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "lease_name",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "lease_holder",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "lease_generation",
-            sql_type: "bigint",
-            default: Some("NULL::bigint"),
-            mode: Mode::In,
-        },
-        Arg {
-            name: "committed_chunks",
-            sql_type: "integer",
-            default: Some("NULL::integer"),
-            mode: Mode::InOut,
-        },
-        Arg {
-            name: "committed_items",
-            sql_type: "bigint",
-            default: Some("NULL::bigint"),
-            mode: Mode::InOut,
-        },
-        Arg {
-            name: "first_key",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::InOut,
-        },
-        Arg {
-            name: "last_key",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::InOut,
-        },
-        Arg {
-            name: "status",
-            sql_type: "text",
-            default: Some("NULL::text"),
-            mode: Mode::InOut,
-        },
-    ],
-};
+results! {
+    /// What one CALL of drain_job did: the chunks and items it committed, the first and
+    /// last key of them, and the job's status after it.
+    pub struct DrainResult {
+        pub committed_chunks: i32,
+        pub committed_items: i64,
+        pub first_key: Option<String>,
+        pub last_key: Option<String>,
+        pub status: &'static str,
+    }
+}
 
+// `CALL etc_batch.drain_job(...)`, declared in sql/procedures.sql.
 c_procedure!(
     etc_batch_drain_job,
     pg_finfo_etc_batch_drain_job,
-    DRAIN_JOB,
     |args, tx| {
         let job_id: String = args.required("job_id")?;
         let fence = Fence::from_args(
@@ -440,16 +245,16 @@ c_procedure!(
             args.get("lease_generation")?,
         )?;
         let d = drain::drain(tx, &job_id, args.get("max_chunks")?, fence)?;
-        Ok((
-            d.chunks,
-            d.items,
-            d.first_key,
-            d.last_key,
-            if d.paused {
+        Ok(DrainResult {
+            committed_chunks: d.chunks,
+            committed_items: d.items,
+            first_key: d.first_key,
+            last_key: d.last_key,
+            status: if d.paused {
                 "paused"
             } else {
                 d.status.as_str()
             },
-        ))
+        })
     }
 );

@@ -3,8 +3,8 @@
 
 use super::sql;
 use crate::error::{BatchError, Result};
+use crate::own_rows::{nextval, Columns, RowWriter};
 use crate::query;
-use crate::rows::{nextval, Columns, RowWriter};
 use crate::txn::txid_current;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;

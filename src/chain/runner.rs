@@ -9,18 +9,18 @@
 use super::audit::{Attempt, StepAuditWriter};
 use super::running;
 use super::sql;
-use super::step::{action_for, Action, StepStatus};
+use super::step::{action_for, Action, StepKind, StepStatus};
 use super::step_lock::StepLock;
-use super::timer::StepTimer;
+use super::timer;
 use crate::activity::Activity;
 use crate::error::{retry_step_hint, BatchError, OrRaise, Result};
 use crate::installed;
 use crate::lease::Fence;
+use crate::own_rows::{self, Compare, Key, Lock, Tid};
 use crate::pauses::Paused;
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
-use crate::rows::{self, Key, Lock, Tid};
-use crate::txn::{subtransaction, FailureKind, TxnLoop};
+use crate::txn::{subtransaction, Failure, FailureKind, Transactions};
 use pgrx::datum::{clock_timestamp as now, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -40,8 +40,8 @@ struct LockedStep {
     search_path: String,
     /// Who paused the step's batch, if it is paused.
     paused: Option<Paused>,
-    /// A single CALL of a procedure that may commit.
-    commits: bool,
+    /// A plain step, or a single CALL of a procedure that may commit.
+    kind: StepKind,
     /// Its statement_timeout, in milliseconds.
     timeout_ms: Option<i32>,
     /// Attempts in all after a transient error.
@@ -50,6 +50,18 @@ struct LockedStep {
 
 /// When a step's command started and finished.
 type Span = (TimestampWithTimeZone, TimestampWithTimeZone);
+
+/// What running a step's command came to.
+struct Ran {
+    /// Where the step's row, locked, lies now.
+    at: Tid,
+    outcome: std::result::Result<(), Failure>,
+    span: Span,
+    /// Its deadline had passed when it ended.
+    timed_out: bool,
+    /// A step that commits: its session lock, held until its outcome is recorded.
+    held: Option<StepLock>,
+}
 
 /// A step's command that failed, and what the runner knows of it.
 struct Failed {
@@ -71,10 +83,19 @@ enum Flow {
     /// The step's batch is paused: the run stops before it.
     Paused,
     /// Run the step again after this long: its attempt failed with a transient error,
-    /// committed as retried.
-    Again(Duration),
+    /// recorded as retried, of which the NOTICE tells once that is committed.
+    Again(Duration, String),
     /// Another runner was inside the step, and is done with it: read it again.
     Recheck,
+    /// The step failed, which is recorded: commit that, then raise its error.
+    Failed(Raise),
+}
+
+/// A step's error, raised again as the step raised it, once its failure is committed.
+struct Raise {
+    failure: Failure,
+    detail: String,
+    hint: String,
 }
 
 /// Who is running the chain, fixed once at the start of the CALL.
@@ -125,8 +146,8 @@ impl Locked {
     }
 }
 
-pub fn exec_batch_from_id(
-    tx: &mut TxnLoop,
+pub fn exec_batch_from_id<T: Transactions>(
+    tx: &mut T,
     first: i64,
     wait: bool,
     fence: Option<Fence>,
@@ -155,49 +176,56 @@ pub fn exec_batch_from_id(
     // the attempts of the step at hand that failed with a transient error
     let mut failed_before = 0;
     while let Some(id) = next {
-        let flow = tx.item(|tx| -> Result<Flow> {
-            let flow = runner.run_step(tx, id, failed_before)?;
-            match flow {
-                Flow::Yielded | Flow::Again(_) | Flow::Recheck => {}
-                Flow::Paused => {
-                    // nothing done: the step's lock goes with this transaction
-                    tx.commit();
-                }
-                Flow::Ran(_) => {
-                    tx.commit();
-                    // the message is not even put together when nobody would receive it
-                    if crate::activity::notices_are_sent() {
-                        notice!("step {id} of batch \"{}\" committed", runner.batch);
-                    }
-                }
-                Flow::Skipped(_) => tx.commit(),
-            }
-            Ok(flow)
-        })?;
+        let flow = tx.item(|tx| runner.run_step(tx, id, failed_before))?;
         next = match flow {
-            Flow::Yielded | Flow::Paused => None,
-            Flow::Ran(next) | Flow::Skipped(next) => {
+            // the call ends here; so does its transaction, with nothing written
+            Flow::Yielded => None,
+            Flow::Paused => {
+                // nothing done: the step's lock goes with this transaction
+                tx.commit();
+                None
+            }
+            Flow::Ran(next) => {
+                tx.commit();
+                // the message is not even put together when nobody would receive it
+                if crate::activity::notices_are_sent() {
+                    notice!("step {id} of batch \"{}\" committed", runner.batch);
+                }
                 failed_before = 0;
                 next
             }
-            Flow::Again(backoff) => {
+            Flow::Skipped(next) => {
+                tx.commit();
+                failed_before = 0;
+                next
+            }
+            Flow::Again(backoff, retried) => {
+                tx.commit();
+                notice!("{retried}");
                 failed_before += 1;
                 // holding nothing: the retry was committed
                 crate::txn::sleep(backoff);
                 Some(id)
             }
             Flow::Recheck => Some(id),
+            Flow::Failed(Raise {
+                failure,
+                detail,
+                hint,
+            }) => {
+                tx.commit();
+                failure.raise(detail, hint)
+            }
         };
     }
     Ok(())
 }
 
 impl Runner {
-    /// Runs one step in the current transaction. Returns before the COMMIT, except for a
-    /// failed step, whose failure is committed here and then raised.
+    /// Runs one step in the current transaction, and says what the loop is to do with it.
     /// `failed_before`: the attempts of this step that failed with a transient error
     /// earlier in this call.
-    fn run_step(&self, tx: &mut TxnLoop, id: i64, failed_before: i32) -> Result<Flow> {
+    fn run_step(&self, tx: &mut impl Transactions, id: i64, failed_before: i32) -> Result<Flow> {
         self.activity
             .report(&format!("chain \"{}\": step {id}", self.batch));
         if let Some(fence) = &self.fence {
@@ -266,54 +294,59 @@ impl Runner {
                         batch: self.batch.clone(),
                     });
                 }
-                if step.commits {
-                    return self.run_committing(tx, id, step, locked, failed_before);
-                }
-                let started = now();
-                let timeout = step.timeout_ms.map(|ms| format!("{ms}ms"));
-                let timer = step.timeout_ms.map(StepTimer::start);
-                let outcome = subtransaction(|| {
-                    crate::raised::capturing(|| {
-                        let settings: Vec<(&CStr, &str)> = timeout
-                            .as_deref()
-                            .map(|t| (c"statement_timeout", t))
-                            .into_iter()
-                            .collect();
-                        crate::settings::with(&settings, || {
-                            as_author(step.added_by, &step.search_path, self.caller, || {
-                                run_command(&step.command, self.deferrable)
-                            })
-                        })
-                    })
-                });
-                let timed_out = timer.as_ref().is_some_and(StepTimer::expired);
-                drop(timer);
-                let ran = (started, now());
-                self.record(
-                    tx,
-                    id,
-                    &step,
-                    at,
-                    outcome,
-                    (ran, timed_out, failed_before),
-                    &locked,
-                )
+                let ran = match step.kind {
+                    StepKind::Plain => self.run_plain(&step, at),
+                    StepKind::Commits => match self.run_committing(tx, id, &step)? {
+                        Ok(ran) => ran,
+                        Err(flow) => return Ok(flow),
+                    },
+                };
+                self.record(id, &step, ran, failed_before, &locked)
             }
         }
     }
 
+    /// A plain step: its command run in a subtransaction of the runner's transaction, as
+    /// its author, with its timeout.
+    fn run_plain(&self, step: &LockedStep, at: Tid) -> Ran {
+        let started = now();
+        let timeout = step.timeout_ms.map(|ms| format!("{ms}ms"));
+        let (outcome, timed_out) = timer::within(step.timeout_ms, || {
+            subtransaction(|| {
+                crate::raised::capturing(|| {
+                    let settings: Vec<(&CStr, &str)> = timeout
+                        .as_deref()
+                        .map(|t| (c"statement_timeout", t))
+                        .into_iter()
+                        .collect();
+                    crate::settings::with(&settings, || {
+                        as_author(step.added_by, &step.search_path, self.caller, || {
+                            run_command(&step.command, self.deferrable)
+                        })
+                    })
+                })
+            })
+        });
+        Ran {
+            at,
+            outcome,
+            span: (started, now()),
+            timed_out,
+            held: None,
+        }
+    }
+
     /// A step that commits: its procedure CALLed in the runner's own non-atomic context
-    /// (see txn::TxnLoop::call), not in a subtransaction, under the step's session lock
-    /// (step_lock.rs) instead of its row lock, which the first COMMIT would let go. Its
-    /// outcome is recorded once the procedure returns, under the row lock taken again.
+    /// (see txn::Transactions::call), not in a subtransaction, under the step's session
+    /// lock (step_lock.rs) instead of its row lock, which the first COMMIT would let go.
+    /// Its outcome is recorded once the procedure returns, under the row lock taken
+    /// again. Err: the step was not run, and what the loop is to do instead.
     fn run_committing(
         &self,
-        tx: &mut TxnLoop,
+        tx: &mut impl Transactions,
         id: i64,
-        step: LockedStep,
-        locked: Locked,
-        failed_before: i32,
-    ) -> Result<Flow> {
+        step: &LockedStep,
+    ) -> Result<std::result::Result<Ran, Flow>> {
         // A role switch cannot outlast a COMMIT (see roles.rs), and a step that switched
         // without the restrictions as_author puts on it could SET ROLE to the caller's.
         if step.added_by != self.caller {
@@ -326,11 +359,11 @@ impl Runner {
             // another runner is inside the step's procedure
             if !self.wait {
                 self.report_holder(id)?;
-                return Ok(Flow::Yielded);
+                return Ok(Err(Flow::Yielded));
             }
             tx.commit();
             StepLock::wait_for(id);
-            return Ok(Flow::Recheck);
+            return Ok(Err(Flow::Recheck));
         };
         tx.commit();
 
@@ -349,10 +382,7 @@ impl Runner {
             .iter()
             .map(|(name, value)| (*name, crate::settings::set_in_session(name, value)))
             .collect();
-        let timer = step.timeout_ms.map(StepTimer::start);
-        let outcome = tx.call(&step.command);
-        let timed_out = timer.as_ref().is_some_and(StepTimer::expired);
-        drop(timer);
+        let (outcome, timed_out) = timer::within(step.timeout_ms, || tx.call(&step.command));
         if outcome.is_err() {
             tx.rollback_after_error();
         }
@@ -365,49 +395,42 @@ impl Runner {
         let (_, at) = self
             .lock_waiting(id)?
             .ok_or(BatchError::UnknownStep { id })?;
-        let ran = (started, finished);
-        let flow = self.record(
-            tx,
-            id,
-            &step,
+        Ok(Ok(Ran {
             at,
             outcome,
-            (ran, timed_out, failed_before),
-            &locked,
-        );
-        drop(step_lock);
-        flow
+            span: (started, finished),
+            timed_out,
+            held: Some(step_lock),
+        }))
     }
 
-    /// The outcome of a step's command recorded: done, or what after_failure makes of
-    /// its error. `how`: when it ran, whether its deadline had passed, the attempts that
-    /// failed before in this call.
-    #[allow(clippy::too_many_arguments)]
+    /// What running a step's command came to, recorded: done, or what after_failure
+    /// makes of its error; `failed_before`, the attempts that failed before in this call.
     fn record(
         &self,
-        tx: &mut TxnLoop,
         id: i64,
         step: &LockedStep,
-        at: Tid,
-        outcome: std::result::Result<(), crate::txn::Failure>,
-        (ran, timed_out, failed_before): (Span, bool, i32),
+        ran: Ran,
+        failed_before: i32,
         locked: &Locked,
     ) -> Result<Flow> {
-        match outcome {
-            Ok(()) => self.record_done(id, at, ran, locked),
+        let flow = match ran.outcome {
+            Ok(()) => self.record_done(id, ran.at, ran.span, locked),
             Err(failure) => self.after_failure(
-                tx,
                 id,
                 step,
                 Failed {
                     failure,
-                    timed_out,
-                    ran,
+                    timed_out: ran.timed_out,
+                    ran: ran.span,
                     failed_before,
                 },
                 locked,
             ),
-        }
+        };
+        // a step that commits is another runner's to run again only once this is recorded
+        drop(ran.held);
+        flow
     }
 
     /// Marks the step done, with its audit row, in the transaction that ran it.
@@ -433,11 +456,10 @@ impl Runner {
     /// After the step's command failed and its work was rolled back: a cancel of the
     /// whole call leaves the step pending; a transient error with attempts left is
     /// recorded as retried and the step run again after a backoff; otherwise the step is
-    /// failed (or timed out), which is committed, and the error raised as the step
-    /// raised it.
+    /// failed (or timed out), which the loop commits before it raises the error as the
+    /// step raised it.
     fn after_failure(
         &self,
-        tx: &mut TxnLoop,
         id: i64,
         step: &LockedStep,
         failed: Failed,
@@ -498,17 +520,16 @@ impl Runner {
             })?;
             Ok(attempt)
         })?;
-        tx.commit();
         if retry {
             let backoff = crate::retries::backoff(attempt_here);
-            notice!(
+            let retried = format!(
                 "step {id} of batch \"{}\" was rolled back: {sqlstate} {}; attempt {attempt_here} of {}, trying again in {} ms",
                 self.batch,
                 failure.message,
                 step.max_attempts,
                 backoff.as_millis()
             );
-            return Ok(Flow::Again(backoff));
+            return Ok(Flow::Again(backoff, retried));
         }
         let detail = if timed_out {
             format!(
@@ -522,7 +543,11 @@ impl Runner {
                 self.batch
             )
         };
-        failure.raise(detail, retry_step_hint(id))
+        Ok(Flow::Failed(Raise {
+            failure,
+            detail,
+            hint: retry_step_hint(id),
+        }))
     }
 
     fn owner<R>(&self, work: impl FnOnce() -> Result<R>) -> Result<R> {
@@ -543,7 +568,7 @@ impl Runner {
 
     fn lock_step(&self, id: i64, wait: bool) -> Result<Option<(LockedStep, Tid)>> {
         let step = as_role(self.bookkeeper, || {
-            rows::with_table("batch_log", |steps| {
+            own_rows::with_table("batch_log", |steps| {
                 steps.lock_by_key("id", Key::Int8(id), wait, |row| {
                     Ok(LockedStep {
                         status: StepStatus::parse(
@@ -558,7 +583,7 @@ impl Runner {
                         last_error: row.get::<String>("last_error")?,
                         search_path: row.get::<String>("search_path")?.unwrap_or_default(),
                         paused: Paused::from_row(row.get("paused_at")?, row.get("paused_by")?),
-                        commits: row.get::<bool>("commits")?.unwrap_or(false),
+                        kind: StepKind::of(row.get::<bool>("commits")?.unwrap_or(false)),
                         timeout_ms: row
                             .get::<Interval>("timeout")?
                             .map(super::step::timeout_ms)
@@ -612,20 +637,16 @@ fn run_command(command: &str, deferrable: bool) {
     }
 }
 
-/// Marks the step done, as MARK_DONE does, without a statement where batch_log has no
-/// trigger for it (see `rows`): the step's row is locked, and no other transaction can
-/// have changed it. Returns its batch, its attempts and who added it, and the next step
-/// of its batch.
+/// Marks the step done: the step's row is locked, and no other transaction can have
+/// changed it. Returns its batch, its attempts and who added it, and the next step of its
+/// batch.
 fn mark_done(
     id: i64,
     at: Tid,
     started: TimestampWithTimeZone,
     finished: TimestampWithTimeZone,
 ) -> Result<(String, i32, pg_sys::Oid, Option<i64>)> {
-    let direct = rows::with_table("batch_log", |steps| {
-        if steps.fires_on_update() {
-            return Ok(None);
-        }
+    let (batch, attempt, added_by, after) = own_rows::with_table("batch_log", |steps| {
         let (batch, attempt, added_by) = steps
             .update_locked(at, "id", Key::Int8(id), |row| {
                 let attempt = row.get::<i32>("attempts")?.unwrap_or_default() + 1;
@@ -643,26 +664,11 @@ fn mark_done(
             })?
             .ok_or(BatchError::UnknownStep { id })?;
         // The step after it by id belongs to the same batch unless batches interleave.
-        let after = steps.next_by_key("id", Key::Int8(id), |row| {
+        let after = steps.first("id", Compare::Greater, Key::Int8(id), |row| {
             Ok((row.get::<i64>("id")?, row.get::<String>("batch")?))
         })?;
-        Ok(Some((batch, attempt, added_by, after)))
+        Ok((batch, attempt, added_by, after))
     })?;
-    let Some((batch, attempt, added_by, after)) = direct else {
-        return query::row(
-            sql::MARK_DONE,
-            &[id.into(), started.into(), finished.into()],
-            |r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<i32>(2)?.unwrap_or_default(),
-                    r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-                    r.get::<i64>(4)?,
-                ))
-            },
-        )?
-        .ok_or(BatchError::UnknownStep { id });
-    };
     let next = match after {
         None => None,
         Some((next, Some(b))) if b == batch => next,

@@ -37,19 +37,6 @@ macro_rules! next_step {
     };
 }
 
-/// Marks the step done; its audit row follows in the same transaction (see `audit`), so
-/// the step's own writes, its done mark and its audit row commit together. Returns what
-/// the audit row needs and the next step of the batch.
-/// $1 id, $2 started, $3 finished.
-pub const MARK_DONE: &str = concat!(
-    "UPDATE etc_batch.batch_log
-   SET status = 'done', attempts = attempts OPERATOR(pg_catalog.+) 1,
-       started_at = $2, finished_at = $3
- WHERE id OPERATOR(pg_catalog.=) $1
-RETURNING batch, attempts, added_by::pg_catalog.oid, ",
-    next_step!()
-);
-
 /// Records a failed attempt that will be tried again: the step stays pending. Returns
 /// what the audit row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE.
 pub const MARK_RETRIED: &str = "\

@@ -14,6 +14,33 @@ pub enum Action {
     Stop,
 }
 
+/// The kinds of step: each is checked in its own way when it is added (command.rs) and
+/// run in its own way (runner.rs). Kept in batch_log as the column `commits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// Any SQL, run in a subtransaction of the runner's transaction, which commits it
+    /// with the step's done mark.
+    Plain,
+    /// A single CALL of a procedure that may COMMIT, run in the runner's own non-atomic
+    /// context; its outcome is recorded once it returns.
+    Commits,
+}
+
+impl StepKind {
+    pub fn of(commits: bool) -> StepKind {
+        if commits {
+            StepKind::Commits
+        } else {
+            StepKind::Plain
+        }
+    }
+
+    /// As batch_log keeps it.
+    pub fn commits(self) -> bool {
+        self == StepKind::Commits
+    }
+}
+
 pub fn action_for(status: StepStatus) -> Action {
     match status {
         StepStatus::Pending => Action::Run,

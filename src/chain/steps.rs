@@ -2,7 +2,8 @@
 //! extension's owner, who alone writes batch_log, so that `added_by` is always the role
 //! that really called add_step.
 
-use super::{command, sql, step};
+use super::step::{self, StepKind};
+use super::{command, sql};
 use crate::error::{BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
@@ -10,8 +11,8 @@ use pgrx::datum::Interval;
 
 /// How a step runs, beyond its command: see add_step.
 pub struct Options {
-    /// The command is a single CALL of a procedure that may commit.
-    pub commits: bool,
+    /// Whether the command is a single CALL of a procedure that may commit.
+    pub kind: StepKind,
     /// Its statement_timeout.
     pub timeout: Option<Interval>,
     /// Attempts in all after 40001, 40P01 or 55P03.
@@ -34,7 +35,7 @@ pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Res
     if let Some(timeout) = options.timeout {
         step::timeout_ms(timeout)?;
     }
-    command::check(command, options.commits)?;
+    command::check(command, options.kind)?;
     let adder = current_user();
     as_owner(|| {
         query::run(sql::LOCK_STEP_IDS, &[])?;
@@ -54,7 +55,7 @@ pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Res
                 batch.into(),
                 command.into(),
                 adder.into(),
-                options.commits.into(),
+                options.kind.commits().into(),
                 options.timeout.into(),
                 options.max_attempts.into(),
             ],

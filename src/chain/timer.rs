@@ -21,6 +21,15 @@ unsafe extern "C" {
     fn get_timeout_finish_time(id: c_int) -> pg_sys::TimestampTz;
 }
 
+/// Runs `work` (a step's command) under the step's deadline, if it has one: returns what
+/// it returned, and whether the deadline had passed when it ended.
+pub fn within<R>(milliseconds: Option<i32>, work: impl FnOnce() -> R) -> (R, bool) {
+    let timer = milliseconds.map(StepTimer::start);
+    let outcome = work();
+    let timed_out = timer.as_ref().is_some_and(StepTimer::expired);
+    (outcome, timed_out)
+}
+
 /// A step's deadline, armed.
 pub struct StepTimer {
     deadline: pg_sys::TimestampTz,

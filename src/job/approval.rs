@@ -8,54 +8,16 @@
 //! guards in column-name order. Two registrations are the same request exactly when
 //! their normal forms are equal, whatever order the caller listed the items in.
 
-use super::columns::{is_integer, json_kind, parse_uuid, Kind, Shape};
+use super::columns::json_kind;
+use super::shape::Shape;
+use super::guard::Guard;
+use super::key::JobKey;
+pub use super::key::Key;
 use crate::error::{BatchError, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-
-/// A key in the key column's own type; the derived order is that type's order.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Key {
-    Int(i64),
-    Uuid([u8; 16]),
-    Text(String),
-}
-
-impl Key {
-    /// A key as stored (its text form), read back in the key column's type.
-    pub fn from_text(kind: Kind, text: &str) -> Key {
-        match kind {
-            Kind::Int { .. } => text
-                .parse()
-                .map(Key::Int)
-                .unwrap_or_else(|_| Key::Text(text.into())),
-            Kind::Uuid => parse_uuid(text)
-                .map(Key::Uuid)
-                .unwrap_or_else(|| Key::Text(text.into())),
-            _ => Key::Text(text.into()),
-        }
-    }
-
-    /// The key as PostgreSQL prints it, which is also how it is stored and cast back.
-    pub fn text(&self) -> String {
-        match self {
-            Key::Int(i) => i.to_string(),
-            Key::Text(s) => s.clone(),
-            Key::Uuid(b) => {
-                let mut s = String::with_capacity(36);
-                for (i, byte) in b.iter().enumerate() {
-                    if matches!(i, 4 | 6 | 8 | 10) {
-                        s.push('-');
-                    }
-                    let _ = write!(s, "{byte:02x}");
-                }
-                s
-            }
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
@@ -98,41 +60,6 @@ impl FromIterator<(String, Value)> for Guards {
 }
 
 impl Shape {
-    fn key_of(&self, value: &Value, position: usize) -> Result<Key> {
-        let column = self.column(&self.key_column)?;
-        let wrong = || {
-            BatchError::invalid_because(
-                format!("item {position} has a key of the wrong type"),
-                format!(
-                    "Key column \"{}\" is {}, so the key must be {}, not {}.",
-                    column.name,
-                    column.type_name,
-                    column.kind.describe(),
-                    json_kind(value)
-                ),
-            )
-        };
-        match column.kind {
-            Kind::Int { min, max } => match value.as_i64() {
-                Some(i) if i >= min && i <= max => Ok(Key::Int(i)),
-                // Beyond i64 too (a u64): still an integer, so say it is out of range.
-                _ if is_integer(value) => Err(BatchError::invalid_because(
-                    format!("item {position} has a key out of range"),
-                    format!(
-                        "{value} does not fit key column \"{}\" of type {}.",
-                        column.name, column.type_name
-                    ),
-                )),
-                _ => Err(wrong()),
-            },
-            Kind::Text => Ok(Key::Text(value.as_str().ok_or_else(wrong)?.to_string())),
-            Kind::Uuid => parse_uuid(value.as_str().ok_or_else(wrong)?)
-                .map(Key::Uuid)
-                .ok_or_else(wrong),
-            _ => Err(wrong()),
-        }
-    }
-
     /// A value meant for `column`, checked, in its one spelling: numbers canonical, so
     /// that 2.0 and 2 are the same approval.
     fn normal_value(&self, column: &str, value: &Value, context: &str) -> Result<Value> {
@@ -231,42 +158,43 @@ impl Shape {
 
     /// Checks and normalizes item `position` (1-based) of the list.
     fn item(&self, entry: &Value, position: usize) -> Result<Item> {
-        let revision_column = self.column(&self.revision_column)?;
         let object = entry.as_object().ok_or_else(|| {
             BatchError::invalid_because(
                 format!("item {position} is not a JSON object"),
                 format!("It is {}.", json_kind(entry)),
             )
         })?;
-        let key_value = object.get(&self.key_column).ok_or_else(|| {
+        let key_value = object.get(self.key.column()).ok_or_else(|| {
             BatchError::invalid_because(
                 format!("item {position} has no key"),
-                format!("It has no field \"{}\".", self.key_column),
+                format!("It has no field \"{}\".", self.key.column()),
             )
         })?;
-        let key = self.key_of(key_value, position)?;
+        let key = self.key.value(&self.columns, key_value, position)?;
+        let field = self.guard.field();
         let revision = object
-            .get(&self.revision_column)
+            .get(field)
             .ok_or_else(|| {
                 BatchError::invalid_because(
                     format!("item {position} has no revision"),
-                    format!("It has no field \"{}\".", self.revision_column),
+                    format!("It has no field \"{field}\"."),
                 )
             })?
             .as_i64()
-            .filter(|r| matches!(revision_column.kind, Kind::Int { min, max } if *r >= min && *r <= max))
+            .filter(|r| self.guard.accepts(&self.columns, *r))
             .ok_or_else(|| {
+                let column = self.columns.get(field);
                 BatchError::invalid_because(
                     format!("item {position} has a revision of the wrong type"),
                     format!(
-                        "Revision column \"{}\" is {}, so the revision must be an integer in its range.",
-                        revision_column.name, revision_column.type_name
+                        "Revision column \"{field}\" is {}, so the revision must be an integer in its range.",
+                        column.map_or("", |c| c.type_name.as_str())
                     ),
                 )
             })?;
         let mut guards = Vec::new();
         for (field, value) in object {
-            if field == &self.key_column || field == &self.revision_column {
+            if field == self.key.column() || field == self.guard.field() {
                 continue;
             }
             if field == &self.tenant_column {
@@ -367,9 +295,9 @@ pub enum Action {
 pub struct Terms {
     pub tenant: String,
     pub target: String,
-    pub key_column: String,
+    pub key: JobKey,
     pub tenant_column: String,
-    pub revision_column: String,
+    pub guard: Guard,
     pub chunk_size: i32,
     pub action: Action,
     pub expect: BTreeMap<String, Value>,
@@ -394,9 +322,9 @@ impl Fingerprint {
         let mut f = Fingerprint(Sha256::new());
         f.field("tenant", &terms.tenant);
         f.field("target", &terms.target);
-        f.field("key_column", &terms.key_column);
+        f.field("key_column", terms.key.column());
         f.field("tenant_column", &terms.tenant_column);
-        f.field("revision_column", &terms.revision_column);
+        f.field("revision_column", terms.guard.field());
         f.field("chunk_size", &terms.chunk_size.to_string());
         match &terms.action {
             Action::Set(values) => f.field("set_values", &canonical_object(values)),
@@ -439,15 +367,15 @@ impl Terms {
     /// Names the first term in which `other` differs from these.
     pub fn difference(&self, other: &Terms) -> Option<String> {
         let scalar = [
-            ("tenant", &self.tenant, &other.tenant),
-            ("target", &self.target, &other.target),
-            ("key column", &self.key_column, &other.key_column),
-            ("tenant column", &self.tenant_column, &other.tenant_column),
+            ("tenant", self.tenant.as_str(), other.tenant.as_str()),
+            ("target", self.target.as_str(), other.target.as_str()),
+            ("key column", self.key.column(), other.key.column()),
             (
-                "revision column",
-                &self.revision_column,
-                &other.revision_column,
+                "tenant column",
+                self.tenant_column.as_str(),
+                other.tenant_column.as_str(),
             ),
+            ("revision column", self.guard.field(), other.guard.field()),
         ];
         for (what, a, b) in scalar {
             if a != b {
@@ -696,6 +624,7 @@ mod tests {
 
     use super::*;
     use crate::job::columns::Column;
+    use crate::job::columns::Kind;
     use serde_json::json;
 
     fn shape(key_type: &str) -> Shape {
@@ -721,9 +650,9 @@ mod tests {
                     )
                 })
                 .collect(),
-            key_column: "id".into(),
+            key: JobKey::of("id"),
             tenant_column: "tenant".into(),
-            revision_column: "revision".into(),
+            guard: Guard::of("revision"),
         }
     }
 
@@ -732,9 +661,9 @@ mod tests {
             terms: Terms {
                 tenant: "x".into(),
                 target: "public.orders".into(),
-                key_column: "id".into(),
+                key: JobKey::of("id"),
                 tenant_column: "tenant".into(),
-                revision_column: "revision".into(),
+                guard: Guard::of("revision"),
                 chunk_size: 10,
                 action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
                 expect: BTreeMap::new(),
@@ -905,9 +834,9 @@ mod tests {
             Err(BatchError::Unsupported { .. })
         ));
         s = shape("int8");
-        s.revision_column = "status".into();
+        s.guard = Guard::of("status");
         assert!(s.check_roles().is_err());
-        s.revision_column = "missing".into();
+        s.guard = Guard::of("missing");
         assert_eq!(
             s.check_roles(),
             Err(BatchError::UndefinedColumn {

@@ -2,7 +2,7 @@
 //! per changed item, in the chunk's own transaction.
 
 use crate::error::Result;
-use crate::rows::{Columns, RowWriter};
+use crate::own_rows::{Columns, RowWriter};
 use crate::txn::txid_current;
 use pgrx::pg_sys;
 use pgrx::IntoDatum;

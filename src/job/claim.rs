@@ -22,43 +22,37 @@
 //! before the stop is recorded, and every drainer that comes after waits for it and then
 //! reads the job's new status, and stops.
 
-use super::checkpoint::hash_seal;
+use super::checkpoint::{chunk_keys, first_audit_from, outside_changes};
+use super::chunk::{OpenChunk, Opening, Recheck};
+use super::progress::Progress;
+use super::seal;
 use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
-use crate::pauses::{self, Paused};
+use crate::own_rows::{self, Columns, Compare, Key, Lock, RowWriter, Tid};
+use crate::pauses;
 use crate::query;
-use crate::rows::{self, Key, Lock, Tid};
 use crate::status::JobStatus;
 use crate::txn::txid_current;
+use pgrx::pg_sys;
 use pgrx::IntoDatum;
 use std::ops::ControlFlow;
 
-/// The seal of a chunk row: hashtextextended(job || ':chunk:' || chunk || ':' ||
-/// committed as 0 or 1, 7919), as sql/jobs.sql writes it for an open chunk.
-pub fn chunk_seal(job_id: &str, chunk: i32, committed: bool) -> i64 {
-    hash_seal(&format!("{job_id}:chunk:{chunk}:{}", committed as i32))
-}
-
 /// A chunk this drainer holds.
-pub struct Claimed {
-    pub chunk: i32,
+struct Claimed {
+    chunk: i32,
     at: Tid,
 }
 
 /// What looking for a chunk came to.
-pub enum Claim {
+enum Claim {
     Claimed(Claimed),
     /// Every chunk not yet committed is held by another drainer.
     AllHeld,
     /// Every chunk is committed.
     NoneOpen,
-    /// The job is no longer pending.
-    Stopped(JobStatus),
     /// Why the job's progress cannot be trusted.
     Untrusted(String),
-    /// The job is paused.
-    Paused(Paused),
 }
 
 /// Where a drainer looks for its next chunk, for the span of one call.
@@ -83,6 +77,12 @@ pub struct Cursor {
 /// holds: enough for a few dozen drainers to find places of their own.
 const MOVES_PER_LOOK: u32 = 12;
 
+impl Default for Cursor {
+    fn default() -> Cursor {
+        Cursor::new()
+    }
+}
+
 impl Cursor {
     pub fn new() -> Cursor {
         Cursor {
@@ -106,97 +106,151 @@ impl Cursor {
     }
 }
 
-/// Looks for a chunk that is neither committed nor held, and claims it (see Cursor for
-/// where it looks). The chunk partition's ROW EXCLUSIVE lock is taken first and kept to
-/// the end of the transaction: a job being stopped holds EXCLUSIVE, and this waits for it.
-pub fn claim(job_id: &str, tables: &JobTables, chunks: i32, cursor: &mut Cursor) -> Result<Claim> {
-    rows::with_table(&tables.chunks_relname(), |rows_of_chunks| {
+/// The next chunk of a parallel job, in the current transaction: claimed (see Cursor for
+/// where it looks), and checked at a cost that does not grow with the job (the job's
+/// status and counters, read after the chunk partition's lock is granted; the chunk
+/// row's seal; one probe of the audit partition for a row inside the chunk), and its
+/// keys read. `progress` gives the job's item count and chunk size. Run as the owner.
+///
+/// The chunk partition's ROW EXCLUSIVE lock is taken first and kept to the end of the
+/// transaction: a job being stopped holds EXCLUSIVE, and this waits for it.
+pub fn open(
+    job_id: &str,
+    tables: &JobTables,
+    progress: Progress,
+    cursor: &mut Cursor,
+) -> Result<Opening> {
+    let chunks = super::progress::chunk_count(progress.item_count, progress.chunk_size);
+    let claimed = own_rows::with_table(&tables.chunks_relname(), |rows_of_chunks| {
         // the job as the transaction that holds the lock sees it: a stop recorded before
         // is seen here
-        let job = rows::reading_table("job", |jobs| {
-            jobs.find("job_number", Key::Int8(tables.number), |row| {
-                Ok((
-                    row.get::<String>("job_id")?.unwrap_or_default(),
-                    JobStatus::parse(&row.get::<String>("status")?.unwrap_or_default())?,
-                    row.get::<i64>("audit_changes")?.unwrap_or(0),
-                    row.get::<i64>("item_changes")?.unwrap_or(0),
-                ))
-            })
+        let job = own_rows::reading_table("job", |jobs| {
+            jobs.first(
+                "job_number",
+                Compare::Equal,
+                Key::Int8(tables.number),
+                |row| {
+                    Ok((
+                        row.get::<String>("job_id")?.unwrap_or_default(),
+                        JobStatus::parse(&row.get::<String>("status")?.unwrap_or_default())?,
+                        row.get::<i64>("audit_changes")?.unwrap_or(0),
+                        row.get::<i64>("item_changes")?.unwrap_or(0),
+                    ))
+                },
+            )
         })?;
         let Some((_, status, audit_changes, item_changes)) = job.filter(|j| j.0 == job_id) else {
             return Err(BatchError::UnknownJob {
                 job: job_id.to_string(),
             });
         };
-        if status != JobStatus::Pending {
-            return Ok(Claim::Stopped(status));
+        match status {
+            JobStatus::Pending => {}
+            JobStatus::Done => return Ok(Err(Opening::Done)),
+            stopped => return Ok(Err(Opening::Stopped(stopped))),
         }
         if let Some(paused) = pauses::of_job(job_id)? {
-            return Ok(Claim::Paused(paused));
+            return Ok(Err(Opening::Paused(paused)));
         }
         if audit_changes != 0 || item_changes != 0 {
-            return Ok(Claim::Untrusted(format!(
-                "Since they were written, {audit_changes} change(s) to the job's audit rows and \
-                 {item_changes} change(s) to its approved items were made outside etc_batch."
-            )));
+            return Ok(Err(Opening::Untrusted(outside_changes(
+                audit_changes,
+                item_changes,
+            ))));
         }
         let look = Look {
             job_id,
             chunks: rows_of_chunks,
         };
-        let mut moves = 0;
-        let mut start = cursor.next.unwrap_or(cursor.first_open);
-        let mut held = false;
-        loop {
-            // from `start` to the end; then, if nothing was found, from the first chunk
-            // not seen committed (the look that tells the job is complete)
-            let found = look.from(start, moves < MOVES_PER_LOOK)?;
-            held |= found.held;
-            match found.outcome {
-                Found::Claimed(claim) => {
-                    cursor.next = Some(claim.chunk + 1);
-                    return Ok(Claim::Claimed(claim));
+        Ok(match look_for(&look, cursor, chunks)? {
+            Claim::Claimed(claimed) => Ok(claimed),
+            Claim::AllHeld => Err(Opening::AllHeld),
+            Claim::NoneOpen => Err(Opening::AllCommitted),
+            Claim::Untrusted(reason) => Err(Opening::Untrusted(reason)),
+        })
+    })?;
+    let claimed = match claimed {
+        Ok(claimed) => claimed,
+        Err(opening) => return Ok(opening),
+    };
+    let chunk = Progress {
+        next_index: (claimed.chunk - 1).saturating_mul(progress.chunk_size),
+        ..progress
+    };
+    let range = match chunk.next_chunk() {
+        Some(range) if chunk.chunk_number().0 == claimed.chunk => range,
+        _ => {
+            return Ok(Opening::Untrusted(format!(
+                "The job has a row for chunk {}, but its {} approved items make {chunks} chunks.",
+                claimed.chunk, progress.item_count
+            )))
+        }
+    };
+    // no audit row may exist inside a chunk that is not committed
+    if let Some(position) = first_audit_from(tables, range.start)?.filter(|p| *p < range.end) {
+        return Ok(Opening::Untrusted(format!(
+            "An audit row exists at position {position}, inside chunk {}, which is not committed.",
+            claimed.chunk
+        )));
+    }
+    let keys = chunk_keys(tables, &range)?;
+    Ok(OpenChunk::claimed(chunk, keys, claimed.at).map_or(Opening::AllCommitted, Opening::Open))
+}
+
+/// Looks for a chunk that is neither committed nor held, and claims it.
+fn look_for(look: &Look, cursor: &mut Cursor, chunks: i32) -> Result<Claim> {
+    let mut moves = 0;
+    let mut start = cursor.next.unwrap_or(cursor.first_open);
+    let mut held = false;
+    loop {
+        // from `start` to the end; then, if nothing was found, from the first chunk
+        // not seen committed (the look that tells the job is complete)
+        let found = look.from(start, moves < MOVES_PER_LOOK)?;
+        held |= found.held;
+        match found.outcome {
+            Found::Claimed(claim) => {
+                cursor.next = Some(claim.chunk + 1);
+                return Ok(Claim::Claimed(claim));
+            }
+            Found::Untrusted(reason) => return Ok(Claim::Untrusted(reason)),
+            Found::NextToAnother => {
+                moves += 1;
+                start = cursor.place(moves, chunks);
+            }
+            Found::End if start > cursor.first_open => {
+                let whole = look.from(cursor.first_open, false)?;
+                held |= whole.held;
+                if let Some(open) = whole.first_open {
+                    cursor.first_open = open;
                 }
-                Found::Untrusted(reason) => return Ok(Claim::Untrusted(reason)),
-                Found::NextToAnother => {
-                    moves += 1;
-                    start = cursor.place(moves, chunks);
-                }
-                Found::End if start > cursor.first_open => {
-                    let whole = look.from(cursor.first_open, false)?;
-                    held |= whole.held;
-                    if let Some(open) = whole.first_open {
-                        cursor.first_open = open;
+                return Ok(match whole.outcome {
+                    Found::Claimed(claim) => {
+                        cursor.next = Some(claim.chunk + 1);
+                        Claim::Claimed(claim)
                     }
-                    return Ok(match whole.outcome {
-                        Found::Claimed(claim) => {
-                            cursor.next = Some(claim.chunk + 1);
-                            Claim::Claimed(claim)
-                        }
-                        Found::Untrusted(reason) => Claim::Untrusted(reason),
-                        _ if held => Claim::AllHeld,
-                        _ => Claim::NoneOpen,
-                    });
+                    Found::Untrusted(reason) => Claim::Untrusted(reason),
+                    _ if held => Claim::AllHeld,
+                    _ => Claim::NoneOpen,
+                });
+            }
+            Found::End => {
+                if let Some(open) = found.first_open {
+                    cursor.first_open = open;
                 }
-                Found::End => {
-                    if let Some(open) = found.first_open {
-                        cursor.first_open = open;
-                    }
-                    return Ok(if held {
-                        Claim::AllHeld
-                    } else {
-                        Claim::NoneOpen
-                    });
-                }
+                return Ok(if held {
+                    Claim::AllHeld
+                } else {
+                    Claim::NoneOpen
+                });
             }
         }
-    })
+    }
 }
 
 /// One look along the chunk rows.
 struct Look<'a, 't> {
     job_id: &'a str,
-    chunks: &'a rows::Table<'t>,
+    chunks: &'a own_rows::Table<'t>,
 }
 
 enum Found {
@@ -225,7 +279,7 @@ impl Look<'_, '_> {
         let mut first_open = None;
         let found = self
             .chunks
-            .scan_from("chunk", Key::Int4(start), |row, at| {
+            .scan("chunk", Compare::AtLeast, Key::Int4(start), |row, at| {
                 if row.get::<bool>("committed")? == Some(true) {
                     after_held = false;
                     return Ok(ControlFlow::Continue(()));
@@ -259,7 +313,9 @@ impl Look<'_, '_> {
         let outcome = match found {
             None => Found::End,
             Some(None) => Found::NextToAnother,
-            Some(Some((chunk, seal, _))) if seal != Some(chunk_seal(self.job_id, chunk, false)) => {
+            Some(Some((chunk, sealed, _)))
+                if sealed != Some(seal::chunk(self.job_id, chunk, false)) =>
+            {
                 Found::Untrusted(format!(
                     "The row of chunk {chunk} says it is not committed, but does not match its \
                      seal: it was changed outside etc_batch."
@@ -275,52 +331,30 @@ impl Look<'_, '_> {
     }
 }
 
-/// Marks the claimed chunk committed, with its new seal, the transaction and its time,
-/// once its audit rows are written; where the partition has a trigger for it (a DBA's),
-/// by a statement, so that it fires.
-pub fn mark_committed(job_id: &str, tables: &JobTables, claimed: &Claimed) -> Result<()> {
-    let seal = chunk_seal(job_id, claimed.chunk, true);
+/// Marks chunk `chunk`, claimed at `at`, committed, with its new seal, the transaction
+/// and its time, once its audit rows are written.
+pub fn mark_committed(job_id: &str, tables: &JobTables, chunk: i32, at: Tid) -> Result<()> {
+    let sealed = seal::chunk(job_id, chunk, true);
     let txid = txid_current();
     // the time of the commit, as near as it can be known before it
     let now = pgrx::datum::clock_timestamp();
-    let direct = rows::with_table(&tables.chunks_relname(), |chunks| {
-        if chunks.fires_on_update() {
-            return Ok(None);
-        }
-        let updated =
-            chunks.update_locked(claimed.at, "chunk", Key::Int4(claimed.chunk), |row| {
-                if row.get::<bool>("committed")? != Some(false) {
-                    return Err(BatchError::Internal(format!(
-                        "chunk {} was committed by another drainer while this one held it",
-                        claimed.chunk
-                    )));
-                }
-                let set = vec![
-                    ("committed", true.into_datum()),
-                    ("seal", seal.into_datum()),
-                    ("txid", txid.into_datum()),
-                    ("committed_at", now.into_datum()),
-                ];
-                Ok((set, ()))
-            })?;
-        Ok(Some(updated))
-    })?;
-    match direct {
-        Some(Some(())) => Ok(()),
-        Some(None) => Err(BatchError::Internal(format!(
-            "the row of chunk {} is gone",
-            claimed.chunk
-        ))),
-        None => {
-            let marked = query::one::<i32>(
-                &tables.sql(sql::MARK_CHUNK),
-                &[claimed.chunk.into(), seal.into(), txid.into(), now.into()],
-            )?;
-            marked.map(|_| ()).ok_or_else(|| {
-                BatchError::Internal(format!("chunk {} was not marked", claimed.chunk))
-            })
-        }
-    }
+    own_rows::with_table(&tables.chunks_relname(), |chunks| {
+        chunks.update_locked(at, "chunk", Key::Int4(chunk), |row| {
+            if row.get::<bool>("committed")? != Some(false) {
+                return Err(BatchError::Internal(format!(
+                    "chunk {chunk} was committed by another drainer while this one held it"
+                )));
+            }
+            let set = vec![
+                ("committed", true.into_datum()),
+                ("seal", sealed.into_datum()),
+                ("txid", txid.into_datum()),
+                ("committed_at", now.into_datum()),
+            ];
+            Ok((set, ()))
+        })
+    })?
+    .ok_or_else(|| BatchError::Internal(format!("the row of chunk {chunk} is gone")))
 }
 
 /// Takes the chunk partition's EXCLUSIVE lock, so that a change to the job's status
@@ -330,20 +364,96 @@ pub fn stop(tables: &JobTables) -> Result<()> {
     query::run(&tables.sql(sql::LOCK_CHUNKS), &[])
 }
 
+/// After a chunk was rolled back and the job stopped (`stop`): whether it is still
+/// pending, so that what stopped the chunk is to be recorded. Run as the owner.
+pub fn recheck(job_id: &str) -> Result<Recheck> {
+    let status = query::one::<String>(sql::JOB_STATUS, &[job_id.into()])?.ok_or_else(|| {
+        BatchError::UnknownJob {
+            job: job_id.to_string(),
+        }
+    })?;
+    Ok(match JobStatus::parse(&status)? {
+        JobStatus::Pending => Recheck::Record,
+        JobStatus::Done => Recheck::Again,
+        stopped => Recheck::Stopped(stopped),
+    })
+}
+
+/// The columns of a job's chunk partition (sql/jobs.sql).
+const CHUNK_COLUMNS: Columns = &[
+    ("job_id", pg_sys::TEXTOID),
+    ("chunk", pg_sys::INT4OID),
+    ("committed", pg_sys::BOOLOID),
+    ("seal", pg_sys::INT8OID),
+    ("txid", pg_sys::INT8OID),
+    ("committed_at", pg_sys::TIMESTAMPTZOID),
+];
+
+/// How many chunk rows are written at once.
+const CHUNK_ROWS_AT_ONCE: i32 = 1000;
+
+/// A parallel job's `chunks` chunk rows, open, each with its seal, written at
+/// registration into its chunk partition. Run as the owner.
+pub fn write_chunk_rows(job_id: &str, tables: &JobTables, chunks: i32) -> Result<()> {
+    let mut writer = RowWriter::new(&tables.chunks_relname(), CHUNK_COLUMNS)?;
+    let job = job_id.into_datum();
+    let open = false.into_datum();
+    let mut first = 1;
+    while first <= chunks {
+        let n = CHUNK_ROWS_AT_ONCE.min(chunks - first + 1);
+        writer.write(n as usize, |i, values| {
+            let chunk = first + i as i32;
+            values.copy_from_slice(&[
+                job,
+                chunk.into_datum(),
+                open,
+                seal::chunk(job_id, chunk, false).into_datum(),
+                None,
+                None,
+            ]);
+        })?;
+        first += n;
+    }
+    Ok(())
+}
+
+/// A parallel job's chunk rows counted: all of them, the committed ones, and those that
+/// do not match their seal.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRows {
+    pub rows: i64,
+    pub committed: i64,
+    pub unsealed: i64,
+}
+
+/// Reads every chunk row of a parallel job, in chunk order. Run as the owner.
+pub fn chunk_rows(job_id: &str, tables: &JobTables) -> Result<ChunkRows> {
+    let mut counted = ChunkRows::default();
+    own_rows::reading_table(&tables.chunks_relname(), |chunks| {
+        chunks.scan("chunk", Compare::AtLeast, Key::Int4(i32::MIN), |row, _| {
+            let chunk = row.get::<i32>("chunk")?.unwrap_or(-1);
+            let committed = row.get::<bool>("committed")?.unwrap_or(false);
+            counted.rows += 1;
+            counted.committed += i64::from(committed);
+            if row.get::<i64>("seal")? != Some(seal::chunk(job_id, chunk, committed)) {
+                counted.unsealed += 1;
+            }
+            Ok(ControlFlow::<()>::Continue(()))
+        })
+    })?;
+    Ok(counted)
+}
+
 /// Every chunk is committed: the job's row says so (done, next_index at the end, the
 /// chunk count, its seal), once the chunk rows and the audit agree, all of them. The
 /// reason it cannot be trusted otherwise. Run as the owner.
 pub fn finish(job_id: &str, tables: &JobTables, chunks: i32, items: i32) -> Result<Option<String>> {
-    let (rows, committed, unsealed, audits) =
-        query::row(&tables.sql(sql::CHUNKS_DONE), &[job_id.into()], |r| {
-            Ok((
-                r.get::<i64>(1)?.unwrap_or(0),
-                r.get::<i64>(2)?.unwrap_or(0),
-                r.get::<i64>(3)?.unwrap_or(0),
-                r.get::<i64>(4)?.unwrap_or(0),
-            ))
-        })?
-        .unwrap_or_default();
+    let ChunkRows {
+        rows,
+        committed,
+        unsealed,
+    } = chunk_rows(job_id, tables)?;
+    let audits = query::one::<i64>(&tables.sql(sql::AUDIT_ROWS), &[])?.unwrap_or(0);
     if rows != chunks as i64 || committed != rows || unsealed != 0 || audits != items as i64 {
         return Ok(Some(format!(
             "No chunk is open, but {committed} of {rows} chunk rows (of {chunks} chunks) are \
@@ -351,31 +461,15 @@ pub fn finish(job_id: &str, tables: &JobTables, chunks: i32, items: i32) -> Resu
              written for {items} approved items."
         )));
     }
-    query::run(sql::FINISH_PARALLEL, &[job_id.into(), chunks.into()])?;
+    query::run(
+        sql::FINISH_PARALLEL,
+        &[
+            job_id.into(),
+            chunks.into(),
+            seal::checkpoint(job_id, items, chunks).into(),
+        ],
+    )?;
     Ok(None)
-}
-
-#[cfg(any(test, feature = "pg_test"))]
-#[pgrx::pg_schema]
-mod tests {
-    use pgrx::prelude::*;
-
-    #[pg_test]
-    fn the_chunk_seal_is_the_one_sql_writes() {
-        for (job, chunk, committed) in [
-            ("festival", 1, false),
-            ("festival", 1, true),
-            ("a:b", 77, false),
-        ] {
-            let sql = Spi::get_one_with_args::<i64>(
-                "SELECT pg_catalog.hashtextextended($1 || ':chunk:' || $2 || ':' || $3::int, 7919)",
-                &[job.into(), chunk.into(), committed.into()],
-            )
-            .unwrap()
-            .unwrap();
-            assert_eq!(super::chunk_seal(job, chunk, committed), sql);
-        }
-    }
 }
 
 #[cfg(test)]

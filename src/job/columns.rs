@@ -1,6 +1,6 @@
 //! The target table's columns as a job sees them: what each accepts, as far as a JSON
 //! value can be checked without a database, and the roles (key, tenant, revision) the
-//! job gives them. Pure Rust, read from the catalog by `target`.
+//! values a job gives them. Pure Rust, read from the catalog by `target`.
 
 use crate::error::{BatchError, Result};
 use serde_json::Value;
@@ -64,62 +64,29 @@ pub struct Column {
     pub kind: Kind,
 }
 
-/// What the approval is checked against: the target's columns and the roles they play.
-#[derive(Debug, Clone)]
-pub struct Shape {
-    pub columns: HashMap<String, Column>,
-    pub key_column: String,
-    pub tenant_column: String,
-    pub revision_column: String,
+/// The target's columns, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Columns(HashMap<String, Column>);
+
+impl FromIterator<(String, Column)> for Columns {
+    fn from_iter<I: IntoIterator<Item = (String, Column)>>(columns: I) -> Columns {
+        Columns(columns.into_iter().collect())
+    }
 }
 
-impl Shape {
-    pub fn column(&self, name: &str) -> Result<&Column> {
-        self.columns
-            .get(name)
-            .ok_or_else(|| BatchError::UndefinedColumn {
-                column: name.to_string(),
-            })
-    }
+impl std::ops::Deref for Columns {
+    type Target = HashMap<String, Column>;
 
-    /// Checks the roles of the named columns: three different columns, the key of a
-    /// supported type and the revision an integer.
-    pub fn check_roles(&self) -> Result<()> {
-        // One column in two roles would let the job's revision increment change the key,
-        // or make the tenant a key.
-        let roles = [
-            ("key", &self.key_column),
-            ("tenant", &self.tenant_column),
-            ("revision", &self.revision_column),
-        ];
-        for (i, (role, column)) in roles.iter().enumerate() {
-            if let Some((other, _)) = roles[i + 1..].iter().find(|(_, c)| c == column) {
-                return Err(BatchError::invalid_because(
-                    format!("column \"{column}\" cannot be both the {role} and the {other} column"),
-                    "The key, tenant and revision columns must be three different columns.",
-                ));
-            }
-        }
-        let key = self.column(&self.key_column)?;
-        if !matches!(key.kind, Kind::Int { .. } | Kind::Text | Kind::Uuid) {
-            return Err(BatchError::Unsupported {
-                message: format!("key column \"{}\" has type {}", key.name, key.type_name),
-                detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
-                    .into(),
-            });
-        }
-        self.column(&self.tenant_column)?;
-        let revision = self.column(&self.revision_column)?;
-        if !matches!(revision.kind, Kind::Int { .. }) {
-            return Err(BatchError::invalid_because(
-                format!(
-                    "revision column \"{}\" must be an integer column",
-                    revision.name
-                ),
-                format!("It has type {}.", revision.type_name),
-            ));
-        }
-        Ok(())
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Columns {
+    pub fn column(&self, name: &str) -> Result<&Column> {
+        self.0.get(name).ok_or_else(|| BatchError::UndefinedColumn {
+            column: name.to_string(),
+        })
     }
 
     /// Checks a value meant for `column` (a guard, an expectation, a value to set)

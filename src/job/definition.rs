@@ -1,6 +1,8 @@
 //! A job as registered: read once per call, since registration never changes it.
 
 use super::approval::{parse_object, Action, Terms};
+use super::guard::Guard;
+use super::key::JobKey;
 use super::sql;
 use super::tables::JobTables;
 use super::target::Target;
@@ -17,9 +19,9 @@ pub struct Definition {
     pub target: pg_sys::Oid,
     /// `"schema"."table"`, quoted.
     pub target_name: String,
-    pub key_column: String,
+    pub key: JobKey,
     pub tenant_column: String,
-    pub revision_column: String,
+    pub guard: Guard,
     pub chunk_size: i32,
     pub set_values: Option<BTreeMap<String, Value>>,
     /// The handler as a callable, schema-qualified, quoted name.
@@ -52,12 +54,7 @@ impl Definition {
 
     /// The job's target table, as the catalog describes it now.
     pub fn target(&self) -> Result<Target> {
-        Target::load(
-            self.target,
-            &self.key_column,
-            &self.tenant_column,
-            &self.revision_column,
-        )
+        Target::load(self.target, &self.key, &self.tenant_column, &self.guard)
     }
 
     pub fn load(job_id: &str) -> Result<Option<Definition>> {
@@ -66,9 +63,9 @@ impl Definition {
                 job_id: job_id.to_string(),
                 tenant: r.get::<String>(1)?.unwrap_or_default(),
                 target: r.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::Oid::INVALID),
-                key_column: r.get::<String>(3)?.unwrap_or_default(),
+                key: JobKey::of(&r.get::<String>(3)?.unwrap_or_default()),
                 tenant_column: r.get::<String>(4)?.unwrap_or_default(),
-                revision_column: r.get::<String>(5)?.unwrap_or_default(),
+                guard: Guard::of(&r.get::<String>(5)?.unwrap_or_default()),
                 chunk_size: r.get::<i32>(6)?.unwrap_or(1),
                 set_values: r.get::<String>(7)?.map(|t| parse_object(&t)),
                 handler: r.get::<String>(8)?,
@@ -96,9 +93,9 @@ impl Definition {
         Terms {
             tenant: self.tenant.clone(),
             target: self.target_name.clone(),
-            key_column: self.key_column.clone(),
+            key: self.key.clone(),
             tenant_column: self.tenant_column.clone(),
-            revision_column: self.revision_column.clone(),
+            guard: self.guard.clone(),
             chunk_size: self.chunk_size,
             action: match (&self.set_values, &self.handler) {
                 (Some(values), _) => Action::Set(values.clone()),

@@ -1,29 +1,34 @@
 //! The commit loop behind `CALL etc_batch.drain_job(job_id, max_chunks)`.
 //!
 //! One transaction per chunk, of one statement and a COMMIT:
-//!   1. the job's row locked and the progress it records checked (seal, counters, one
-//!      index probe for an audit row beyond it), as the extension's owner, without a
-//!      statement (checkpoint.rs);
+//!   1. the chunk opened: the next one after the job's checkpoint, or one a parallel
+//!      job's drainer claims (order.rs), its records locked and checked as the
+//!      extension's owner, without a statement;
 //!   2. the chunk's change, the one statement, as the registering role: its items read
 //!      from the job's own partition, every one that still matches changed, the changed
 //!      rows counted;
-//!   3. the chunk's audit rows written as COPY writes them (audit.rs) and the checkpoint
-//!      moved past it in place (checkpoint.rs), as the owner; then COMMIT.
-//! The change, the audit rows and the checkpoint commit together or not at all. No
+//!   3. the chunk's audit rows written as COPY writes them (audit.rs) and the chunk
+//!      closed (the checkpoint moved past it, or its chunk row marked), as the owner;
+//!      then COMMIT.
+//!
+//! The change, the audit rows and the mark commit together or not at all. No
 //! subtransaction on that path: a chunk in which an item no longer matches is rolled
 //! back with its whole transaction, and the conflict is recorded in the next one, after
-//! the job's lock is taken again and the checkpoint is found where it was. Conflicts and
+//! the job's lock is taken again and the chunk is found where it was. Conflicts and
 //! corrupt progress stop the job and are raised, never retried.
+//!
+//! The loop alone ends transactions. A job's methods do one round of work and say what
+//! it came to (`Round`); the loop commits it, rolls it back, records a retry, waits, or
+//! raises, whichever transactions it runs in (txn::Transactions).
 
 use super::approval::{self, parse_object};
 use super::audit::{AuditWriter, ChunkAudit};
-use super::checkpoint::{self, Locked};
-use super::claim::{self, Claim};
+use super::chunk::{OpenChunk, Opening, Recheck};
+use super::order::Order;
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
 use super::pace::{self, Wait};
-use super::progress::{chunk_count, Progress};
 use super::sql;
 use super::target::Constants;
 use crate::activity::Activity;
@@ -33,9 +38,8 @@ use crate::lease::Fence;
 use crate::pauses::Paused;
 use crate::query;
 use crate::roles::{as_author, as_role};
-
 use crate::status::JobStatus;
-use crate::txn::{Failure, FailureKind, TxnLoop};
+use crate::txn::{Failure, FailureKind, Transactions};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -61,6 +65,8 @@ pub struct Drained {
 struct Job {
     activity: Activity,
     def: Definition,
+    /// How the job's chunks are taken: in order, or claimed.
+    order: Order,
     /// The lease this drainer works under, checked again in every chunk's transaction.
     fence: Option<Fence>,
     change_sql: String,
@@ -78,26 +84,39 @@ struct Job {
     caller: pg_sys::Oid,
 }
 
-enum Chunk {
-    /// A chunk committed: its items, their first and last key, whether it was the last.
+/// What one round of the loop came to, for the loop to end its transaction.
+enum Round {
+    /// A chunk's change, audit rows and mark are written: commit, then tell the caller.
     Committed {
+        number: i32,
+        total: i32,
         items: i64,
         first_key: String,
         last_key: String,
+        /// The job is done with it.
         last: bool,
     },
-    /// Another drainer committed the chunk this one rolled back: go on with the next.
-    Again,
-    /// Nothing left to do: the job is done.
+    /// Nothing left to do: the job is done. Commit (what the round wrote says so).
     Finished,
-    /// A parallel job's chunks not yet committed are all held by other drainers: this
-    /// one is not needed, and does not wait.
+    /// Every chunk of a parallel job not yet committed is held by other drainers: this
+    /// one is not needed, and does not wait. Commit.
     AllHeld,
-    /// The job is paused: the call stops here.
+    /// The job is paused: commit, and the call stops here.
     Paused(Paused),
-    /// The chunk's change failed with a transient error (retries.rs); its transaction
-    /// is broken and must be rolled back before anything else runs.
+    /// Fewer rows matched than the chunk has items: roll back, then see why
+    /// (`after_mismatch`) in the next transaction.
+    Mismatch {
+        range: Range<i32>,
+        /// The first item that did not match, where it is already known (a handler that
+        /// returned NULL).
+        known: Option<i32>,
+    },
+    /// The chunk's change failed with a transient error (retries.rs); its transaction is
+    /// broken: roll it back, record the retry, wait, and try again.
     Transient { number: i32, failure: Failure },
+    /// The job is stopped: commit what the round recorded of it (conflict, corrupt), then
+    /// raise the error.
+    Stopped(BatchError),
 }
 
 /// What the chunk's change did.
@@ -112,8 +131,8 @@ enum Change {
     Transient(Failure),
 }
 
-pub fn drain(
-    tx: &mut TxnLoop,
+pub fn drain<T: Transactions>(
+    tx: &mut T,
     job_id: &str,
     max_chunks: Option<i32>,
     fence: Option<Fence>,
@@ -124,50 +143,7 @@ pub fn drain(
             "Give the number of chunks to attempt, or NULL for all of them.",
         ));
     }
-    let bookkeeper = installed::owner()?;
-    let def = as_role(bookkeeper, || Definition::require(job_id))?;
-    if def.handler_dropped {
-        return Err(BatchError::HandlerMissing {
-            job: job_id.to_string(),
-        });
-    }
-    def.require_tables()?;
-    let target = def.target()?;
-    let items = def.tables.items();
-    let constants = Constants::new(def.set_values.as_ref(), &def.expect);
-    let key_type = target
-        .key_is_integer()
-        .then(|| target.type_oids[&def.key_column]);
-    let change_sql = match &def.handler {
-        Some(handler) => target.handler_sql(items, def.chunk_size, handler),
-        None => target.change_sql(
-            items,
-            def.chunk_size,
-            &def.guard_columns,
-            &constants,
-            key_type.is_some(),
-        ),
-    };
-    let job = Job {
-        activity: Activity::begin(),
-        change_sql,
-        mismatch_sql: target.first_mismatch_sql(
-            items,
-            def.chunk_size,
-            &def.guard_columns,
-            &constants,
-        ),
-        item_sql: def.tables.sql(sql::ITEM),
-        items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
-        row_sql: target.current_row_sql(),
-        constants: constants.args(&target)?,
-        key_type,
-        def,
-        fence,
-        bookkeeper,
-        caller: crate::roles::current_user(),
-    };
-
+    let mut job = Job::new(job_id, fence)?;
     let mut drained = Drained {
         chunks: 0,
         items: 0,
@@ -181,8 +157,6 @@ pub fn drain(
     let mut all_held = false;
     // the failed attempts of the chunk being tried, for transient errors
     let mut failed_attempts = 0;
-    // where this drainer looks for a parallel job's next chunk
-    let mut cursor = claim::Cursor::new();
     while !finished
         && !all_held
         && !drained.paused
@@ -190,48 +164,82 @@ pub fn drain(
     {
         // the pace: wait, holding nothing, until the next chunk may go
         job.wait_for_pace(tx)?;
-        let chunk = if job.def.parallel {
-            tx.item(|tx| job.next_parallel_chunk(tx, &mut audit, &mut cursor))?
-        } else {
-            tx.item(|tx| job.next_chunk(tx, &mut audit))?
-        };
-        if !matches!(chunk, Chunk::Transient { .. }) {
+        let round = tx.item(|_| job.next_chunk(&mut audit))?;
+        if !matches!(round, Round::Transient { .. }) {
             failed_attempts = 0;
         }
-        match chunk {
-            Chunk::Transient { number, failure } => {
-                tx.rollback_after_error();
-                failed_attempts += 1;
-                job.retry(tx, number, failure, failed_attempts)?;
-            }
-            Chunk::Committed {
+        match round {
+            Round::Committed {
+                number,
+                total,
                 items,
                 first_key,
                 last_key,
                 last,
             } => {
+                tx.commit();
+                crash::reached(Point::AfterCommit);
+                // only now: a client told of a chunk finds it committed, whatever happens
+                // to the server next
+                job.committed_notice(number, total, items, &first_key, &last_key);
                 drained.chunks += 1;
                 drained.items += items;
                 drained.first_key.get_or_insert(first_key);
                 drained.last_key = Some(last_key);
                 finished = last;
             }
-            Chunk::Again => {}
-            Chunk::Finished => finished = true,
-            Chunk::AllHeld => all_held = true,
-            Chunk::Paused(paused) => {
+            Round::Finished => {
+                tx.commit();
+                finished = true;
+            }
+            Round::AllHeld => {
+                // a chunk held only to look is let go
+                tx.commit();
+                all_held = true;
+            }
+            Round::Paused(paused) => {
+                // nothing done: the job's lock goes with this transaction
+                tx.commit();
                 paused.notice(
                     &format!("job \"{job_id}\""),
                     &format!("etc_batch.resume_job({})", quote_literal(job_id)),
                 );
                 drained.paused = true;
             }
+            Round::Mismatch { range, known } => {
+                tx.rollback();
+                let stopped = tx.item(|_| job.after_mismatch(&range, known))?;
+                tx.commit();
+                if let Some(error) = stopped {
+                    return Err(error);
+                }
+            }
+            Round::Transient { number, failure } => {
+                tx.rollback_after_error();
+                failed_attempts += 1;
+                job.retry(tx, number, failure, failed_attempts)?;
+            }
+            Round::Stopped(error) => {
+                tx.commit();
+                return Err(error);
+            }
         }
     }
     // A parallel drain that stopped at max_chunks may have committed the job's last
     // chunk: it looks once more, so that a job with every chunk committed is done.
-    if job.def.parallel && !finished && !all_held && !drained.paused && drained.chunks > 0 {
-        finished = tx.item(|tx| job.finish_if_complete(tx, &mut cursor))?;
+    if job.order.looks_again_at_the_end()
+        && !finished
+        && !all_held
+        && !drained.paused
+        && drained.chunks > 0
+    {
+        let round = tx.item(|_| job.finish_if_complete())?;
+        tx.commit();
+        match round {
+            Round::Finished => finished = true,
+            Round::Stopped(error) => return Err(error),
+            _ => {}
+        }
     }
     drained.status = if finished {
         JobStatus::Done
@@ -241,18 +249,57 @@ pub fn drain(
         JobStatus::Pending
     } else {
         // max_chunks 0: the job was not even looked at
-        let status = as_role(bookkeeper, || {
-            query::one::<String>(sql::JOB_STATUS, &[job_id.into()])
-        })?
-        .ok_or_else(|| BatchError::UnknownJob {
-            job: job_id.to_string(),
-        })?;
-        JobStatus::parse(&status)?
+        job.status()?
     };
     Ok(drained)
 }
 
 impl Job {
+    fn new(job_id: &str, fence: Option<Fence>) -> Result<Job> {
+        let bookkeeper = installed::owner()?;
+        let def = as_role(bookkeeper, || Definition::require(job_id))?;
+        if def.handler_dropped {
+            return Err(BatchError::HandlerMissing {
+                job: job_id.to_string(),
+            });
+        }
+        def.require_tables()?;
+        let target = def.target()?;
+        let items = def.tables.items();
+        let constants = Constants::new(def.set_values.as_ref(), &def.expect);
+        let key_type = target.bounding_key_type();
+        let change_sql = match &def.handler {
+            Some(handler) => target.handler_sql(items, def.chunk_size, handler),
+            None => target.change_sql(
+                items,
+                def.chunk_size,
+                &def.guard_columns,
+                &constants,
+                key_type.is_some(),
+            ),
+        };
+        Ok(Job {
+            activity: Activity::begin(),
+            change_sql,
+            mismatch_sql: target.first_mismatch_sql(
+                items,
+                def.chunk_size,
+                &def.guard_columns,
+                &constants,
+            ),
+            item_sql: def.tables.sql(sql::ITEM),
+            items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
+            row_sql: target.current_row_sql(),
+            constants: constants.args(&target)?,
+            key_type,
+            order: Order::of(&def),
+            def,
+            fence,
+            bookkeeper,
+            caller: crate::roles::current_user(),
+        })
+    }
+
     fn owner<R>(&self, work: impl FnOnce() -> Result<R>) -> Result<R> {
         as_role(self.bookkeeper, work)
     }
@@ -261,27 +308,36 @@ impl Job {
         &self.def.job_id
     }
 
+    /// The job's status as its row says now.
+    fn status(&self) -> Result<JobStatus> {
+        let status = self
+            .owner(|| query::one::<String>(sql::JOB_STATUS, &[self.id().into()]))?
+            .ok_or_else(|| BatchError::UnknownJob {
+                job: self.id().to_string(),
+            })?;
+        JobStatus::parse(&status)
+    }
+
     /// Waits until the job's pace (pace.rs) lets its next chunk go: for its slot of the
     /// rate, and while the replicas are too far behind, saying so once. Every wait begins
     /// with a COMMIT, so that it holds nothing.
-    fn wait_for_pace(&self, tx: &mut TxnLoop) -> Result<()> {
+    fn wait_for_pace(&self, tx: &mut impl Transactions) -> Result<()> {
         let mut told = false;
         loop {
-            let wait = tx.item(|tx| -> Result<Option<Wait>> {
-                let (pace, wait) = self.owner(|| {
+            let (pace, wait) = tx.item(|_| {
+                self.owner(|| {
                     let pace = pace::of(self.id())?;
                     Ok((
                         pace,
                         pace::wait_before(self.id(), pace, self.def.chunk_size)?,
                     ))
-                })?;
-                // a slot taken locks the pace's row: let it go before the chunk, so that
-                // other drainers take theirs meanwhile
-                if wait.is_some() || pace.rows_per_second.is_some() {
-                    tx.commit();
-                }
-                Ok(wait)
+                })
             })?;
+            // a slot taken locks the pace's row: let it go before the chunk, so that
+            // other drainers take theirs meanwhile
+            if wait.is_some() || pace.rows_per_second.is_some() {
+                tx.commit();
+            }
             match wait {
                 None => return Ok(()),
                 Some(Wait::Slot(delay)) => {
@@ -315,7 +371,13 @@ impl Job {
     /// rolled back: the retry recorded (job_retry, and a NOTICE) and committed, then the
     /// backoff slept, holding nothing; or, when the attempts are used up, the error
     /// raised, the job still pending.
-    fn retry(&self, tx: &mut TxnLoop, number: i32, failure: Failure, attempt: i32) -> Result<()> {
+    fn retry(
+        &self,
+        tx: &mut impl Transactions,
+        number: i32,
+        failure: Failure,
+        attempt: i32,
+    ) -> Result<()> {
         let attempts = crate::retries::attempts();
         let sqlstate = failure.sqlstate();
         if attempt >= attempts {
@@ -331,17 +393,19 @@ impl Job {
             failure.raise(detail, hint);
         }
         let backoff = crate::retries::backoff(attempt);
-        self.owner(|| {
-            query::run(
-                sql::RECORD_RETRY,
-                &[
-                    self.id().into(),
-                    number.into(),
-                    attempt.into(),
-                    sqlstate.as_str().into(),
-                    failure.message.as_str().into(),
-                ],
-            )
+        tx.item(|_| {
+            self.owner(|| {
+                query::run(
+                    sql::RECORD_RETRY,
+                    &[
+                        self.id().into(),
+                        number.into(),
+                        attempt.into(),
+                        sqlstate.as_str().into(),
+                        failure.message.as_str().into(),
+                    ],
+                )
+            })
         })?;
         tx.commit();
         notice!(
@@ -359,102 +423,69 @@ impl Job {
         Ok(())
     }
 
-    /// The fence, then the job's row locked and its progress read.
-    fn lock(&self) -> Result<Locked> {
+    /// One chunk, in the current transaction: opened (the fence checked, its records
+    /// locked and checked), changed, its audit rows written and the chunk closed.
+    fn next_chunk(&mut self, audit: &mut AuditWriter) -> Result<Round> {
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
-        self.owner(|| checkpoint::lock(self.id(), &self.def.tables))?
-            .ok_or_else(|| BatchError::UnknownJob {
-                job: self.id().to_string(),
-            })
-    }
-
-    fn next_chunk(&self, tx: &mut TxnLoop, audit: &mut AuditWriter) -> Result<Chunk> {
-        let locked = self.lock()?;
-        match locked.status {
-            JobStatus::Pending => {}
-            JobStatus::Done => return Ok(Chunk::Finished),
-            stopped => return Err(self.stopped(stopped)?),
-        }
-        if let Some(paused) = locked.paused {
-            // nothing done: the job's lock goes with this transaction
-            tx.commit();
-            return Ok(Chunk::Paused(paused));
-        }
-        if let Some(reason) = locked.untrusted() {
-            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
-        }
-        let progress = locked.progress;
-        let Some(range) = progress.next_chunk() else {
-            let reason = format!(
-                "The checkpoint is at the end of the {} approved items, but the job is not done.",
-                progress.item_count
-            );
-            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+        let opening = as_role(self.bookkeeper, || self.order.open(&self.def))?;
+        let chunk = match opening {
+            Opening::Open(chunk) => chunk,
+            Opening::Done => return Ok(Round::Finished),
+            Opening::AllCommitted => return self.finish(),
+            Opening::AllHeld => return Ok(Round::AllHeld),
+            Opening::Paused(paused) => return Ok(Round::Paused(paused)),
+            Opening::Stopped(status) => return Ok(Round::Stopped(self.stopped(status)?)),
+            Opening::Untrusted(reason) => {
+                return self.stop(JobStatus::Corrupt, &reason, Value::Null)
+            }
         };
-        let (number, total) = progress.chunk_number();
         self.activity.report(&format!(
-            "job \"{}\": chunk {number} of {total}, keys {} to {}",
+            "job \"{}\": chunk {} of {}, keys {} to {}",
             self.id(),
-            locked.first_key,
-            locked.last_key
+            chunk.number,
+            chunk.total,
+            chunk.first_key,
+            chunk.last_key
         ));
 
         // The change. Its error, a permission, a constraint, a cancel, rolls the chunk
         // back with the transaction; it is raised again, saying so.
-        let changed = match self.change(&range, number, (&locked.first_key, &locked.last_key))? {
+        let changed = match self.change(&chunk)? {
             Change::Done(changed) => changed,
             Change::Conflict(known) => {
-                tx.rollback();
-                return self
-                    .after_rollback(tx, &range, |job, tx| job.record_mismatch(tx, &range, known));
+                return Ok(Round::Mismatch {
+                    range: chunk.range,
+                    known,
+                })
             }
-            Change::Transient(failure) => return Ok(Chunk::Transient { number, failure }),
+            Change::Transient(failure) => {
+                return Ok(Round::Transient {
+                    number: chunk.number,
+                    failure,
+                })
+            }
         };
-        let status = self.commit_chunk(tx, audit, number, &changed, || {
-            checkpoint::advance(self.id(), &self.def.tables, locked.at, &range)
-        })?;
-        self.committed_notice(
-            number,
-            total,
-            range.len(),
-            &locked.first_key,
-            &locked.last_key,
-        );
-        Ok(Chunk::Committed {
-            items: range.len() as i64,
-            first_key: locked.first_key,
-            last_key: locked.last_key,
-            last: status == JobStatus::Done,
-        })
-    }
-
-    /// A chunk whose change is made: its audit rows written and the checkpoint moved
-    /// (`checkpoint`, which returns what the caller wants of it), as the owner, with
-    /// nothing between them, then COMMIT; with the crash points between the steps.
-    fn commit_chunk<R>(
-        &self,
-        tx: &mut TxnLoop,
-        audit: &mut AuditWriter,
-        number: i32,
-        changed: &[(i32, i64)],
-        checkpoint: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
         crash::reached(Point::AfterChange);
-        let moved = self.owner(|| {
+        let last = self.owner(|| {
             audit.write(&ChunkAudit {
                 job_id: self.id(),
-                chunk: number,
-                changed,
+                chunk: chunk.number,
+                changed: &changed,
             })?;
-            checkpoint()
+            self.order.close(&self.def, &chunk)
         })?;
-        // nothing runs between the audit rows and the checkpoint: one point after both
+        // nothing runs between the audit rows and the mark: one point after both
         crash::reached(Point::AfterCheckpoint);
-        tx.commit();
-        crash::reached(Point::AfterCommit);
-        Ok(moved)
+        Ok(Round::Committed {
+            number: chunk.number,
+            total: chunk.total,
+            items: chunk.range.len() as i64,
+            first_key: chunk.first_key,
+            last_key: chunk.last_key,
+            last,
+        })
     }
 
     /// The NOTICE of a committed chunk, when anyone would receive it.
@@ -462,161 +493,66 @@ impl Job {
         &self,
         number: i32,
         total: i32,
-        len: usize,
+        items: i64,
         first_key: &str,
         last_key: &str,
     ) {
         if crate::activity::notices_are_sent() {
             notice!(
-                "chunk {number} of {total} committed: {len} item{}, keys {first_key} to {last_key}",
-                if len == 1 { "" } else { "s" },
+                "chunk {number} of {total} committed: {items} item{}, keys {first_key} to {last_key}",
+                if items == 1 { "" } else { "s" },
             );
         }
-    }
-
-    /// One chunk of a parallel job (see claim.rs): claimed, checked, changed, audited and
-    /// marked committed in one transaction, which the claim lives in.
-    fn next_parallel_chunk(
-        &self,
-        tx: &mut TxnLoop,
-        audit: &mut AuditWriter,
-        cursor: &mut claim::Cursor,
-    ) -> Result<Chunk> {
-        if let Some(fence) = &self.fence {
-            self.owner(|| fence.check())?;
-        }
-        let tables = &self.def.tables;
-        let chunks = chunk_count(self.def.item_count, self.def.chunk_size);
-        let claimed = match self.owner(|| claim::claim(self.id(), tables, chunks, cursor))? {
-            Claim::Claimed(claimed) => claimed,
-            Claim::AllHeld => return Ok(Chunk::AllHeld),
-            Claim::NoneOpen => return self.finish(tx),
-            Claim::Stopped(JobStatus::Done) => return Ok(Chunk::Finished),
-            Claim::Stopped(status) => return Err(self.stopped(status)?),
-            Claim::Paused(paused) => {
-                tx.commit();
-                return Ok(Chunk::Paused(paused));
-            }
-            Claim::Untrusted(reason) => {
-                return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
-            }
-        };
-        let progress = Progress {
-            next_index: (claimed.chunk - 1).saturating_mul(self.def.chunk_size),
-            item_count: self.def.item_count,
-            chunk_size: self.def.chunk_size,
-        };
-        let (number, total) = progress.chunk_number();
-        let range = match progress.next_chunk() {
-            Some(range) if number == claimed.chunk => range,
-            _ => {
-                let reason = format!(
-                    "The job has a row for chunk {}, but its {} approved items make {total} chunks.",
-                    claimed.chunk, progress.item_count
-                );
-                return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
-            }
-        };
-        // no audit row may exist inside a chunk that is not committed
-        let (audit_inside, keys) = self.owner(|| {
-            let inside = checkpoint::first_audit_from(tables, range.start)?;
-            let keys = checkpoint::chunk_keys(tables, &range)?;
-            Ok((inside.filter(|p| *p < range.end), keys))
-        })?;
-        if let Some(position) = audit_inside {
-            let reason = format!(
-                "An audit row exists at position {position}, inside chunk {number}, which is not committed."
-            );
-            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
-        }
-        let (first_key, last_key) = keys;
-        self.activity.report(&format!(
-            "job \"{}\": chunk {number} of {total}, keys {first_key} to {last_key}",
-            self.id()
-        ));
-
-        let changed = match self.change(&range, number, (&first_key, &last_key))? {
-            Change::Done(changed) => changed,
-            Change::Conflict(known) => {
-                tx.rollback();
-                return self.after_parallel_rollback(tx, &range, known);
-            }
-            Change::Transient(failure) => return Ok(Chunk::Transient { number, failure }),
-        };
-        self.commit_chunk(tx, audit, number, &changed, || {
-            claim::mark_committed(self.id(), tables, &claimed)
-        })?;
-        self.committed_notice(number, total, range.len(), &first_key, &last_key);
-        Ok(Chunk::Committed {
-            items: range.len() as i64,
-            first_key,
-            last_key,
-            last: false,
-        })
     }
 
     /// Every chunk of a parallel job is committed: the job is done, once its chunk rows
     /// and its audit agree; otherwise its progress is corrupt.
-    fn finish(&self, tx: &mut TxnLoop) -> Result<Chunk> {
-        let chunks = chunk_count(self.def.item_count, self.def.chunk_size);
-        let untrusted =
-            self.owner(|| claim::finish(self.id(), &self.def.tables, chunks, self.def.item_count))?;
-        match untrusted {
-            None => {
-                tx.commit();
-                Ok(Chunk::Finished)
-            }
-            Some(reason) => {
-                Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?)
-            }
+    fn finish(&self) -> Result<Round> {
+        match self.owner(|| self.order.finish(&self.def))? {
+            None => Ok(Round::Finished),
+            Some(reason) => self.stop(JobStatus::Corrupt, &reason, Value::Null),
         }
     }
 
     /// After a parallel drain stopped at max_chunks: whether the job is done now (its
-    /// chunks all committed, by this drainer or others).
-    fn finish_if_complete(&self, tx: &mut TxnLoop, cursor: &mut claim::Cursor) -> Result<bool> {
-        let chunks = chunk_count(self.def.item_count, self.def.chunk_size);
-        let done = match self.owner(|| claim::claim(self.id(), &self.def.tables, chunks, cursor))? {
-            Claim::NoneOpen => matches!(self.finish(tx)?, Chunk::Finished),
-            Claim::Stopped(JobStatus::Done) => true,
-            _ => false,
-        };
-        // a chunk claimed only to look is let go
-        tx.commit();
-        Ok(done)
+    /// chunks all committed, by this drainer or others). A chunk claimed only to look is
+    /// let go with the transaction.
+    fn finish_if_complete(&mut self) -> Result<Round> {
+        let opening = as_role(self.bookkeeper, || self.order.open(&self.def))?;
+        match opening {
+            Opening::AllCommitted => self.finish(),
+            Opening::Done => Ok(Round::Finished),
+            _ => Ok(Round::AllHeld),
+        }
     }
 
-    /// After a parallel job's chunk was rolled back for a conflict: the job stopped
-    /// (claim::stop, so that the chunks in flight commit first), then, if no other
-    /// drainer stopped it meanwhile, what stopped this chunk recorded.
-    fn after_parallel_rollback(
-        &self,
-        tx: &mut TxnLoop,
-        range: &Range<i32>,
-        known: Option<i32>,
-    ) -> Result<Chunk> {
-        self.owner(|| claim::stop(&self.def.tables))?;
-        let status = self
-            .owner(|| query::one::<String>(sql::JOB_STATUS, &[self.id().into()]))?
-            .ok_or_else(|| BatchError::UnknownJob {
-                job: self.id().to_string(),
-            })?;
-        match JobStatus::parse(&status)? {
-            JobStatus::Pending => self.record_mismatch(tx, range, known),
-            JobStatus::Done => {
-                tx.commit();
-                Ok(Chunk::Finished)
-            }
-            stopped => Err(self.stopped(stopped)?),
+    /// After a chunk was rolled back because fewer rows matched than it has items, in
+    /// the next transaction: if nothing moved meanwhile, what stopped it is recorded and
+    /// returned as the error to raise once that is committed; if another drainer
+    /// committed the chunk, this one goes on; if another stopped the job, its record
+    /// stands.
+    fn after_mismatch(&self, range: &Range<i32>, known: Option<i32>) -> Result<Option<BatchError>> {
+        if let Some(fence) = &self.fence {
+            self.owner(|| fence.check())?;
+        }
+        let round = match self.owner(|| self.order.recheck(&self.def, range))? {
+            Recheck::Record => self.record_mismatch(range, known)?,
+            Recheck::Again => return Ok(None),
+            Recheck::Stopped(status) => Round::Stopped(self.stopped(status)?),
+        };
+        match round {
+            Round::Stopped(error) => Ok(Some(error)),
+            _ => Ok(None),
         }
     }
 
     /// The business change of one chunk, as the registering role.
-    fn change(&self, range: &Range<i32>, number: i32, keys: (&str, &str)) -> Result<Change> {
+    fn change(&self, chunk: &OpenChunk) -> Result<Change> {
+        let (range, number) = (&chunk.range, chunk.number);
         let bounds = match self.key_type {
             Some(key_type) => vec![
-                query::typed(key_type, keys.0)?,
-                query::typed(key_type, keys.1)?,
+                query::typed(key_type, &chunk.first_key)?,
+                query::typed(key_type, &chunk.last_key)?,
             ],
             None => Vec::new(),
         };
@@ -697,15 +633,10 @@ impl Job {
             };
             let result =
                 approval::read_json(&format!("the handler's result for item {key}"), &text)?;
-            let Some(revision) = result
-                .get(&self.def.revision_column)
-                .and_then(Value::as_i64)
-            else {
+            let field = self.def.guard.field();
+            let Some(revision) = result.get(field).and_then(Value::as_i64) else {
                 return Err(BatchError::invalid_because(
-                    format!(
-                        "handler result for item {key} has no integer \"{}\"",
-                        self.def.revision_column
-                    ),
+                    format!("handler result for item {key} has no integer \"{field}\""),
                     "A handler returns the new state of the row, revision included, or NULL for a conflict.",
                 ));
             };
@@ -735,36 +666,10 @@ impl Job {
         failure.raise(detail, hint)
     }
 
-    /// After a chunk was rolled back: takes the job's lock again and, if the checkpoint
-    /// is still where the chunk began, records what stopped it (`record`). If another
-    /// drainer committed the chunk meanwhile, this one goes on with the next; if another
-    /// stopped the job, its record stands.
-    fn after_rollback(
-        &self,
-        tx: &mut TxnLoop,
-        range: &Range<i32>,
-        record: impl FnOnce(&Job, &mut TxnLoop) -> Result<Chunk>,
-    ) -> Result<Chunk> {
-        let locked = self.lock()?;
-        match locked.status {
-            JobStatus::Pending if locked.progress.next_index == range.start => record(self, tx),
-            JobStatus::Pending | JobStatus::Done => {
-                tx.commit();
-                Ok(Chunk::Again)
-            }
-            stopped => Err(self.stopped(stopped)?),
-        }
-    }
-
     /// Records why a chunk changed fewer rows than it has items, in the transaction after
     /// it was rolled back: the frozen list is short (corrupt), or the first item that no
     /// longer matches its row (`known`, or found now) is a conflict.
-    fn record_mismatch(
-        &self,
-        tx: &mut TxnLoop,
-        range: &Range<i32>,
-        known: Option<i32>,
-    ) -> Result<Chunk> {
+    fn record_mismatch(&self, range: &Range<i32>, known: Option<i32>) -> Result<Round> {
         let found = self.owner(|| {
             query::by_index(|| {
                 query::one::<i32>(
@@ -781,13 +686,13 @@ impl Job {
                 range.len(),
                 found.unwrap_or(0)
             );
-            return Err(self.record_problem(tx, JobStatus::Corrupt, &reason, Value::Null)?);
+            return self.stop(JobStatus::Corrupt, &reason, Value::Null);
         }
         let position = match known {
             Some(position) => Some(position),
             None => self.first_mismatch(range)?,
         };
-        Err(self.conflict(tx, position, range, self.def.item_count)?)
+        self.conflict(position, range)
     }
 
     /// The first item of the chunk whose row no longer matches it.
@@ -808,20 +713,14 @@ impl Job {
 
     /// Records and returns the conflict of the item at `position`, or of the chunk when
     /// every item matches again by now.
-    fn conflict(
-        &self,
-        tx: &mut TxnLoop,
-        position: Option<i32>,
-        range: &Range<i32>,
-        item_count: i32,
-    ) -> Result<BatchError> {
+    fn conflict(&self, position: Option<i32>, range: &Range<i32>) -> Result<Round> {
         let Some(position) = position else {
             let detail = format!(
                 "Positions {} to {} did not all match while their chunk ran, and match again now: they changed concurrently.",
                 range.start,
                 range.end - 1
             );
-            return self.record_problem(tx, JobStatus::Conflict, &detail, Value::Null);
+            return self.stop(JobStatus::Conflict, &detail, Value::Null);
         };
         let (key, revision, guards) = self
             .owner(|| {
@@ -851,9 +750,9 @@ impl Job {
         let expected = Expected {
             key: &key,
             position,
-            item_count,
+            item_count: self.def.item_count,
             tenant: &self.def.tenant,
-            revision_column: &self.def.revision_column,
+            revision_column: self.def.guard.field(),
             revision,
             guards: &guards,
             expect: &self.def.expect,
@@ -862,27 +761,19 @@ impl Job {
         // reported as its text, so that the conflict is still recorded.
         let row = row.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
         let (detail, problem) = conflict::describe(&expected, row.as_ref());
-        self.record_problem(tx, JobStatus::Conflict, &detail, problem)
+        self.stop(JobStatus::Conflict, &detail, problem)
     }
 
-    /// Puts the job into `status` with `reason`, commits that, and returns the error to
-    /// raise. If another drainer already stopped the job, its record stands.
-    fn record_problem(
-        &self,
-        tx: &mut TxnLoop,
-        status: JobStatus,
-        reason: &str,
-        problem: Value,
-    ) -> Result<BatchError> {
+    /// Puts the job into `status` with `reason`, for the loop to commit, with the error to
+    /// raise then. If another drainer already stopped the job, its record stands.
+    fn stop(&self, status: JobStatus, reason: &str, problem: Value) -> Result<Round> {
         let problem = if problem.is_null() {
             serde_json::json!({"reason": reason})
         } else {
             problem
         };
         self.owner(|| {
-            if self.def.parallel {
-                claim::stop(&self.def.tables)?;
-            }
+            self.order.before_stop(&self.def)?;
             query::run(
                 sql::SET_PROBLEM,
                 &[
@@ -893,8 +784,11 @@ impl Job {
                 ],
             )
         })?;
-        tx.commit();
-        Ok(stopped_error(self.id(), status, Some(reason.to_string())))
+        Ok(Round::Stopped(stopped_error(
+            self.id(),
+            status,
+            Some(reason.to_string()),
+        )))
     }
 
     /// The error for a job that is stopped for good.

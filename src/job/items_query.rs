@@ -7,15 +7,12 @@
 //! values are cast to the target's types as the chunk's statement casts them, and sorted
 //! by key in the key's own type (text keys in byte order).
 
-use super::columns::Kind;
 use super::target::Target;
 use crate::error::{capitalize, BatchError, Result};
+use crate::parse::{self, Kind as Statement};
 use crate::query::{self, ResultColumn};
-use crate::txn;
 use pgrx::pg_sys;
 use pgrx::spi::quote_literal;
-use pgrx::PgList;
-use std::ffi::CString;
 
 /// The checked query, and the statement that reads it in key order.
 pub struct ItemsQuery {
@@ -59,15 +56,15 @@ impl ItemsQuery {
                     detail: "A value of the items query must be one INSERT would take for the column; cast it in the query.".into(),
                 });
             }
-            if c.name != shape.key_column && c.name != shape.revision_column {
+            if c.name != shape.key.column() && c.name != shape.guard.field() {
                 guard_columns.push(c.name.clone());
             }
         }
         for (role, name) in [
-            ("key", &shape.key_column),
-            ("revision", &shape.revision_column),
+            ("key", shape.key.column()),
+            ("revision", shape.guard.field()),
         ] {
-            if !columns.iter().any(|c| &c.name == name) {
+            if !columns.iter().any(|c| c.name == name) {
                 return Err(BatchError::invalid_because(
                     format!("items_query returns no {role} column \"{name}\""),
                     "Its columns are named like the fields of register_job's items: the key column, the revision column, and any guard columns.",
@@ -88,17 +85,14 @@ impl ItemsQuery {
                     .join(", ")
             )
         };
-        // byte order for text keys, as the frozen list of a jsonb approval has them
-        let order = match shape.column(&shape.key_column)?.kind {
-            Kind::Text => " COLLATE \"C\"",
-            _ => "",
-        };
+        // the order the frozen list of a jsonb approval has
+        let order = shape.key.order(&shape.columns)?;
         Ok(ItemsQuery {
             sql: format!(
                 "SELECT s.k::pg_catalog.text, s.r, s.g::pg_catalog.text\n  FROM (SELECT {} AS k, CAST({} AS pg_catalog.int8) AS r, {} AS g\n          FROM (\n{statement}\n) q) s\n ORDER BY s.k{order}",
-                cast(&shape.key_column),
+                cast(shape.key.column()),
                 // in the column's own type first: a revision the column cannot hold fails
-                cast(&shape.revision_column),
+                cast(shape.guard.field()),
                 guards,
             ),
             guard_columns,
@@ -126,77 +120,42 @@ fn type_name(oid: pg_sys::Oid) -> Result<String> {
     )
 }
 
-/// The text of the one SELECT `items_query` holds, or why it is not one. Parsed only, in
-/// a subtransaction so that a syntax error can name the argument.
+/// The text of the one SELECT `items_query` holds, or why it is not one. Parsed only, so
+/// that a syntax error can name the argument.
 fn single_select(items_query: &str) -> Result<String> {
     let refuse =
         |detail: &str| BatchError::invalid_because("items_query must be a single SELECT", detail);
-    let text = CString::new(items_query).map_err(|_| refuse("It contains a zero byte."))?;
-    let parsed = txn::subtransaction(|| unsafe {
-        let statements = pg_sys::raw_parser(text.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
-        let statements = PgList::<pg_sys::RawStmt>::from_pg(statements);
-        let raw: Vec<(Shape, i32, i32)> = statements
-            .iter_ptr()
-            .map(|raw| (shape_of((*raw).stmt), (*raw).stmt_location, (*raw).stmt_len))
-            .collect();
-        raw
-    });
-    let statements = parsed.map_err(|failure| BatchError::Syntax {
+    if items_query.contains('\0') {
+        return Err(refuse("It contains a zero byte."));
+    }
+    let statements = parse::statements(items_query).map_err(|failure| BatchError::Syntax {
         what: "items_query",
         detail: format!("{}.", capitalize(&failure.message)),
     })?;
-    let (shape, location, len) = match statements.as_slice() {
+    let statement = match statements.as_slice() {
         [] => return Err(refuse("It contains no statement.")),
-        [one] => *one,
+        [one] => one,
         more => return Err(refuse(&format!("It contains {} statements.", more.len()))),
     };
-    match shape {
-        Shape::Select => {}
-        Shape::SelectInto => return Err(refuse("It is SELECT INTO, which creates a table.")),
-        Shape::ModifyingWith => {
+    match statement.kind {
+        Statement::Select {
+            into: false,
+            modifying_with: false,
+        } => {}
+        Statement::Select { into: true, .. } => {
+            return Err(refuse("It is SELECT INTO, which creates a table."))
+        }
+        Statement::Select { .. } => {
             return Err(refuse("Its WITH clause holds a data-modifying statement."))
         }
-        Shape::Other => return Err(refuse("It is not a SELECT.")),
+        _ => return Err(refuse("It is not a SELECT.")),
     }
     let bytes = items_query.as_bytes();
-    let start = location.max(0) as usize;
-    let end = if len > 0 {
-        start + len as usize
+    let start = statement.location.max(0) as usize;
+    let end = if statement.len > 0 {
+        start + statement.len as usize
     } else {
         bytes.len()
     };
     Ok(String::from_utf8_lossy(&bytes[start.min(bytes.len())..end.min(bytes.len())]).into_owned())
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
-    Select,
-    SelectInto,
-    ModifyingWith,
-    Other,
-}
-
-/// What kind of statement a raw parse tree is.
-///
-/// # Safety
-/// `stmt` must be a node of a raw parse tree.
-unsafe fn shape_of(stmt: *mut pg_sys::Node) -> Shape {
-    if !pgrx::is_a(stmt, pg_sys::NodeTag::T_SelectStmt) {
-        return Shape::Other;
-    }
-    let select = stmt as *mut pg_sys::SelectStmt;
-    if !(*select).intoClause.is_null() {
-        return Shape::SelectInto;
-    }
-    // PostgreSQL allows a data-modifying WITH only at the top of a statement.
-    let with = (*select).withClause;
-    if !with.is_null() {
-        let ctes = PgList::<pg_sys::CommonTableExpr>::from_pg((*with).ctes);
-        for cte in ctes.iter_ptr() {
-            if !pgrx::is_a((*cte).ctequery, pg_sys::NodeTag::T_SelectStmt) {
-                return Shape::ModifyingWith;
-            }
-        }
-    }
-    Shape::Select
 }

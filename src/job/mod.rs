@@ -2,6 +2,9 @@
 //! `CALL etc_batch.drain_job(job_id, max_chunks)`.
 //!
 //! - `columns`    the target's columns: what each accepts, the roles they play (pure Rust).
+//! - `shape`      the target's columns and the roles the job gives them (pure Rust).
+//! - `key`        how an item names its row: the job's key, and a key's value.
+//! - `guard`      how a row is recognised as unchanged since it was approved: the guard.
 //! - `approval`   parsing, checking and normalizing the approved list (pure Rust).
 //! - `progress`   what a checkpoint promises and the arithmetic of chunks (pure Rust).
 //! - `conflict`   saying what a conflict is (pure Rust).
@@ -12,8 +15,11 @@
 //! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
-//! - `checkpoint` the job's row in a chunk: locked and checked, the checkpoint moved.
+//! - `chunk`      a chunk a drainer holds, and what opening one may come to instead.
+//! - `order`      how a job's chunks are taken, chosen once: in order, or claimed.
+//! - `checkpoint` a sequential job's chunks: its row locked and checked, the checkpoint moved.
 //! - `claim`      a parallel job's chunks, each claimed by one of many drainers.
+//! - `seal`       the seals written with every record of progress.
 //! - `audit`      a chunk's audit rows, written into the job's partition.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
@@ -25,6 +31,7 @@ pub mod abort;
 pub mod approval;
 pub mod audit;
 pub mod checkpoint;
+pub mod chunk;
 pub mod claim;
 pub mod columns;
 pub mod conflict;
@@ -32,11 +39,16 @@ pub mod crash;
 pub mod definition;
 pub mod drain;
 pub mod freeze;
+pub mod guard;
 pub mod items_query;
+pub mod key;
+pub mod order;
 pub mod pace;
 pub mod progress;
 pub mod register;
 pub mod report;
+pub mod seal;
+pub mod shape;
 pub mod sql;
 pub mod tables;
 pub mod target;

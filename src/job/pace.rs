@@ -11,9 +11,9 @@
 
 use super::sql;
 use crate::error::{BatchError, Result};
+use crate::own_rows::{self, Compare, Key};
 use crate::query;
 use crate::roles::{as_owner, current_user};
-use crate::rows::{self, Key};
 use std::time::Duration;
 
 /// A pace as pace_job sets it; None: no limit.
@@ -68,8 +68,8 @@ pub fn set(job_id: &str, pace: Pace) -> Result<()> {
 
 /// The pace of job `job_id`, read by its primary key. Run as the owner.
 pub fn of(job_id: &str) -> Result<Pace> {
-    let pace = rows::reading_table("job_pace", |paces| {
-        paces.find("job_id", Key::Text(job_id), |row| {
+    let pace = own_rows::reading_table("job_pace", |paces| {
+        paces.first("job_id", Compare::Equal, Key::Text(job_id), |row| {
             Ok(Pace {
                 rows_per_second: row.get::<i32>("rows_per_second")?,
                 max_replica_lag_bytes: row.get::<i64>("max_replica_lag_bytes")?,

@@ -3,11 +3,16 @@
 //! request, or name how a different one differs. Both end as the same kind of job.
 
 use super::approval::{canonical_object, first_difference, Action, Item, Terms};
-use super::columns::{scalar_text, Kind, Shape};
+use super::claim;
+use super::columns::{scalar_text, Kind};
+use super::shape::Shape;
 use super::definition::Definition;
 use super::freeze::{Frozen, ItemCursor, Writer};
+use super::guard::Guard;
 use super::items_query::ItemsQuery;
+use super::key::JobKey;
 use super::progress::chunk_count;
+use super::seal;
 use super::sql;
 use super::tables::JobTables;
 use super::target::Target;
@@ -37,9 +42,9 @@ pub struct Request {
     pub chunk_size: i32,
     pub set_values: Option<Value>,
     pub expect: Value,
-    pub key_column: String,
+    pub key: JobKey,
     pub tenant_column: String,
-    pub revision_column: String,
+    pub guard: Guard,
     pub handler: Option<pg_sys::Oid>,
     /// Whether chunks may commit in any order, each claimed by one of many drainers.
     pub parallel: bool,
@@ -77,12 +82,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
             "A chunk holds at least one item.",
         ));
     }
-    let target = Target::load(
-        req.target,
-        &req.key_column,
-        &req.tenant_column,
-        &req.revision_column,
-    )?;
+    let target = Target::load(req.target, &req.key, &req.tenant_column, &req.guard)?;
     let shape = &target.shape;
     let source = match std::mem::replace(&mut req.items, Items::Json(String::new())) {
         // read an item at a time, and the text let go as soon as the normal form exists
@@ -115,15 +115,15 @@ pub fn register(mut req: Request) -> Result<Registered> {
     let terms = Terms {
         tenant: req.tenant.clone(),
         target: target.sql_name.clone(),
-        key_column: req.key_column.clone(),
+        key: req.key.clone(),
         tenant_column: req.tenant_column.clone(),
-        revision_column: req.revision_column.clone(),
+        guard: req.guard.clone(),
         chunk_size: req.chunk_size,
         action,
         expect,
         parallel: req.parallel,
     };
-    let key_kind = shape.column(&shape.key_column)?.kind;
+    let key_kind = shape.key.kind(&shape.columns)?;
     let registrant = current_user();
     let owner = installed::owner()?;
 
@@ -154,7 +154,10 @@ pub fn register(mut req: Request) -> Result<Registered> {
             let chunks = chunk_count(frozen.count, req.chunk_size);
             as_role(owner, || {
                 insert_job(&req, &terms, &frozen, registrant, number)?;
-                tables.attach(&req.job_id, chunks)
+                if req.parallel {
+                    claim::write_chunk_rows(&req.job_id, &tables, chunks)?;
+                }
+                tables.attach(&req.job_id)
             })?;
             Registered {
                 created: true,
@@ -204,12 +207,8 @@ fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Va
             "set_values must name at least one column",
         ));
     }
-    for protected in [
-        &shape.key_column,
-        &shape.tenant_column,
-        &shape.revision_column,
-    ] {
-        if values.contains_key(protected.as_str()) {
+    for protected in shape.roles() {
+        if values.contains_key(protected) {
             return Err(BatchError::invalid_because(
                 format!("set_values must not assign column \"{protected}\""),
                 "The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch.",
@@ -357,9 +356,9 @@ fn insert_job(
             req.job_id.as_str().into(),
             terms.tenant.as_str().into(),
             req.target.into(),
-            terms.key_column.as_str().into(),
+            terms.key.column().into(),
             terms.tenant_column.as_str().into(),
-            terms.revision_column.as_str().into(),
+            terms.guard.field().into(),
             terms.chunk_size.into(),
             set_values.into(),
             req.handler.into(),
@@ -375,6 +374,7 @@ fn insert_job(
             registrant.into(),
             number.into(),
             terms.parallel.into(),
+            seal::checkpoint(&req.job_id, 0, 0).into(),
         ],
     )
 }

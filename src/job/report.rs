@@ -214,16 +214,26 @@ fn verify_checkpoint(
         format!("{audits} audit rows for a checkpoint of {next_index}; {beyond} at or beyond it."),
     );
     let problems = audit_problems(&def.tables, p, 0, 20)?;
-    check(
-        "items audited",
-        problems.is_empty(),
-        if problems.is_empty() {
-            format!("All {next_index} approved items below the checkpoint have their audit row.")
-        } else {
-            problems.join(" ")
-        },
+    items_audited(
+        check,
+        problems,
+        format!("All {next_index} approved items below the checkpoint have their audit row."),
     );
     Ok(())
+}
+
+/// The check that every item committed has its audit row: `problems`, what is not so.
+fn items_audited(
+    check: &mut impl FnMut(&'static str, bool, String),
+    problems: Vec<String>,
+    all_there: String,
+) {
+    let ok = problems.is_empty();
+    check(
+        "items audited",
+        ok,
+        if ok { all_there } else { problems.join(" ") },
+    );
 }
 
 /// A parallel job's checks: a sealed row for every chunk, the approved items all there,
@@ -235,23 +245,24 @@ fn verify_chunks(
 ) -> Result<()> {
     let counts = query::row(
         &def.tables.sql(sql::PARALLEL_COUNTS),
-        &[
-            def.job_id.as_str().into(),
-            def.chunk_size.into(),
-            def.item_count.into(),
-        ],
+        &[def.chunk_size.into(), def.item_count.into()],
         |r| {
-            (1..=7)
+            (1..=4)
                 .map(|n| Ok(r.get::<i64>(n)?.unwrap_or(0)))
                 .collect::<Result<Vec<i64>>>()
         },
     )?
     .unwrap_or_default();
-    let [items, audits, rows, committed, unsealed, outside, committed_items] = counts[..] else {
+    let [items, audits, outside, committed_items] = counts[..] else {
         return Err(BatchError::Internal(
             "the chunk counts did not come back".into(),
         ));
     };
+    let claim::ChunkRows {
+        rows,
+        committed,
+        unsealed,
+    } = claim::chunk_rows(&def.job_id, &def.tables)?;
     let chunks = super::progress::chunk_count(def.item_count, def.chunk_size) as i64;
     check(
         "chunks",
@@ -280,14 +291,12 @@ fn verify_chunks(
             ))
         },
     )?;
-    check(
-        "items audited",
-        missing.is_empty(),
-        if missing.is_empty() {
-            format!("All {committed_items} approved items of the committed chunks have their audit row.")
-        } else {
-            missing.join(" ")
-        },
+    items_audited(
+        check,
+        missing,
+        format!(
+            "All {committed_items} approved items of the committed chunks have their audit row."
+        ),
     );
     Ok(())
 }
@@ -365,7 +374,8 @@ pub fn audit_problems(
 
 /// The fingerprint of the frozen list as it is stored now, taken a batch at a time.
 fn fingerprint(def: &Definition) -> Result<String> {
-    let kind = def.target()?.shape.column(&def.key_column)?.kind;
+    let target = def.target()?;
+    let kind = def.key.kind(&target.shape.columns)?;
     let mut f = Fingerprint::begin(&def.terms());
     for item in ItemCursor::stored(&def.tables, kind)? {
         let item = item?;

@@ -36,30 +36,6 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
-/// The seal of a checkpoint: written with it, checked before it is trusted.
-/// `$job`, `$next` and `$chunks` are the SQL expressions of the three values.
-macro_rules! seal {
-    ($job:literal, $next:literal, $chunks:literal) => {
-        concat!(
-            "pg_catalog.hashtextextended(",
-            $job,
-            " OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) (",
-            $next,
-            ")::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) (",
-            $chunks,
-            ")::pg_catalog.text, 7919)"
-        )
-    };
-}
-
-/// The seal alone, $1 job, $2 next_index, $3 chunks_committed: what checkpoint.rs
-/// computes without a statement, held to the statements' by a test.
-#[cfg(any(test, feature = "pg_test"))]
-pub const SEAL: &str = concat!(
-    "SELECT ",
-    seal!("$1", "$2::pg_catalog.int4", "$3::pg_catalog.int4")
-);
-
 /// The first audit row at or beyond the checkpoint, and the key approved there; there
 /// must be none. $1 next_index.
 pub const AUDIT_BEYOND: &str = "\
@@ -92,62 +68,25 @@ SELECT i.item_key, i.revision, i.guards::pg_catalog.text
   FROM {items} i
  WHERE i.position OPERATOR(pg_catalog.=) $1";
 
-/// The checkpoint moved past the chunk [$2, $3), with its new seal, once the chunk's
-/// audit rows are written (see `audit`): what checkpoint::advance does in place, as a
-/// statement where etc_batch.job has a trigger for it. $1 job. Returns the job's status
-/// after it.
-pub const ADVANCE: &str = concat!(
-    "UPDATE etc_batch.job
-   SET next_index = $3,
-       chunks_committed = chunks_committed OPERATOR(pg_catalog.+) 1,
-       seal = ",
-    seal!("job_id", "$3", "chunks_committed OPERATOR(pg_catalog.+) 1"),
-    ",
-       started_at = COALESCE(started_at, pg_catalog.now()),
-       last_commit_at = pg_catalog.now(),
-       status = CASE WHEN $3 OPERATOR(pg_catalog.=) item_count THEN 'done' ELSE status END,
-       finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) item_count THEN pg_catalog.now() END
- WHERE job_id OPERATOR(pg_catalog.=) $1 AND next_index OPERATOR(pg_catalog.=) $2
-RETURNING status"
-);
-
-/// A parallel job's claimed chunk marked committed, by a statement (where the partition
-/// has a trigger for it). $1 chunk, $2 seal, $3 txid, $4 committed_at.
-pub const MARK_CHUNK: &str = "\
-UPDATE {chunks}
-   SET committed = true, seal = $2, txid = $3, committed_at = $4
- WHERE chunk OPERATOR(pg_catalog.=) $1 AND NOT committed
-RETURNING chunk";
-
 /// Waits for a parallel job's chunks in flight and keeps new ones from starting, until
 /// the end of the transaction (see claim::stop).
 pub const LOCK_CHUNKS: &str = "LOCK TABLE {chunks} IN EXCLUSIVE MODE";
 
-/// A parallel job's chunk rows, counted: all of them, the committed ones, those that do
-/// not match their seal; and the audit rows. $1 job.
-pub const CHUNKS_DONE: &str = "\
-SELECT pg_catalog.count(*),
-       pg_catalog.count(*) FILTER (WHERE c.committed),
-       pg_catalog.count(*) FILTER (WHERE c.seal OPERATOR(pg_catalog.<>) pg_catalog.hashtextextended(
-           $1 OPERATOR(pg_catalog.||) ':chunk:' OPERATOR(pg_catalog.||) c.chunk::pg_catalog.text
-           OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) c.committed::pg_catalog.int4::pg_catalog.text, 7919)),
-       (SELECT pg_catalog.count(*) FROM {audit})
-  FROM {chunks} c";
+/// A job's audit rows, counted.
+pub const AUDIT_ROWS: &str = "SELECT pg_catalog.count(*) FROM {audit}";
 
 /// A parallel job whose chunks are all committed, done: its row as a sequential job's
-/// reads when done, the checkpoint at the end with its seal. $1 job, $2 chunks.
-pub const FINISH_PARALLEL: &str = concat!(
-    "UPDATE etc_batch.job
-   SET next_index = item_count, chunks_committed = $2, seal = ",
-    seal!("job_id", "item_count", "$2"),
-    ",
+/// reads when done, the checkpoint at the end with its seal. $1 job, $2 chunks, $3 the
+/// checkpoint's seal.
+pub const FINISH_PARALLEL: &str = "\
+UPDATE etc_batch.job
+   SET next_index = item_count, chunks_committed = $2, seal = $3,
        started_at = COALESCE(started_at, (SELECT pg_catalog.min(c.committed_at) FROM etc_batch.job_chunk c
                                             WHERE c.job_id OPERATOR(pg_catalog.=) $1)),
        last_commit_at = (SELECT pg_catalog.max(c.committed_at) FROM etc_batch.job_chunk c
                           WHERE c.job_id OPERATOR(pg_catalog.=) $1),
        status = 'done', finished_at = pg_catalog.now()
- WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'"
-);
+ WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'";
 
 /// Puts a pending job into conflict, corrupt or aborted, with what was found.
 /// $1 job, $2 status, $3 problem (jsonb text), $4 reason.
@@ -166,24 +105,22 @@ SELECT pg_catalog.nextval('etc_batch.job_job_number_seq'::pg_catalog.regclass)";
 pub const CREATE_JOB_TABLES: &str = "\
 SELECT etc_batch.create_job_tables($1, $2, $3::pg_catalog.oid::pg_catalog.regrole, $4)";
 
-/// A parallel job's chunk rows written, and the partitions attached, once the items are
-/// frozen. $1 job number, $2 job, $3 chunks.
-pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2, $3)";
+/// A job's partitions attached, once the items (and a parallel job's chunk rows) are
+/// written. $1 job number, $2 job.
+pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2)";
 
 /// $1 job, $2 tenant, $3 target, $4 key column, $5 tenant column, $6 revision column,
 /// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
-/// $12 item count, $13 fingerprint, $14 registering role, $15 job number, $16 parallel.
-pub const INSERT_JOB: &str = concat!(
-    "INSERT INTO etc_batch.job
+/// $12 item count, $13 fingerprint, $14 registering role, $15 job number, $16 parallel,
+/// $17 the seal of its first checkpoint.
+pub const INSERT_JOB: &str = "\
+INSERT INTO etc_batch.job
   (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
    search_path, seal, job_number, parallel)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
-        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), ",
-    seal!("$1", "0", "0"),
-    ", $15, $16)"
-);
+        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16)";
 
 /// A batch of approved items, from position $1 on: $2 keys, $3 revisions, $4 guards, in
 /// position order. $5 job.
@@ -208,25 +145,18 @@ SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
        (SELECT pg_catalog.count(*) FROM {audit} a
          WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8";
 
-/// A parallel job's records counted, for verify_job: approved items, audit rows, chunk
-/// rows, committed ones, those that do not match their seal, audit rows inside chunks
-/// not committed, and the items of the committed chunks. $1 job, $2 chunk size, $3 item
-/// count.
+/// A parallel job's records counted, for verify_job: approved items, audit rows, audit
+/// rows inside chunks not committed, and the items of the committed chunks (its chunk
+/// rows are counted by claim::chunk_rows). $1 chunk size, $2 item count.
 pub const PARALLEL_COUNTS: &str = "\
 SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
        (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {chunks} c)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {chunks} c WHERE c.committed)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {chunks} c
-         WHERE c.seal OPERATOR(pg_catalog.<>) pg_catalog.hashtextextended(
-           $1 OPERATOR(pg_catalog.||) ':chunk:' OPERATOR(pg_catalog.||) c.chunk::pg_catalog.text
-           OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) c.committed::pg_catalog.int4::pg_catalog.text, 7919))::pg_catalog.int8,
        (SELECT pg_catalog.count(*) FROM {audit} a
           LEFT JOIN {chunks} c
-            ON c.chunk OPERATOR(pg_catalog.=) ((a.position OPERATOR(pg_catalog./) $2) OPERATOR(pg_catalog.+) 1)
+            ON c.chunk OPERATOR(pg_catalog.=) ((a.position OPERATOR(pg_catalog./) $1) OPERATOR(pg_catalog.+) 1)
          WHERE c.committed IS NOT TRUE)::pg_catalog.int8,
-       (SELECT COALESCE(pg_catalog.sum(LEAST($2, $3 OPERATOR(pg_catalog.-)
-                  ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $2))), 0)
+       (SELECT COALESCE(pg_catalog.sum(LEAST($1, $2 OPERATOR(pg_catalog.-)
+                  ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1))), 0)
           FROM {chunks} c WHERE c.committed)::pg_catalog.int8";
 
 /// The approved items of a parallel job's committed chunks that have no audit row, at

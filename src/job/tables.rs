@@ -66,13 +66,10 @@ impl JobTables {
         )
     }
 
-    /// Writes a parallel job's `chunks` chunk rows and attaches the partitions, once the
-    /// items are frozen. Run as the owner.
-    pub fn attach(&self, job_id: &str, chunks: i32) -> Result<()> {
-        query::run(
-            sql::ATTACH_JOB_TABLES,
-            &[self.number.into(), job_id.into(), chunks.into()],
-        )
+    /// Attaches the partitions, once the items (and a parallel job's chunk rows) are
+    /// written. Run as the owner.
+    pub fn attach(&self, job_id: &str) -> Result<()> {
+        query::run(sql::ATTACH_JOB_TABLES, &[self.number.into(), job_id.into()])
     }
 }
 

@@ -7,7 +7,10 @@
 //! nature, run as the role that gave it: see items_query).
 
 use super::columns::scalar_text;
-use super::columns::{Column, Kind, Shape};
+use super::columns::{Column, Kind};
+use super::shape::Shape;
+use super::guard::Guard;
+use super::key::JobKey;
 use super::sql::{COLUMNS, RELATION, UNIQUE_KEY};
 use crate::error::{BatchError, Result};
 use crate::query;
@@ -32,9 +35,9 @@ pub struct Target {
 impl Target {
     pub fn load(
         oid: pg_sys::Oid,
-        key_column: &str,
+        key: &JobKey,
         tenant_column: &str,
-        revision_column: &str,
+        guard: &Guard,
     ) -> Result<Target> {
         let (kind, sql_name, display) = query::row(RELATION, &[oid.into()], |r| {
             Ok((
@@ -76,10 +79,10 @@ impl Target {
             types.insert(name, sql_type);
         }
         let shape = Shape {
-            columns,
-            key_column: key_column.to_string(),
+            columns: columns.into_iter().collect(),
+            key: key.clone(),
             tenant_column: tenant_column.to_string(),
-            revision_column: revision_column.to_string(),
+            guard: guard.clone(),
         };
         shape.check_roles()?;
         let target = Target {
@@ -96,10 +99,10 @@ impl Target {
     /// One approved item must match one row: some unique index must cover only the key
     /// and tenant columns.
     fn check_unique_key(&self, oid: pg_sys::Oid) -> Result<()> {
-        let (key, tenant) = (&self.shape.key_column, &self.shape.tenant_column);
+        let (key, tenant) = (self.shape.key.column(), &self.shape.tenant_column);
         let covered = query::one::<bool>(
             UNIQUE_KEY,
-            &[oid.into(), key.as_str().into(), tenant.as_str().into()],
+            &[oid.into(), key.into(), tenant.as_str().into()],
         )? == Some(true);
         if covered {
             return Ok(());
@@ -145,15 +148,8 @@ impl Target {
                 self.col(&s.tenant_column),
                 self.cast("$3", &s.tenant_column)
             ),
-            format!(
-                "t.{} OPERATOR(pg_catalog.=) {}",
-                self.col(&s.key_column),
-                self.cast("it.item_key", &s.key_column)
-            ),
-            format!(
-                "t.{} OPERATOR(pg_catalog.=) it.revision",
-                self.col(&s.revision_column)
-            ),
+            s.key.matches("it.item_key", &self.types[s.key.column()]),
+            s.guard.matches(),
         ];
         for g in guard_columns {
             // One lookup where the guard holds: equal, or both NULL (a JSON null), or an
@@ -196,21 +192,20 @@ impl Target {
         }
     }
 
-    /// Whether the key column is an integer: then the frozen list's order (by value) is
-    /// the order of the target's key, and a chunk's keys lie between its first and last.
-    pub fn key_is_integer(&self) -> bool {
-        self.shape
-            .columns
-            .get(&self.shape.key_column)
-            .is_some_and(|c| matches!(c.kind, Kind::Int { .. }))
+    /// The key's type, when a chunk's statement bounds its scan by the chunk's first and
+    /// last key (JobKey::bounds_chunks): it binds them as values of it.
+    pub fn bounding_key_type(&self) -> Option<pg_sys::Oid> {
+        let key = &self.shape.key;
+        key.bounds_chunks(&self.shape.columns)
+            .then(|| self.type_oids[key.column()])
     }
 
     /// The guarded change of one chunk, one statement, run as the registering role: the
     /// chunk's items read from the job's own partition, every one that still matches
-    /// changed (its revision incremented). Returns the position of each item changed and
-    /// the revision its row has now, for the audit. $1, $2 the chunk's positions,
-    /// $3 tenant, then the job's constants; with `key_bounds` (an integer key, see
-    /// key_is_integer), then the chunk's first and last key, so that the planner reads
+    /// changed (with what its guard adds, a revision incremented). Returns the position
+    /// of each item changed and its guard value now, for the audit. $1, $2 the chunk's
+    /// positions, $3 tenant, then the job's constants; with `key_bounds` (see
+    /// bounding_key_type), then the chunk's first and last key, so that the planner reads
     /// the chunk's rows of the target by one range of its key instead of one probe per
     /// item.
     pub fn change_sql(
@@ -222,7 +217,6 @@ impl Target {
         key_bounds: bool,
     ) -> String {
         let s = &self.shape;
-        let rev = self.col(&s.revision_column);
         let mut assignments: Vec<String> = constants
             .assigned()
             .map(|(column, param)| match param {
@@ -230,22 +224,20 @@ impl Target {
                 None => format!("{} = NULL", self.col(column)),
             })
             .collect();
-        assignments.push(format!("{rev} = t.{rev} OPERATOR(pg_catalog.+) 1"));
+        assignments.extend(s.guard.assignments());
         let mut conditions = self.item_matches(guard_columns, constants);
         if key_bounds {
-            let (key, first) = (self.col(&s.key_column), constants.after());
-            conditions.push_str(&format!(
-                "\n     AND t.{key} OPERATOR(pg_catalog.>=) ${first} AND t.{key} OPERATOR(pg_catalog.<=) ${}",
-                first + 1
-            ));
+            conditions.push_str("\n     AND ");
+            conditions.push_str(&s.key.between(constants.after()));
         }
         format!(
             "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
-             RETURNING it.position, t.{rev}::pg_catalog.int8",
+             RETURNING it.position, {}",
             self.sql_name,
             assignments.join(", "),
             Self::chunk_items(items, chunk_size),
             conditions,
+            s.guard.now(),
         )
     }
 
@@ -277,9 +269,9 @@ impl Target {
         format!(
             "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, it.revision, {}, {}) \
              OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM {}\n ORDER BY it.position",
-            quote_literal(&s.key_column),
-            self.cast("it.item_key", &s.key_column),
-            quote_literal(&s.revision_column),
+            quote_literal(s.key.column()),
+            self.cast("it.item_key", s.key.column()),
+            quote_literal(s.guard.field()),
             quote_literal(&s.tenant_column),
             self.cast("$3", &s.tenant_column),
             Self::chunk_items(items, chunk_size),
@@ -295,8 +287,8 @@ impl Target {
             self.sql_name,
             self.col(&s.tenant_column),
             self.cast("$1", &s.tenant_column),
-            self.col(&s.key_column),
-            self.cast("$2", &s.key_column),
+            self.col(s.key.column()),
+            self.cast("$2", s.key.column()),
         )
     }
 
@@ -338,15 +330,15 @@ impl Target {
 
     fn report_rows(&self) -> String {
         let s = &self.shape;
-        let rev = self.col(&s.revision_column);
-        let key = self.col(&s.key_column);
+        let key = self.col(s.key.column());
+        let now = s.guard.now();
         format!(
             "SELECT i.position, i.item_key,
        CASE WHEN a.position IS NULL THEN 'unprocessed'
             WHEN t.{key} IS NULL THEN 'missing'
-            WHEN t.{rev}::pg_catalog.int8 OPERATOR(pg_catalog.=) a.revision_after THEN 'matching'
+            WHEN {now} OPERATOR(pg_catalog.=) a.revision_after THEN 'matching'
             ELSE 'drifted' END AS state,
-       a.revision_after, t.{rev}::pg_catalog.int8
+       a.revision_after, {now}
   FROM etc_batch.job_item i
   LEFT JOIN etc_batch.job_audit a
     ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
@@ -356,8 +348,8 @@ impl Target {
             self.sql_name,
             self.col(&s.tenant_column),
             self.cast("$2", &s.tenant_column),
-            self.col(&s.key_column),
-            self.cast("i.item_key", &s.key_column),
+            self.col(s.key.column()),
+            self.cast("i.item_key", s.key.column()),
         )
     }
 }

@@ -1151,6 +1151,48 @@ def test_a_trigger_on_the_audit_sees_every_audit_row(db):
     assert_job_complete(db, orders, job, keys)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_trigger_on_the_job_and_its_chunks_sees_every_mark(db, parallel):
+    """The job's row (a sequential job's checkpoint) and a parallel job's chunk rows are
+    changed without a statement, except where the table has a trigger for UPDATE: then
+    the same change, built from the same list of columns, by a statement, so that a
+    trigger a DBA put there sees every checkpoint and every chunk marked committed, once,
+    and the job still drains exactly once."""
+    keys = pick_keys(73, 30, range(1, 60))
+    orders = Orders(db, f"mark_trigger_{int(parallel)}", a_ids=range(1, 60))
+    job = db.new_batch(f"mark_trigger_{int(parallel)}")
+    seen = sql.Identifier(f"{job}_seen")
+    fn = sql.Identifier(f"{job}_note")
+    db.admin.execute(sql.SQL("CREATE TABLE {} (tbl text, row jsonb)").format(seen))
+    db.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {seen} VALUES (TG_TABLE_NAME, to_jsonb(NEW)); RETURN NULL; END $$"
+    ).format(fn=fn, seen=seen))
+    register(db.connect(), job, orders.name, orders.items(keys), parallel=parallel)
+    number = job_row(db, job)["job_number"]
+    table = f"job_chunk_{number}" if parallel else "job"
+    db.admin.execute(sql.SQL(
+        "CREATE TRIGGER seen AFTER UPDATE ON etc_batch.{} FOR EACH ROW EXECUTE FUNCTION {}()"
+    ).format(sql.Identifier(table), fn))
+    try:
+        assert drain(db.connect(), job)["status"] == "done"
+    finally:
+        db.admin.execute(sql.SQL("DROP TRIGGER IF EXISTS seen ON etc_batch.{}").format(
+            sql.Identifier(table)))
+    rows = [r["row"] for r in db.admin.execute(
+        sql.SQL("SELECT row FROM {} WHERE tbl = %s").format(seen), (table,)).fetchall()]
+    if parallel:
+        assert sorted(r["chunk"] for r in rows) == [1, 2, 3]
+        assert all(r["committed"] and r["txid"] is not None for r in rows)
+    else:
+        assert [r["next_index"] for r in rows] == [10, 20, 30]
+        assert [r["chunks_committed"] for r in rows] == [1, 2, 3]
+        assert rows[-1]["status"] == "done"
+    assert_job_complete(db, orders, job, keys)
+    checks = db.admin.execute("SELECT ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert all(c["ok"] for c in checks)
+
+
 def test_a_column_added_to_the_audit_stops_the_drain_cleanly(db):
     """etc_batch writes the audit partition's columns itself: a column added by hand is
     refused (55000), with the chunk rolled back and the job still pending, never an

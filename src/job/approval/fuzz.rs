@@ -13,7 +13,7 @@
 //! it to.
 
 use super::*;
-use crate::job::columns::Column;
+use crate::job::columns::{parse_uuid, Column, Kind};
 use proptest::collection::{btree_set, vec};
 use proptest::option;
 use proptest::prelude::*;
@@ -78,9 +78,9 @@ fn shape(key_type: &str, revision_type: &str) -> Shape {
                 )
             })
             .collect(),
-        key_column: "id".into(),
+        key: JobKey::of("id"),
         tenant_column: "tenant".into(),
-        revision_column: "revision".into(),
+        guard: Guard::of("revision"),
     }
 }
 
@@ -93,9 +93,9 @@ fn approval(items: Vec<Item>) -> Approval {
         terms: Terms {
             tenant: "t".into(),
             target: "public.orders".into(),
-            key_column: "id".into(),
+            key: JobKey::of("id"),
             tenant_column: "tenant".into(),
-            revision_column: "revision".into(),
+            guard: Guard::of("revision"),
             chunk_size: 7,
             action: Action::Set(BTreeMap::from([("status".to_string(), json!("done"))])),
             expect: BTreeMap::new(),
@@ -436,11 +436,11 @@ fn assert_clear_error(shape: &Shape, error: &BatchError, input: &Value) {
 fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: bool) {
     let list = input.as_array().expect("only a list normalizes");
     assert_eq!(items.len(), list.len(), "{input}");
-    let key_kind = shape.columns[&shape.key_column].kind;
+    let key_kind = shape.columns[shape.key.column()].kind;
     let Kind::Int {
         min: rmin,
         max: rmax,
-    } = shape.columns[&shape.revision_column].kind
+    } = shape.columns[shape.guard.field()].kind
     else {
         panic!("revision column is not an integer");
     };
@@ -464,11 +464,11 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             assert!(shape.columns.contains_key(column), "{column:?}");
             assert!(
                 ![
-                    &shape.key_column,
+                    shape.key.column(),
                     &shape.tenant_column,
-                    &shape.revision_column
+                    shape.guard.field()
                 ]
-                .contains(&column),
+                .contains(&column.as_str()),
                 "{column:?} became a guard"
             );
             if any_float && value.is_f64() {
@@ -490,9 +490,9 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
         let item = items
             .iter()
             .find(|i| {
-                object[&shape.key_column] == json!(i.key.text())
-                    || object[&shape.key_column].as_i64().map(Key::Int).as_ref() == Some(&i.key)
-                    || object[&shape.key_column]
+                object[shape.key.column()] == json!(i.key.text())
+                    || object[shape.key.column()].as_i64().map(Key::Int).as_ref() == Some(&i.key)
+                    || object[shape.key.column()]
                         .as_str()
                         .and_then(parse_uuid)
                         .map(Key::Uuid)
@@ -504,10 +504,10 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             sources.insert(item.key.clone(), object).is_none(),
             "two items, one key"
         );
-        assert_eq!(Some(item.revision), object[&shape.revision_column].as_i64());
+        assert_eq!(Some(item.revision), object[shape.guard.field()].as_i64());
         let fields: Guards = object
             .iter()
-            .filter(|(k, _)| **k != shape.key_column && **k != shape.revision_column)
+            .filter(|(k, _)| k.as_str() != shape.key.column() && k.as_str() != shape.guard.field())
             .map(|(k, v)| (k.clone(), canon(v)))
             .collect();
         assert_eq!(item.guards, fields);
@@ -628,7 +628,7 @@ proptest! {
         let items = shape.normalize(&input).unwrap_or_else(|e| panic!("{e:?} for {input}"));
         assert_normal_form(&shape, &input, &items, false);
         let again = shape.normalize(&Value::Array(shuffled)).unwrap();
-        let key_kind = shape.columns[&shape.key_column].kind;
+        let key_kind = shape.columns[shape.key.column()].kind;
         let stored = approval(as_stored(key_kind, &items));
         let (a, b) = (approval(items), approval(again));
         prop_assert_eq!(a.fingerprint(), b.fingerprint());
@@ -858,8 +858,7 @@ fn one_column_in_two_roles_is_refused() {
         ),
     ] {
         let mut s = shape("int4", "int4");
-        (s.key_column, s.tenant_column, s.revision_column) =
-            (key.into(), tenant.into(), revision.into());
+        (s.key, s.tenant_column, s.guard) = (JobKey::of(key), tenant.into(), Guard::of(revision));
         let e = s.check_roles().unwrap_err();
         assert_eq!(e.message(), message);
         assert_clear_error(&s, &e, &json!([key, tenant, revision]));
@@ -878,16 +877,17 @@ proptest! {
     ) {
         let mut shape = shape;
         let [key, tenant, revision] = names;
-        (shape.key_column, shape.tenant_column, shape.revision_column) = (key, tenant, revision);
+        (shape.key, shape.tenant_column, shape.guard) = (JobKey::of(&key), tenant, Guard::of(&revision));
         match shape.check_roles() {
             Ok(()) => {
-                prop_assert!(shape.key_column != shape.tenant_column);
-                prop_assert!(shape.key_column != shape.revision_column);
-                prop_assert!(shape.tenant_column != shape.revision_column);
-                let kind = |c: &String| shape.columns[c].kind;
-                assert!(matches!(kind(&shape.key_column), Kind::Int { .. } | Kind::Text | Kind::Uuid));
+                let (key, revision) = (shape.key.column(), shape.guard.field());
+                prop_assert!(key != shape.tenant_column);
+                prop_assert!(key != revision);
+                prop_assert!(shape.tenant_column != revision);
+                let kind = |c: &str| shape.columns[c].kind;
+                assert!(matches!(kind(key), Kind::Int { .. } | Kind::Text | Kind::Uuid));
                 prop_assert!(shape.columns.contains_key(&shape.tenant_column));
-                assert!(matches!(kind(&shape.revision_column), Kind::Int { .. }));
+                assert!(matches!(kind(revision), Kind::Int { .. }));
             }
             Err(BatchError::Unsupported { message, .. }) => {
                 prop_assert!(message.starts_with("key column"), "{}", message);

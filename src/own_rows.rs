@@ -397,9 +397,9 @@ pub enum Key<'a> {
     Text(&'a str),
 }
 
-/// How a scan compares the key column to a `Key`.
+/// How a read compares the key column to a `Key`.
 #[derive(Clone, Copy)]
-enum Compare {
+pub enum Compare {
     Equal,
     Greater,
     AtLeast,
@@ -416,39 +416,28 @@ impl Key<'_> {
 
     /// The btree strategy and comparison function for `compare`, and the key's datum.
     fn scan(self, compare: Compare) -> (u32, u32, pg_sys::Datum) {
-        let strategy = match compare {
-            Compare::Equal => pg_sys::BTEqualStrategyNumber,
-            Compare::Greater => pg_sys::BTGreaterStrategyNumber,
-            Compare::AtLeast => pg_sys::BTGreaterEqualStrategyNumber,
-        };
-        match self {
-            Key::Int4(k) => {
-                let procedure = match compare {
-                    Compare::Equal => pg_sys::F_INT4EQ,
-                    Compare::Greater => pg_sys::F_INT4GT,
-                    Compare::AtLeast => pg_sys::F_INT4GE,
-                };
-                (strategy, procedure, pg_sys::Datum::from(k))
-            }
-            Key::Int8(k) => {
-                let procedure = match compare {
-                    Compare::Equal => pg_sys::F_INT8EQ,
-                    Compare::Greater => pg_sys::F_INT8GT,
-                    Compare::AtLeast => pg_sys::F_INT8GE,
-                };
-                (strategy, procedure, pg_sys::Datum::from(k))
-            }
-            Key::Text(k) => {
-                let procedure = match compare {
-                    Compare::Equal => pg_sys::F_TEXTEQ,
-                    Compare::Greater => pg_sys::F_TEXT_GT,
-                    Compare::AtLeast => pg_sys::F_TEXT_GE,
-                };
+        // each type's =, > and >= functions
+        let (procedures, datum) = match self {
+            Key::Int4(k) => (
+                [pg_sys::F_INT4EQ, pg_sys::F_INT4GT, pg_sys::F_INT4GE],
+                pg_sys::Datum::from(k),
+            ),
+            Key::Int8(k) => (
+                [pg_sys::F_INT8EQ, pg_sys::F_INT8GT, pg_sys::F_INT8GE],
+                pg_sys::Datum::from(k),
+            ),
+            Key::Text(k) => (
+                [pg_sys::F_TEXTEQ, pg_sys::F_TEXT_GT, pg_sys::F_TEXT_GE],
                 // a text datum in the current memory context, for the span of the scan
-                let datum = pgrx::IntoDatum::into_datum(k).expect("text is never NULL");
-                (strategy, procedure, datum)
-            }
-        }
+                pgrx::IntoDatum::into_datum(k).expect("text is never NULL"),
+            ),
+        };
+        let (strategy, procedure) = match compare {
+            Compare::Equal => (pg_sys::BTEqualStrategyNumber, procedures[0]),
+            Compare::Greater => (pg_sys::BTGreaterStrategyNumber, procedures[1]),
+            Compare::AtLeast => (pg_sys::BTGreaterEqualStrategyNumber, procedures[2]),
+        };
+        (strategy, procedure, datum)
     }
 }
 
@@ -593,8 +582,8 @@ impl Table<'_> {
     }
 
     /// The first row, in the order of a unique btree index that `column` leads, whose
-    /// `column` compares to `key` as `compare` says, read with `read`.
-    fn first_by_key<R>(
+    /// `column` compares to `key` as `compare` says, read with `read`. None: there is none.
+    pub fn first<R>(
         &self,
         column: &str,
         compare: Compare,
@@ -615,7 +604,7 @@ impl Table<'_> {
     /// Read by the index itself, never by systable_beginscan: that scans the heap, in no
     /// order, when a session starts with ignore_system_indexes, which any role may set,
     /// and "the next step" would be whichever came first.
-    fn scan<R>(
+    pub fn scan<R>(
         &self,
         column: &str,
         compare: Compare,
@@ -720,38 +709,6 @@ impl Table<'_> {
             .map_or_else(|| "?".to_string(), |a| a.name().to_string())
     }
 
-    /// Reads the row whose key column `column` equals `key`. None: there is none.
-    pub fn find<R>(
-        &self,
-        column: &str,
-        key: Key,
-        read: impl FnOnce(&Fields) -> Result<R>,
-    ) -> Result<Option<R>> {
-        self.first_by_key(column, Compare::Equal, key, read)
-    }
-
-    /// Reads the row with the smallest key greater than `key` in column `column`. None:
-    /// there is none.
-    pub fn next_by_key<R>(
-        &self,
-        column: &str,
-        key: Key,
-        read: impl FnOnce(&Fields) -> Result<R>,
-    ) -> Result<Option<R>> {
-        self.first_by_key(column, Compare::Greater, key, read)
-    }
-
-    /// Reads the row with the smallest key at or above `key` in column `column`. None:
-    /// there is none.
-    pub fn first_from<R>(
-        &self,
-        column: &str,
-        key: Key,
-        read: impl FnOnce(&Fields) -> Result<R>,
-    ) -> Result<Option<R>> {
-        self.first_by_key(column, Compare::AtLeast, key, read)
-    }
-
     /// Locks the row whose key column `column` equals `key`, as `SELECT ... WHERE column
     /// = key FOR UPDATE` (`SKIP LOCKED` unless `wait`) would, and reads its latest
     /// version with `read`: a row another transaction changed while this one waited is
@@ -763,7 +720,7 @@ impl Table<'_> {
         wait: bool,
         read: impl FnOnce(&Fields) -> Result<R>,
     ) -> Result<Lock<R>> {
-        let found = self.find(column, key, |row| {
+        let found = self.first(column, Compare::Equal, key, |row| {
             // SAFETY: the slot holds the row
             Ok(Tid(unsafe { (*row.tuple).t_self }))
         })?;
@@ -832,48 +789,17 @@ impl Table<'_> {
         }
     }
 
-    /// Visits the rows whose key column `column` is `key` or more, in the order of the
-    /// unique index it leads, each with where it lies, until `visit` breaks off with a
-    /// value. None: every row was visited.
-    pub fn scan_from<R>(
-        &self,
-        column: &str,
-        key: Key,
-        visit: impl FnMut(&Fields, Tid) -> Result<std::ops::ControlFlow<R>>,
-    ) -> Result<Option<R>> {
-        self.scan(column, Compare::AtLeast, key, visit)
-    }
-
-    /// Changes the row whose key column `column` equals `key`, as `UPDATE ... WHERE
-    /// column = key` would, without a statement: `change` reads the row as it is now and
-    /// returns the new values of the columns it changes (None for NULL), with what the
-    /// caller wants to know of it. The caller must hold the row's lock (taken earlier in
-    /// the transaction), so that no other transaction can have changed it, and must have
-    /// asked `fires_on_update`. None: there is no such row.
-    pub fn update_by_key<R>(
-        &self,
-        column: &str,
-        key: Key,
-        change: impl FnOnce(&Fields) -> Result<(Vec<Change>, R)>,
-    ) -> Result<Option<R>> {
-        let found = self.find(column, key, |row| {
-            // SAFETY: a copy of the row, which outlives the scan
-            let old = unsafe { pg_sys::heap_copytuple(row.tuple) };
-            let (changes, result) = change(row)?;
-            Ok((old, changes, result))
-        })?;
-        let Some((old, changes, result)) = found else {
-            return Ok(None);
-        };
-        // SAFETY: `old` is a copy of the row's latest version, which the caller's lock
-        // keeps latest
-        unsafe { self.write_new_version(old, changes)? };
-        Ok(Some(result))
-    }
-
-    /// As update_by_key, for the row this transaction locked at `at` (lock_by_key): read
-    /// there, without looking it up again, unless a statement of this transaction has
-    /// changed it since; then found again by its key.
+    /// Changes the row this transaction locked at `at` (lock_by_key, lock_at), whose key
+    /// column `column` is `key`, as `UPDATE ... WHERE column = key` would: `change` reads
+    /// the row as it is now and returns the new values of the columns it changes (None
+    /// for NULL), with what the caller wants to know of it. The row is read at `at`
+    /// unless a statement of this transaction has changed it since; then found again by
+    /// its key. No other transaction can have changed it: the caller holds its lock.
+    ///
+    /// The new version is written in place, without a statement; where the table has a
+    /// trigger an UPDATE would fire (a DBA's, since etc_batch puts none there), the same
+    /// changes are written by an UPDATE built from them, so that it fires. None: there is
+    /// no such row.
     pub fn update_locked<R>(
         &self,
         at: Tid,
@@ -881,25 +807,78 @@ impl Table<'_> {
         key: Key,
         change: impl FnOnce(&Fields) -> Result<(Vec<Change>, R)>,
     ) -> Result<Option<R>> {
+        let mut change = Some(change);
+        let mut read = |row: &Fields| {
+            // SAFETY: a copy of the row, which outlives the slot it was read from
+            let old = unsafe { pg_sys::heap_copytuple(row.tuple) };
+            let (changes, result) = (change.take().expect("one row is read"))(row)?;
+            Ok((old, changes, result))
+        };
         // SAFETY: the version at `at` is fetched into a slot of the open table if this
-        // snapshot sees it (no later version of this transaction hides it), copied, and
-        // the slot dropped before the new version is written.
-        unsafe {
+        // snapshot sees it (no later version of this transaction hides it), read, and the
+        // slot dropped before anything is written.
+        let at_tid = unsafe {
             let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
             let mut tid = at.0;
-            if !pg_sys::table_tuple_fetch_row_version(self.rel, &mut tid, self.snapshot, slot) {
-                pg_sys::ExecDropSingleTupleTableSlot(slot);
-                return self.update_by_key(column, key, change);
-            }
-            let mut free = false;
-            let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
-            let old = pg_sys::heap_copytuple(tuple);
-            let read = change(&Fields { table: self, tuple });
+            let found =
+                if pg_sys::table_tuple_fetch_row_version(self.rel, &mut tid, self.snapshot, slot) {
+                    let mut free = false;
+                    let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, &mut free);
+                    Some(read(&Fields { table: self, tuple }))
+                } else {
+                    None
+                };
             pg_sys::ExecDropSingleTupleTableSlot(slot);
-            let (changes, result) = read?;
-            self.write_new_version(old, changes)?;
-            Ok(Some(result))
+            found.transpose()?
+        };
+        let found = match at_tid {
+            Some(found) => Some(found),
+            None => self.first(column, Compare::Equal, key, &mut read)?,
+        };
+        let Some((old, changes, result)) = found else {
+            return Ok(None);
+        };
+        if self.fires_on_update() {
+            self.update_statement(column, key, &changes)?;
+        } else {
+            // SAFETY: `old` is a copy of the row's latest version, which the caller's lock
+            // keeps latest
+            unsafe { self.write_new_version(old, changes)? };
         }
+        Ok(Some(result))
+    }
+
+    /// `changes` written to the row whose `column` is `key` by an UPDATE statement, built
+    /// from them, with every value bound as a parameter of its column's type.
+    fn update_statement(&self, column: &str, key: Key, changes: &[Change]) -> Result<()> {
+        let mut sets = Vec::with_capacity(changes.len());
+        let mut args = Vec::with_capacity(changes.len() + 1);
+        for (i, (name, value)) in changes.iter().enumerate() {
+            // a domain's base type: the value was made as one
+            // SAFETY: a catalog lookup of a type the open table has
+            let type_oid = unsafe { pg_sys::getBaseType(self.attribute(name)?.type_oid) };
+            sets.push(format!(
+                "{} = ${}",
+                pgrx::spi::quote_identifier(name),
+                i + 1
+            ));
+            args.push(match value {
+                // SAFETY: a datum `change` made for a column of this type
+                Some(datum) => unsafe { DatumWithOid::new(*datum, type_oid) },
+                None => DatumWithOid::null_oid(type_oid),
+            });
+        }
+        let (_, _, key_datum) = key.scan(Compare::Equal);
+        // SAFETY: the key's datum, of the key's type
+        args.push(unsafe { DatumWithOid::new(key_datum, key.type_oid()) });
+        let sql = format!(
+            "UPDATE etc_batch.{} SET {} WHERE {} OPERATOR(pg_catalog.=) ${}",
+            pgrx::spi::quote_identifier(self.name),
+            sets.join(", "),
+            pgrx::spi::quote_identifier(column),
+            args.len()
+        );
+        query::run(&sql, &args)
     }
 
     /// Writes the new version of row `old` with `changes`, in its place.

@@ -1,0 +1,102 @@
+//! The SQL types of arguments that pgrx has no Rust type for, as a DBA writes them: a
+//! column's `name`, a table's `regclass`, a function's `regprocedure`, and `jsonb` read
+//! as its text. Each is declared with its SQL type here, so that the functions taking
+//! them are declared by pgrx from their Rust signatures, once.
+
+use crate::error::BatchError;
+use pgrx::callconv::{Arg, ArgAbi};
+use pgrx::datum::FromDatum;
+use pgrx::nullable::Nullable;
+use pgrx::pg_sys;
+use std::ffi::CStr;
+
+/// Declares an argument type: its SQL type, and how its datum becomes the Rust value.
+macro_rules! argument_type {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $sql:literal, |$datum:ident| $read:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name(pub $inner);
+
+        impl FromDatum for $name {
+            unsafe fn from_polymorphic_datum(
+                $datum: pg_sys::Datum,
+                is_null: bool,
+                _: pg_sys::Oid,
+            ) -> Option<Self> {
+                // a datum of the SQL type this argument is declared with
+                (!is_null).then(|| $name($read))
+            }
+        }
+
+        // SAFETY: the datum is of the SQL type declared below, which from_datum reads
+        unsafe impl<'fcx> ArgAbi<'fcx> for $name {
+            unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+                let index = arg.index();
+                unsafe { arg.unbox_arg_using_from_datum() }
+                    .unwrap_or_else(|| panic!("argument {index} must not be null"))
+            }
+
+            unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> Nullable<Self> {
+                unsafe { arg.unbox_arg_using_from_datum() }.into()
+            }
+        }
+
+        pgrx::impl_sql_translatable!($name, arg_only = $sql);
+    };
+}
+
+argument_type!(
+    /// A column's name.
+    Name(String),
+    "name",
+    |datum| CStr::from_ptr(datum.cast_mut_ptr::<std::ffi::c_char>())
+        .to_string_lossy()
+        .into_owned()
+);
+
+argument_type!(
+    /// A table, by OID.
+    RegClass(pg_sys::Oid),
+    "regclass",
+    |datum| pg_sys::Oid::from(datum.value() as u32)
+);
+
+argument_type!(
+    /// A function, by OID.
+    RegProcedure(pg_sys::Oid),
+    "regprocedure",
+    |datum| pg_sys::Oid::from(datum.value() as u32)
+);
+
+argument_type!(
+    /// A jsonb argument, as the datum PostgreSQL passed, read as JSON text when asked
+    /// (`text`), for reading an item at a time. pgrx's JsonB turns jsonb that serde_json
+    /// cannot hold (nesting deeper than it reads, a number beyond double precision) into
+    /// an internal error; this lets the approval refuse it with a clear one.
+    Jsonb(pg_sys::Datum),
+    "jsonb",
+    |datum| datum
+);
+
+impl Jsonb {
+    /// The value as JSON text (jsonb_out).
+    pub fn text(&self, what: &str) -> crate::error::Result<String> {
+        // SAFETY: the datum is a jsonb argument of this call; jsonb_out detoasts it and
+        // returns a C string palloc'd in the current memory context, freed below.
+        unsafe {
+            let text = pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(self.0)])
+                .ok_or_else(|| {
+                    BatchError::Internal(format!("jsonb_out returned NULL for {what}"))
+                })?;
+            let value = match text.to_str() {
+                Ok(text) => Ok(text.to_string()),
+                Err(_) => Err(BatchError::Unsupported {
+                    message: format!("{what} is not valid UTF-8"),
+                    detail: "etc_batch reads approvals in UTF8 databases only.".into(),
+                }),
+            };
+            pg_sys::pfree(text.as_ptr() as *mut std::ffi::c_void);
+            value
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! A chunk a drainer holds, in the one transaction that will commit it, whichever way
+//! the job's chunks are taken (order.rs): in order, the next one after the checkpoint
+//! (checkpoint.rs), or in any order, each claimed by one of many drainers (claim.rs);
+//! and what opening one may come to instead.
+
+use super::progress::Progress;
+use crate::own_rows::Tid;
+use crate::pauses::Paused;
+use crate::status::JobStatus;
+use std::ops::Range;
+
+/// A chunk this drainer holds: checked before it was handed out (see `Opening`), its
+/// change still to be made.
+pub struct OpenChunk {
+    /// 1-based, and how many chunks the job has.
+    pub number: i32,
+    pub total: i32,
+    /// Its positions in the frozen list.
+    pub range: Range<i32>,
+    /// The keys of its first and last item.
+    pub first_key: String,
+    pub last_key: String,
+    pub mark: Mark,
+}
+
+/// What records a chunk as committed, besides its audit rows.
+#[derive(Clone, Copy)]
+pub enum Mark {
+    /// The sequential job's checkpoint, moved past the chunk, in the job's row, locked
+    /// where this lies.
+    Checkpoint(Tid),
+    /// The parallel job's row for the chunk, claimed where this lies.
+    Claim(Tid),
+}
+
+impl OpenChunk {
+    /// The chunk that begins at `progress.next_index`, with its keys.
+    pub fn checkpoint(progress: Progress, keys: (String, String), at: Tid) -> Option<OpenChunk> {
+        Self::new(progress, keys, Mark::Checkpoint(at))
+    }
+
+    /// The chunk a parallel job's drainer claimed at `at`.
+    pub fn claimed(progress: Progress, keys: (String, String), at: Tid) -> Option<OpenChunk> {
+        Self::new(progress, keys, Mark::Claim(at))
+    }
+
+    fn new(
+        progress: Progress,
+        (first_key, last_key): (String, String),
+        mark: Mark,
+    ) -> Option<OpenChunk> {
+        let range = progress.next_chunk()?;
+        let (number, total) = progress.chunk_number();
+        Some(OpenChunk {
+            number,
+            total,
+            range,
+            first_key,
+            last_key,
+            mark,
+        })
+    }
+}
+
+/// What looking for the next chunk came to.
+pub enum Opening {
+    /// A chunk to change.
+    Open(OpenChunk),
+    /// The job is done.
+    Done,
+    /// Every chunk of a parallel job is committed; its row does not say it is done yet.
+    AllCommitted,
+    /// Every chunk of a parallel job not yet committed is held by another drainer.
+    AllHeld,
+    Paused(Paused),
+    /// The job is stopped for good: in conflict, corrupt or aborted.
+    Stopped(JobStatus),
+    /// Why the job's progress cannot be trusted: it becomes corrupt.
+    Untrusted(String),
+}
+
+/// After a chunk was rolled back because fewer rows matched than it has items, seen
+/// again in the next transaction, under the job's lock.
+pub enum Recheck {
+    /// Nothing moved meanwhile: what stopped the chunk is to be recorded.
+    Record,
+    /// Another drainer committed the chunk, or finished the job: go on.
+    Again,
+    /// Another drainer stopped the job, whose record stands.
+    Stopped(JobStatus),
+}

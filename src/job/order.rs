@@ -1,0 +1,103 @@
+//! How a job's chunks are taken: its `Order`, chosen once from its approval. The drain
+//! loop asks it to open a chunk, to close one, and what to do after one was rolled back,
+//! and never asks which way it is.
+
+use super::checkpoint;
+use super::chunk::{Mark, OpenChunk, Opening, Recheck};
+use super::claim::{self, Cursor};
+use super::definition::Definition;
+use super::progress::{chunk_count, Progress};
+use crate::error::Result;
+use crate::status::JobStatus;
+use std::ops::Range;
+
+/// How a job's chunks are taken.
+pub enum Order {
+    /// One after the other, from the checkpoint.
+    InOrder,
+    /// In any order, each claimed by one of many drainers; where this drainer looks.
+    Parallel(Cursor),
+}
+
+impl Order {
+    pub fn of(def: &Definition) -> Order {
+        if def.parallel {
+            Order::Parallel(Cursor::new())
+        } else {
+            Order::InOrder
+        }
+    }
+
+    /// The next chunk, locked (or claimed) and checked, in the current transaction. Run
+    /// as the owner.
+    pub fn open(&mut self, def: &Definition) -> Result<Opening> {
+        match self {
+            Order::InOrder => checkpoint::open(&def.job_id, &def.tables),
+            Order::Parallel(cursor) => claim::open(
+                &def.job_id,
+                &def.tables,
+                Progress {
+                    next_index: 0,
+                    item_count: def.item_count,
+                    chunk_size: def.chunk_size,
+                },
+                cursor,
+            ),
+        }
+    }
+
+    /// Records the chunk committed (the checkpoint moved past it, or its chunk row
+    /// marked), once its audit rows are written. Returns whether the job is done with it.
+    /// Run as the owner.
+    pub fn close(&self, def: &Definition, chunk: &OpenChunk) -> Result<bool> {
+        match chunk.mark {
+            Mark::Checkpoint(at) => {
+                let status = checkpoint::advance(&def.job_id, &def.tables, at, &chunk.range)?;
+                Ok(status == JobStatus::Done)
+            }
+            // a parallel job is done once its row says so (`finish`), not with a chunk
+            Mark::Claim(at) => {
+                claim::mark_committed(&def.job_id, &def.tables, chunk.number, at).map(|()| false)
+            }
+        }
+    }
+
+    /// After the chunk `range` was rolled back: whether to record what stopped it. Run as
+    /// the owner.
+    pub fn recheck(&self, def: &Definition, range: &Range<i32>) -> Result<Recheck> {
+        match self {
+            Order::InOrder => checkpoint::recheck(&def.job_id, &def.tables, range),
+            Order::Parallel(_) => {
+                // the chunks in flight commit first, and none starts after
+                claim::stop(&def.tables)?;
+                claim::recheck(&def.job_id)
+            }
+        }
+    }
+
+    /// Before a stop of the job (conflict, corrupt) is recorded. Run as the owner.
+    pub fn before_stop(&self, def: &Definition) -> Result<()> {
+        match self {
+            Order::InOrder => Ok(()),
+            Order::Parallel(_) => claim::stop(&def.tables),
+        }
+    }
+
+    /// A parallel job whose chunks are all committed: its row says it is done, once the
+    /// chunk rows and the audit agree; otherwise why its progress cannot be trusted. Run
+    /// as the owner.
+    pub fn finish(&self, def: &Definition) -> Result<Option<String>> {
+        claim::finish(
+            &def.job_id,
+            &def.tables,
+            chunk_count(def.item_count, def.chunk_size),
+            def.item_count,
+        )
+    }
+
+    /// Whether a drain that stopped at its max_chunks must look once more whether the
+    /// job is complete: a parallel one may have committed its last chunk.
+    pub fn looks_again_at_the_end(&self) -> bool {
+        matches!(self, Order::Parallel(_))
+    }
+}
