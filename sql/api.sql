@@ -20,20 +20,23 @@ REVOKE ALL ON FUNCTION etc_batch.reset_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.retry_step(bigint) FROM PUBLIC;
 
 -- Jobs
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) IS
-    'Freezes an approved list of items for a job, whose chunks commit in order or, with parallel, in any order by many drainers; the same request again changes nothing, a different one under the same job id is refused.';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) IS
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
+COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
+    'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
+REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
     'Every approved item of a job: unprocessed, or committed and now matching, drifted or missing.';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS
-    'A job''s status and its items counted by state.';
+    'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict.';
 COMMENT ON FUNCTION etc_batch.verify_job(text) IS
     'Compares every audit row of a job with its approved list; a pending job that fails becomes corrupt.';
 COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
     'Stops a job for good, keeping its approval, audit and checkpoint.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.job_report(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;

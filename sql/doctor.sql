@@ -150,10 +150,13 @@ BEGIN
     END LOOP;
     FOR r IN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
-               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by
+               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by,
+               p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
+               p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last
           FROM etc_batch.job_progress p
          WHERE p.status IN ('conflict', 'corrupt')
-            OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL))
+            OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL
+                                          OR p.failed_at IS NOT NULL))
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
@@ -164,6 +167,13 @@ BEGIN
                 format('The job is paused, by %s since %s: %s of %s items committed.',
                        r.paused_by, r.paused_at, r.committed, r.approved),
                 format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
+        ELSIF r.drainers = 0 AND r.failed_last THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('Its last drain failed at %s in chunk %s with %s: %s; the chunk was rolled back and %s of %s items are committed.',
+                       r.failed_at, r.failure_chunk, r.failure_sqlstate, r.failure_message, r.committed, r.approved),
+                format('Fix the cause, then CALL etc_batch.drain_job(%L) to go on.', r.job_id);
+        ELSIF r.drainers = 0 AND r.committed = 0 THEN
+            NULL;
         ELSIF r.drainers = 0 AND r.parallel THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
                 format('%s of %s chunks (%s of %s items) committed, and no drainer holds any of the others: they wait for one.',
@@ -249,5 +259,5 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way or in conflict, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict or whose last drain failed, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

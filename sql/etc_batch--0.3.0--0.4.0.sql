@@ -21,3 +21,565 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
+
+-- Jobs on any table: a key of one or more columns, no tenant, no revision column (a row
+-- digest or the named columns guard the rows), drifted items skipped when the approval
+-- says so, a job continued as another, a failure kept where the views show it.
+ALTER DOMAIN etc_batch.job_status DROP CONSTRAINT job_status_check;
+ALTER DOMAIN etc_batch.job_status ADD CONSTRAINT job_status_check
+    CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted', 'continued'));
+
+ALTER TABLE etc_batch.job
+    ALTER COLUMN tenant DROP NOT NULL,
+    ALTER COLUMN tenant_column DROP NOT NULL,
+    ALTER COLUMN revision_column DROP NOT NULL,
+    ADD COLUMN key_columns name[],
+    ADD COLUMN guard text NOT NULL DEFAULT 'revision'
+        CHECK (guard IN ('revision', 'row', 'columns')),
+    ADD COLUMN on_drift text NOT NULL DEFAULT 'stop' CHECK (on_drift IN ('stop', 'skip')),
+    ADD COLUMN target_name text,
+    ADD COLUMN continued_as text,
+    ADD COLUMN failed_at timestamptz,
+    ADD COLUMN failure_sqlstate text,
+    ADD COLUMN failure_message text,
+    ADD COLUMN failure_chunk integer,
+    ADD COLUMN seconds_at_work float8 NOT NULL DEFAULT 0;
+-- a job from before named its key by one column, and its target lives
+UPDATE etc_batch.job
+   SET key_columns = ARRAY[key_column],
+       target_name = target::text,
+       seconds_at_work = COALESCE(EXTRACT(epoch FROM last_commit_at - started_at), 0);
+ALTER TABLE etc_batch.job
+    ALTER COLUMN key_columns SET NOT NULL,
+    ALTER COLUMN target_name SET NOT NULL,
+    DROP COLUMN key_column;
+
+ALTER TABLE etc_batch.job_audit
+    ADD COLUMN skipped boolean NOT NULL DEFAULT false,
+    ADD COLUMN found jsonb;
+ALTER TABLE etc_batch.job_chunk ADD COLUMN started_at timestamptz;
+
+CREATE OR REPLACE VIEW etc_batch.job_audit_items AS
+SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
+       i.guards, a.chunk, a.txid, a.committed_at,
+       CASE WHEN a.skipped THEN 'skipped' ELSE 'changed' END AS outcome, a.found,
+       CASE j.guard WHEN 'revision' THEN 'revision ' || pg_catalog.quote_ident(j.revision_column)
+                    WHEN 'row' THEN 'row digest'
+                    ELSE 'columns' END AS guarded_by
+  FROM etc_batch.job_audit a
+  JOIN etc_batch.job_item i ON i.job_id = a.job_id AND i.position = a.position
+  JOIN etc_batch.job j ON j.job_id = a.job_id;
+
+COMMENT ON VIEW etc_batch.job_audit_items IS
+    'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
+
+-- register_job and register_job_from_query take a key of several columns, a guard and
+-- what to do with a drifted item, and name the key by the primary key unless told;
+-- job_summary counts skipped items and shows the last failure: made again, with the
+-- EXECUTE grants they had.
+DO $remake$
+DECLARE
+    old regprocedure;
+    grantees regrole[];
+    g regrole;
+    grant_sql text;
+    signatures constant text[][] := ARRAY[
+        ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean)',
+         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text)'],
+        ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean)',
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text)'],
+        ['etc_batch.job_summary(text)', 'etc_batch.job_summary(text)']];
+    grants text[] := '{}';
+BEGIN
+    FOR i IN 1 .. array_length(signatures, 1) LOOP
+        old := signatures[i][1]::regprocedure;
+        SELECT array_agg(DISTINCT a.grantee::regrole) INTO grantees
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = old AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+           AND a.grantee <> 0;
+        FOREACH g IN ARRAY coalesce(grantees, '{}') LOOP
+            grants := grants || format('GRANT EXECUTE ON FUNCTION %s TO %s', signatures[i][2], g);
+        END LOOP;
+        EXECUTE 'DROP FUNCTION ' || old::text;
+    END LOOP;
+    EXECUTE $ddl$
+CREATE FUNCTION etc_batch.register_job(
+    job_id text, tenant text, target regclass, items jsonb, chunk_size integer,
+    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
+    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
+    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop')
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.register_job_from_query(
+    job_id text, tenant text, target regclass, items_query text, chunk_size integer,
+    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
+    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
+    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop')
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+    'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.job_summary(job_id text)
+RETURNS TABLE (status text, approved integer, committed integer, unprocessed integer,
+               matching integer, drifted integer, missing integer, parallel boolean,
+               skipped integer, failed_at timestamptz, failure_sqlstate text,
+               failure_message text)
+STABLE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'job_summary_wrapper';
+COMMENT ON FUNCTION etc_batch.job_summary(text) IS
+    'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict.';
+REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
+$ddl$;
+    FOREACH grant_sql IN ARRAY grants LOOP
+        EXECUTE grant_sql;
+    END LOOP;
+END
+$remake$;
+
+-- The new columns, as a fresh install comments them.
+COMMENT ON COLUMN etc_batch.job.key_columns IS
+    'The columns an approved item names its row by: the target''s primary key or a unique index of it (less the tenant column), one column or several.';
+COMMENT ON COLUMN etc_batch.job.guard IS
+    'How a row is recognised as unchanged since it was approved: revision (the revision column is still at the approved revision; the change increments it), row (a digest of every column of the row, taken at registration), columns (only the guard columns the items name and expect).';
+COMMENT ON COLUMN etc_batch.job.on_drift IS
+    'What a row that drifted or went away does to the job: stop (the job stops in conflict for a person to decide) or skip (the item is left unchanged, recorded in the audit as skipped with what was found, and the job goes on).';
+COMMENT ON COLUMN etc_batch.job.target_name IS 'The target as it was named when the job was registered, for messages once it is gone.';
+COMMENT ON COLUMN etc_batch.job.continued_as IS 'For a job that ended continued: the job its remaining items were approved as (register_remainder).';
+COMMENT ON COLUMN etc_batch.job.failed_at IS
+    'When a drain of the job last failed for a reason other than a conflict (a constraint, a trigger, a permission, a timeout), with failure_sqlstate, failure_message and failure_chunk; the chunk was rolled back and the job is still pending.';
+COMMENT ON COLUMN etc_batch.job.seconds_at_work IS
+    'Wall-clock seconds some drainer spent at work on the job, chunks and the waits between them, not time paused or with nobody draining: what the estimated finish is reckoned from.';
+COMMENT ON TABLE etc_batch.job_audit IS
+    'One row per item of a committed chunk, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision (or row digest) the change left the row at, the chunk, the transaction and its time; for an item a job approved with on_drift => skip left unchanged because its row had drifted or gone, skipped and the row found (JSON null when it was gone). One partition per job, job_audit_<job_number>, keyed by position.';
+
+-- A drainer at work shows while it waits between chunks; the rate and the estimated
+-- finish count only time at work; a failed drain, a skipped item, a continued job.
+CREATE OR REPLACE VIEW etc_batch.job_progress AS
+WITH p AS (
+    -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
+    -- its committed chunks, in job_chunk (its row says nothing of it until it is done).
+    -- Its drainers are the sessions in a drain_job of it: each holds a shared advisory
+    -- lock of its own key space (objsubid 4, the job's number) for as long as the call
+    -- lasts, waits between chunks included (src/session_lock.rs).
+    SELECT j.*,
+           CASE WHEN j.parallel THEN c.items ELSE j.next_index END AS committed_items,
+           CASE WHEN j.parallel THEN c.chunks ELSE j.chunks_committed END AS committed_chunks,
+           CASE WHEN j.parallel THEN c.first_commit ELSE j.started_at END AS first_commit,
+           CASE WHEN j.parallel THEN c.last_commit ELSE j.last_commit_at END AS last_commit,
+           CASE WHEN j.parallel THEN c.worked ELSE j.seconds_at_work END AS worked,
+           d.pids
+      FROM etc_batch.job j
+      LEFT JOIN LATERAL (
+            SELECT (pg_catalog.count(*) FILTER (WHERE c.committed))::pg_catalog.int4 AS chunks,
+                   -- OPERATOR() forms all share one precedence: the parentheses are the order
+                   COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-)
+                                ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size)))
+                            FILTER (WHERE c.committed), 0)::pg_catalog.int4 AS items,
+                   pg_catalog.min(c.committed_at) AS first_commit,
+                   pg_catalog.max(c.committed_at) AS last_commit,
+                   -- time some drainer was at work: each chunk's own, from when its
+                   -- drainer began it or the chunk committed before it, whichever is later
+                   COALESCE(pg_catalog.sum(c.worked), 0) AS worked
+              FROM (SELECT c.*, pg_catalog.date_part('epoch', c.committed_at OPERATOR(pg_catalog.-)
+                               GREATEST(c.started_at, pg_catalog.lag(c.committed_at) OVER (ORDER BY c.committed_at),
+                                        c.committed_at OPERATOR(pg_catalog.-) interval '1 hour')) AS worked
+                      FROM etc_batch.job_chunk c
+                     WHERE j.parallel AND c.job_id OPERATOR(pg_catalog.=) j.job_id AND c.committed) c) c ON true
+      LEFT JOIN LATERAL (
+            SELECT pg_catalog.array_agg(x.pid ORDER BY x.pid) AS pids
+              FROM pg_catalog.pg_locks x
+             WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
+               AND x.objsubid OPERATOR(pg_catalog.=) 4
+               AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                       WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND x.classid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.>>) 32)::pg_catalog.oid
+               AND x.objid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) d ON true)
+SELECT p.job_id, p.status,
+       p.committed_items AS committed,
+       p.item_count AS approved,
+       pg_catalog.round(100.0 OPERATOR(pg_catalog.*) p.committed_items OPERATOR(pg_catalog./) p.item_count, 1) AS percent,
+       p.committed_chunks AS chunks_committed,
+       ((p.item_count::pg_catalog.int8 OPERATOR(pg_catalog.+) p.chunk_size OPERATOR(pg_catalog.-) 1)
+         OPERATOR(pg_catalog./) p.chunk_size)::pg_catalog.int4 AS chunks_total,
+       p.first_commit AS started_at,
+       p.last_commit AS last_commit_at,
+       -- items per second of time at work: not time paused, nor with nobody draining
+       CASE WHEN p.worked OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./) p.worked)::pg_catalog.numeric, 1)
+       END AS items_per_second,
+       -- when the rest is done at that rate, from the last commit; unknown while paused
+       CASE WHEN p.status OPERATOR(pg_catalog.=) 'pending' AND z.paused_at IS NULL
+             AND p.worked OPERATOR(pg_catalog.>) 0 AND p.committed_items OPERATOR(pg_catalog.>) 0
+            -- OPERATOR() forms all share one precedence: the parentheses are the order.
+            THEN p.last_commit OPERATOR(pg_catalog.+)
+                 pg_catalog.make_interval(secs => p.worked OPERATOR(pg_catalog.*)
+                     ((p.item_count OPERATOR(pg_catalog.-) p.committed_items)::pg_catalog.float8
+                      OPERATOR(pg_catalog./) p.committed_items))
+       END AS estimated_finish,
+       p.pids[1] AS drainer_pid,
+       p.status_reason,
+       p.parallel,
+       COALESCE(pg_catalog.cardinality(p.pids), 0) AS drainers,
+       COALESCE(p.pids, '{}') AS drainer_pids,
+       z.paused_at,
+       z.paused_by,
+       c.rows_per_second,
+       c.max_replica_lag_bytes,
+       -- what a drainer waits for now, as its pg_stat_activity says
+       (SELECT pg_catalog.min(pg_catalog.substr(a.query, 15, pg_catalog.strpos(a.query, ' */') OPERATOR(pg_catalog.-) 15))
+          FROM pg_catalog.pg_stat_activity a
+         WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
+                                          OPERATOR(pg_catalog.||) '": ') OPERATOR(pg_catalog.=) 1
+           AND (pg_catalog.strpos(a.query, '": waiting') OPERATOR(pg_catalog.>) 0
+                OR pg_catalog.strpos(a.query, '": paced') OPERATOR(pg_catalog.>) 0
+                OR pg_catalog.strpos(a.query, ' rolled back (') OPERATOR(pg_catalog.>) 0)) AS waiting,
+       (SELECT pg_catalog.count(*) FROM etc_batch.job_retry r
+         WHERE r.job_id OPERATOR(pg_catalog.=) p.job_id) AS retries,
+       -- read on a hot standby: as of the WAL replayed there, with no drainer at work
+       pg_catalog.pg_is_in_recovery() AS on_standby,
+       pg_catalog.round(p.worked::pg_catalog.numeric, 1) AS seconds_at_work,
+       p.failed_at,
+       p.failure_sqlstate,
+       p.failure_message,
+       p.failure_chunk,
+       p.on_drift,
+       p.continued_as
+  FROM p
+  LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
+  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
+
+COMMENT ON VIEW etc_batch.job_progress IS
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
+
+-- Jobs continued as another end too.
+CREATE OR REPLACE FUNCTION etc_batch.prune_history(older_than interval)
+RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cutoff timestamptz;
+    gone record;
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'etc_batch.prune_history cannot run on a standby'
+            USING ERRCODE = 'read_only_sql_transaction',
+                  DETAIL = 'This server is in recovery, a hot standby: it replays the primary''s WAL and cannot write. etc_batch''s views and doctor() work here; its work runs on the primary.',
+                  HINT = coalesce((SELECT format('Run it on the primary, at host %s port %s (this standby''s primary_conninfo).',
+                                                 w.sender_host, w.sender_port)
+                                     FROM pg_stat_wal_receiver w WHERE w.sender_host IS NOT NULL),
+                                  'Run it on the primary this standby replays from.');
+    END IF;
+    IF older_than IS NULL OR older_than <= interval '0' THEN
+        RAISE EXCEPTION 'older_than must be a positive interval'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    cutoff := clock_timestamp() - older_than;
+    -- attempts and skips of steps, finished before the cutoff
+    DELETE FROM etc_batch.step_audit a
+     WHERE coalesce(a.finished_at, a.lock_acquired_at) < cutoff;
+    GET DIAGNOSTICS step_audit_rows = ROW_COUNT;
+    -- whole jobs that ended (done, aborted, or continued as another) before the cutoff:
+    -- approval, audit and checkpoint together; a job in conflict or corrupt waits for a
+    -- person
+    jobs_forgotten := 0;
+    FOR gone IN
+        DELETE FROM etc_batch.job j
+         WHERE j.status IN ('done', 'aborted', 'continued') AND j.finished_at < cutoff
+        RETURNING j.job_id, j.job_number, j.parallel
+    LOOP
+        DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
+        EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
+                       'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
+        IF gone.parallel THEN
+            EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I', 'job_chunk_' || gone.job_number);
+        END IF;
+        jobs_forgotten := jobs_forgotten + 1;
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
+    'Deletes step_audit rows older than the interval, and whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it. Open jobs and jobs in conflict or corrupt are kept.';
+-- A job whose last drain failed.
+CREATE OR REPLACE FUNCTION etc_batch.doctor()
+RETURNS TABLE (check_name text, status text, detail text, hint text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $doctor$
+DECLARE
+    setting_name text;
+    r record;
+    effective text;
+    server_value text;
+    source text;
+    found_any boolean;
+BEGIN
+    -- 0. On a hot standby: etc_batch's work runs on the primary; every check below reads
+    --    what this server has replayed.
+    IF pg_is_in_recovery() THEN
+        check_name := 'standby';
+        status := 'warn';
+        detail := 'This server is a hot standby, in recovery: etc_batch''s procedures and functions that write refuse to run here (25006). The checks below read what it has replayed from the primary.';
+        hint := coalesce((SELECT format('Run the work on the primary, at host %s port %s.', w.sender_host, w.sender_port)
+                            FROM pg_stat_wal_receiver w WHERE w.sender_host IS NOT NULL),
+                         'Run the work on the primary this standby replays from.');
+        RETURN NEXT;
+    END IF;
+
+    -- 1. Timeouts: for this session as the server applies them, with where each value
+    --    comes from; and for every role that owns steps or jobs, what a new session of
+    --    that role would get, which is what survives a connection pooler.
+    FOREACH setting_name IN ARRAY ARRAY['statement_timeout', 'lock_timeout',
+                                        'idle_in_transaction_session_timeout'] LOOP
+        SELECT s.setting, s.source INTO effective, source FROM pg_settings s WHERE s.name = setting_name;
+        check_name := setting_name || ' (this session)';
+        IF effective = '0' THEN
+            status := 'warn';
+            detail := format('%s is off (0) for this session of %I; its value comes from %s.',
+                             setting_name, current_user, source);
+            hint := format('ALTER ROLE %I SET %s = ''...''; applies to every new session of the role, through any pooler.',
+                           current_user, setting_name);
+        ELSE
+            status := 'ok';
+            detail := format('%s is %s for this session of %I; its value comes from %s.',
+                             setting_name, current_setting(setting_name), current_user, source);
+            hint := CASE WHEN source IN ('client', 'session')
+                         THEN 'Set by the client or with SET: a transaction-mode pooler may not carry it to the next server connection; ALTER ROLE ... SET does.'
+                    END;
+        END IF;
+        RETURN NEXT;
+
+        -- What the server itself sets, before any database, role or client setting: the
+        -- configuration files (postgresql.conf, ALTER SYSTEM) if this role may read them,
+        -- else the built-in default. Never this session's own value, which may come from
+        -- its connection string or its own role.
+        BEGIN
+            SELECT f.setting INTO server_value FROM pg_file_settings f
+             WHERE f.name = setting_name AND f.applied ORDER BY f.seqno DESC LIMIT 1;
+        EXCEPTION WHEN insufficient_privilege THEN
+            server_value := NULL;
+        END;
+        IF server_value IS NULL THEN
+            SELECT s.boot_val || coalesce(s.unit, '') INTO server_value FROM pg_settings s WHERE s.name = setting_name;
+        END IF;
+
+        found_any := false;
+        FOR r IN
+            SELECT DISTINCT o.role
+              FROM (SELECT b.added_by::oid AS role FROM etc_batch.batch_log b
+                    UNION SELECT j.registered_by::oid FROM etc_batch.job j) o
+        LOOP
+            found_any := true;
+            -- role-and-database setting first, then the role's, then the database's,
+            -- then the server's
+            SELECT cand.v INTO effective FROM (
+                SELECT split_part(c, '=', 2) AS v, 1 AS rank
+                  FROM pg_db_role_setting d, unnest(d.setconfig) c
+                 WHERE d.setrole = r.role AND d.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND split_part(c, '=', 1) = setting_name
+                UNION ALL
+                SELECT split_part(c, '=', 2), 2
+                  FROM pg_db_role_setting d, unnest(d.setconfig) c
+                 WHERE d.setrole = r.role AND d.setdatabase = 0 AND split_part(c, '=', 1) = setting_name
+                UNION ALL
+                SELECT split_part(c, '=', 2), 3
+                  FROM pg_db_role_setting d, unnest(d.setconfig) c
+                 WHERE d.setrole = 0 AND d.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND split_part(c, '=', 1) = setting_name
+                UNION ALL
+                SELECT server_value, 4
+            ) cand ORDER BY cand.rank LIMIT 1;
+            SELECT CASE WHEN effective ~ '^0[a-z]*$' THEN 'warn' ELSE 'ok' END INTO status;
+            check_name := format('%s (role %s)', setting_name, r.role::regrole);
+            detail := format('A new session of %s gets %s = %s.', r.role::regrole, setting_name, effective);
+            hint := CASE WHEN status = 'warn'
+                         THEN format('ALTER ROLE %s SET %s = ''...'';', r.role::regrole, setting_name) END;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+
+    -- 2. Session-level advisory locks held by idle sessions: what a pooler leaks.
+    found_any := false;
+    FOR r IN
+        SELECT l.pid, a.usename, a.application_name,
+               clock_timestamp() - a.state_change AS idle_for,
+               count(*) AS locks
+          FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.granted AND a.state = 'idle'
+         GROUP BY 1, 2, 3, 4
+    LOOP
+        found_any := true;
+        check_name := 'session advisory locks';
+        status := 'warn';
+        detail := format('Backend %s (role %s) has held %s advisory lock(s) while idle for %s: a session-level lock, kept after its work ended.',
+                         r.pid, r.usename, r.locks, date_trunc('second', r.idle_for));
+        hint := 'Behind a transaction-mode pooler use transaction-scoped locks (etc_batch.try_xact_lock) or leases; pg_terminate_backend frees a leaked one.';
+        RETURN NEXT;
+    END LOOP;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'session advisory locks', 'ok', 'No idle session holds an advisory lock.', NULL::text;
+    END IF;
+
+    -- 3. Work that stopped half-way, or cannot go on.
+    FOR r IN
+        SELECT b.batch, count(*) FILTER (WHERE b.status = 'done') AS done,
+               count(*) FILTER (WHERE b.status = 'pending') AS pending,
+               count(*) FILTER (WHERE b.status = 'failed') AS failed,
+               min(b.id) FILTER (WHERE b.status = 'failed') AS first_failed,
+               bool_or(x.pid IS NOT NULL) AS running, min(b.paused_at) AS paused_at,
+               (array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
+          FROM etc_batch.batch_log b
+          LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
+         GROUP BY b.batch
+    LOOP
+        IF r.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('The batch is paused, by %s since %s: %s step(s) done, %s pending, %s failed.',
+                       r.paused_by, r.paused_at, r.done, r.pending, r.failed),
+                format('SELECT etc_batch.resume_batch(%L) to let it go on.', r.batch);
+        ELSIF r.failed > 0 THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('Step %s failed; %s step(s) done, %s pending behind it.', r.first_failed, r.done, r.pending),
+                format('Fix the cause, then SELECT etc_batch.retry_step(%s) and CALL etc_batch.exec_batch_from_id(%s).',
+                       r.first_failed, r.first_failed);
+        ELSIF r.done > 0 AND r.pending > 0 AND NOT r.running THEN
+            RETURN QUERY SELECT format('chain %s', r.batch), 'warn',
+                format('%s step(s) done and %s pending, and no runner holds a step: the chain stopped half-way.', r.done, r.pending),
+                'CALL etc_batch.exec_batch_from_id with its first pending step to finish it.';
+        END IF;
+    END LOOP;
+    FOR r IN
+        SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
+               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by,
+               p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
+               p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last
+          FROM etc_batch.job_progress p
+         WHERE p.status IN ('conflict', 'corrupt')
+            OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL
+                                          OR p.failed_at IS NOT NULL))
+    LOOP
+        IF r.status IN ('conflict', 'corrupt') THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
+                format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
+                'It will not go on: register a new approval for what remains, and abort this one.';
+        ELSIF r.paused_at IS NOT NULL THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('The job is paused, by %s since %s: %s of %s items committed.',
+                       r.paused_by, r.paused_at, r.committed, r.approved),
+                format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
+        ELSIF r.drainers = 0 AND r.failed_last THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('Its last drain failed at %s in chunk %s with %s: %s; the chunk was rolled back and %s of %s items are committed.',
+                       r.failed_at, r.failure_chunk, r.failure_sqlstate, r.failure_message, r.committed, r.approved),
+                format('Fix the cause, then CALL etc_batch.drain_job(%L) to go on.', r.job_id);
+        ELSIF r.drainers = 0 AND r.committed = 0 THEN
+            NULL;
+        ELSIF r.drainers = 0 AND r.parallel THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('%s of %s chunks (%s of %s items) committed, and no drainer holds any of the others: they wait for one.',
+                       r.chunks_committed, r.chunks_total, r.committed, r.approved),
+                format('CALL etc_batch.drain_job(%L) from one or more sessions to go on.', r.job_id);
+        ELSIF r.drainers = 0 THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
+                format('%s of %s items committed, and no drainer holds the job: it stopped half-way.', r.committed, r.approved),
+                format('CALL etc_batch.drain_job(%L) to go on.', r.job_id);
+        END IF;
+    END LOOP;
+
+    -- Replication slots nobody reads: they retain WAL, and a job paced by replica lag
+    -- waits for them as for a standby.
+    FOR r IN
+        SELECT s.slot_name, s.slot_type,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), COALESCE(s.confirmed_flush_lsn, s.restart_lsn)) AS behind
+          FROM pg_replication_slots s
+         WHERE NOT s.active AND COALESCE(s.confirmed_flush_lsn, s.restart_lsn) IS NOT NULL
+         ORDER BY s.slot_name
+    LOOP
+        RETURN QUERY SELECT format('replication slot %s', r.slot_name), 'warn',
+            format('The %s slot is not being read, and holds back %s bytes of WAL; a job paced by max_replica_lag_bytes waits for it.',
+                   r.slot_type, r.behind),
+            format('Start what reads it, or SELECT pg_drop_replication_slot(%L) if nothing will.', r.slot_name);
+    END LOOP;
+
+    -- 4. Leases that expired but are still named.
+    found_any := false;
+    FOR r IN SELECT l.name, l.holder, l.generation, clock_timestamp() - l.expires_at AS ago
+               FROM etc_batch.lease l WHERE l.expires_at <= clock_timestamp()
+    LOOP
+        found_any := true;
+        RETURN QUERY SELECT format('lease %s', r.name), 'warn',
+            format('Expired %s ago; its last holder was %L at generation %s. Nobody renews it.',
+                   date_trunc('second', r.ago), r.holder, r.generation),
+            'If its workers should be running, they are not renewing; otherwise ignore it.';
+    END LOOP;
+
+    -- 5. What else a DBA checks before trusting a deployment.
+    SELECT s.setting INTO effective FROM pg_settings s WHERE s.name = 'default_transaction_isolation';
+    RETURN QUERY SELECT 'default_transaction_isolation',
+        CASE WHEN effective = 'read committed' THEN 'ok' ELSE 'warn' END,
+        format('Transactions start in %s.', effective),
+        CASE WHEN effective <> 'read committed'
+             THEN 'A runner that waited for another fails with SQLSTATE 40001 instead of skipping the step it finished; nothing runs twice, but callers see errors.' END;
+
+    SELECT s.setting INTO effective FROM pg_settings s WHERE s.name = 'synchronous_commit';
+    RETURN QUERY SELECT 'synchronous_commit',
+        CASE WHEN effective = 'off' THEN 'warn' ELSE 'ok' END,
+        format('synchronous_commit is %s.', effective),
+        CASE WHEN effective = 'off'
+             THEN 'A crash can lose the last committed steps and chunks, records included; they will run again.' END;
+
+    effective := current_setting('etc_batch.crash_at', true);
+    RETURN QUERY SELECT 'etc_batch.crash_at',
+        CASE WHEN coalesce(effective, '') = '' THEN 'ok' ELSE 'fail' END,
+        CASE WHEN coalesce(effective, '') = '' THEN 'The test aid is off.'
+             ELSE format('The test aid is set to %s: the next job chunk terminates its backend.', effective) END,
+        CASE WHEN coalesce(effective, '') <> '' THEN 'RESET etc_batch.crash_at, and remove it from any ALTER ... SET.' END;
+
+    FOR r IN
+        SELECT p.oid::regprocedure AS proc
+          FROM pg_proc p
+         WHERE p.pronamespace = 'etc_batch'::regnamespace
+           AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
+                             'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
+                             'pause_batch', 'resume_batch', 'pace_job')
+           AND has_function_privilege('public', p.oid, 'EXECUTE')
+    LOOP
+        RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),
+            format('REVOKE EXECUTE ON ROUTINE %s FROM PUBLIC, and grant it to the roles that need it.', r.proc);
+    END LOOP;
+
+    SELECT e.extversion, a.default_version INTO effective, source
+      FROM pg_extension e JOIN pg_available_extensions a ON a.name = e.extname
+     WHERE e.extname = 'etc_batch';
+    RETURN QUERY SELECT 'extension version',
+        CASE WHEN effective = source THEN 'ok' ELSE 'warn' END,
+        format('Installed %s; the server has %s.', effective, source),
+        CASE WHEN effective <> source THEN 'ALTER EXTENSION etc_batch UPDATE;' END;
+END
+$doctor$;
+
+COMMENT ON FUNCTION etc_batch.doctor() IS
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict or whose last drain failed, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+
+-- What a job did not change, approved again in one call.
+CREATE FUNCTION etc_batch.register_remainder(
+    job_id text, new_job_id text, chunk_size integer DEFAULT NULL,
+    include_drifted boolean DEFAULT false, parallel boolean DEFAULT NULL)
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_remainder_wrapper';
+COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
+    'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
+REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;

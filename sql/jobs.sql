@@ -12,11 +12,10 @@
 
 CREATE TABLE etc_batch.job (
     job_id           text        PRIMARY KEY,
-    tenant           text        NOT NULL,
+    tenant           text,
     target           regclass    NOT NULL,
-    key_column       name        NOT NULL,
-    tenant_column    name        NOT NULL,
-    revision_column  name        NOT NULL,
+    tenant_column    name,
+    revision_column  name,
     chunk_size       integer     NOT NULL,
     set_values       jsonb,
     handler          regprocedure,
@@ -39,7 +38,18 @@ CREATE TABLE etc_batch.job (
     finished_at      timestamptz,
     search_path      text        NOT NULL,
     job_number       bigint      GENERATED ALWAYS AS IDENTITY UNIQUE,
-    parallel         boolean     NOT NULL DEFAULT false
+    parallel         boolean     NOT NULL DEFAULT false,
+    key_columns      name[]      NOT NULL,
+    guard            text        NOT NULL DEFAULT 'revision'
+                                 CHECK (guard IN ('revision', 'row', 'columns')),
+    on_drift         text        NOT NULL DEFAULT 'stop' CHECK (on_drift IN ('stop', 'skip')),
+    target_name      text        NOT NULL,
+    continued_as     text,
+    failed_at        timestamptz,
+    failure_sqlstate text,
+    failure_message  text,
+    failure_chunk    integer,
+    seconds_at_work  float8      NOT NULL DEFAULT 0
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -53,6 +63,18 @@ COMMENT ON COLUMN etc_batch.job.search_path IS
 COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';
 COMMENT ON COLUMN etc_batch.job.parallel IS
     'Whether the approval lets chunks commit in any order, each claimed by one of any number of drainers: then job_chunk_<job_number> holds which chunks are committed, and next_index reaches item_count only when the job is done.';
+COMMENT ON COLUMN etc_batch.job.key_columns IS
+    'The columns an approved item names its row by: the target''s primary key or a unique index of it (less the tenant column), one column or several.';
+COMMENT ON COLUMN etc_batch.job.guard IS
+    'How a row is recognised as unchanged since it was approved: revision (the revision column is still at the approved revision; the change increments it), row (a digest of every column of the row, taken at registration), columns (only the guard columns the items name and expect).';
+COMMENT ON COLUMN etc_batch.job.on_drift IS
+    'What a row that drifted or went away does to the job: stop (the job stops in conflict for a person to decide) or skip (the item is left unchanged, recorded in the audit as skipped with what was found, and the job goes on).';
+COMMENT ON COLUMN etc_batch.job.target_name IS 'The target as it was named when the job was registered, for messages once it is gone.';
+COMMENT ON COLUMN etc_batch.job.continued_as IS 'For a job that ended continued: the job its remaining items were approved as (register_remainder).';
+COMMENT ON COLUMN etc_batch.job.failed_at IS
+    'When a drain of the job last failed for a reason other than a conflict (a constraint, a trigger, a permission, a timeout), with failure_sqlstate, failure_message and failure_chunk; the chunk was rolled back and the job is still pending.';
+COMMENT ON COLUMN etc_batch.job.seconds_at_work IS
+    'Wall-clock seconds some drainer spent at work on the job, chunks and the waits between them, not time paused or with nobody draining: what the estimated finish is reckoned from.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item and job_audit: job_item_<job_number>, job_audit_<job_number>.';
 
@@ -73,11 +95,13 @@ CREATE TABLE etc_batch.job_audit (
     revision_after  bigint,
     chunk           integer     NOT NULL,
     txid            bigint      NOT NULL,
-    committed_at    timestamptz NOT NULL
+    committed_at    timestamptz NOT NULL,
+    skipped         boolean     NOT NULL DEFAULT false,
+    found           jsonb
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_audit IS
-    'One row per changed item, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision the change left the row at, the chunk, the transaction and its time. One partition per job, job_audit_<job_number>, keyed by position.';
+    'One row per item of a committed chunk, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision (or row digest) the change left the row at, the chunk, the transaction and its time; for an item a job approved with on_drift => skip left unchanged because its row had drifted or gone, skipped and the row found (JSON null when it was gone). One partition per job, job_audit_<job_number>, keyed by position.';
 
 CREATE TABLE etc_batch.job_chunk (
     job_id       text        NOT NULL,
@@ -85,7 +109,8 @@ CREATE TABLE etc_batch.job_chunk (
     committed    boolean     NOT NULL DEFAULT false,
     seal         bigint      NOT NULL,
     txid         bigint,
-    committed_at timestamptz
+    committed_at timestamptz,
+    started_at   timestamptz
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_chunk IS
@@ -186,12 +211,17 @@ SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_job_number_seq', '');
 
 CREATE VIEW etc_batch.job_audit_items AS
 SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
-       i.guards, a.chunk, a.txid, a.committed_at
+       i.guards, a.chunk, a.txid, a.committed_at,
+       CASE WHEN a.skipped THEN 'skipped' ELSE 'changed' END AS outcome, a.found,
+       CASE j.guard WHEN 'revision' THEN 'revision ' || pg_catalog.quote_ident(j.revision_column)
+                    WHEN 'row' THEN 'row digest'
+                    ELSE 'columns' END AS guarded_by
   FROM etc_batch.job_audit a
-  JOIN etc_batch.job_item i ON i.job_id = a.job_id AND i.position = a.position;
+  JOIN etc_batch.job_item i ON i.job_id = a.job_id AND i.position = a.position
+  JOIN etc_batch.job j ON j.job_id = a.job_id;
 
 COMMENT ON VIEW etc_batch.job_audit_items IS
-    'The audit rows with their approved items: for each changed item, its key, the revision approved and the guards, the revision after, the chunk, the transaction and its time. WHERE job_id = ... reads that job''s partitions only.';
+    'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
 
 REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit, etc_batch.job_chunk,
               etc_batch.job_audit_items FROM PUBLIC;

@@ -6,14 +6,16 @@ CREATE VIEW etc_batch.job_progress AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
     -- its committed chunks, in job_chunk (its row says nothing of it until it is done).
-    -- Its drainers are the sessions writing its chunk partition: each holds the
-    -- partition's ROW EXCLUSIVE lock for the span of a chunk.
+    -- Its drainers are the sessions in a drain_job of it: each holds a shared advisory
+    -- lock of its own key space (objsubid 4, the job's number) for as long as the call
+    -- lasts, waits between chunks included (src/session_lock.rs).
     SELECT j.*,
            CASE WHEN j.parallel THEN c.items ELSE j.next_index END AS committed_items,
            CASE WHEN j.parallel THEN c.chunks ELSE j.chunks_committed END AS committed_chunks,
            CASE WHEN j.parallel THEN c.first_commit ELSE j.started_at END AS first_commit,
            CASE WHEN j.parallel THEN c.last_commit ELSE j.last_commit_at END AS last_commit,
-           CASE WHEN j.parallel THEN d.pids ELSE s.pids END AS pids
+           CASE WHEN j.parallel THEN c.worked ELSE j.seconds_at_work END AS worked,
+           d.pids
       FROM etc_batch.job j
       LEFT JOIN LATERAL (
             SELECT (pg_catalog.count(*) FILTER (WHERE c.committed))::pg_catalog.int4 AS chunks,
@@ -22,23 +24,24 @@ WITH p AS (
                                 ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size)))
                             FILTER (WHERE c.committed), 0)::pg_catalog.int4 AS items,
                    pg_catalog.min(c.committed_at) AS first_commit,
-                   pg_catalog.max(c.committed_at) AS last_commit
-              FROM etc_batch.job_chunk c
-             WHERE j.parallel AND c.job_id OPERATOR(pg_catalog.=) j.job_id) c ON true
+                   pg_catalog.max(c.committed_at) AS last_commit,
+                   -- time some drainer was at work: each chunk's own, from when its
+                   -- drainer began it or the chunk committed before it, whichever is later
+                   COALESCE(pg_catalog.sum(c.worked), 0) AS worked
+              FROM (SELECT c.*, pg_catalog.date_part('epoch', c.committed_at OPERATOR(pg_catalog.-)
+                               GREATEST(c.started_at, pg_catalog.lag(c.committed_at) OVER (ORDER BY c.committed_at),
+                                        c.committed_at OPERATOR(pg_catalog.-) interval '1 hour')) AS worked
+                      FROM etc_batch.job_chunk c
+                     WHERE j.parallel AND c.job_id OPERATOR(pg_catalog.=) j.job_id AND c.committed) c) c ON true
       LEFT JOIN LATERAL (
             SELECT pg_catalog.array_agg(x.pid ORDER BY x.pid) AS pids
               FROM pg_catalog.pg_locks x
-             WHERE j.parallel AND x.locktype OPERATOR(pg_catalog.=) 'relation' AND x.granted
-               AND x.mode OPERATOR(pg_catalog.=) 'RowExclusiveLock'
+             WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
+               AND x.objsubid OPERATOR(pg_catalog.=) 4
                AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                        WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-               AND x.relation OPERATOR(pg_catalog.=) pg_catalog.to_regclass(
-                       pg_catalog.format('etc_batch.%I', 'job_chunk_' OPERATOR(pg_catalog.||) j.job_number))) d ON true
-      LEFT JOIN LATERAL (
-            SELECT pg_catalog.array_agg(x.pid) AS pids
-              FROM pg_catalog.pg_locks x
-             WHERE NOT j.parallel AND x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
-               AND x.transactionid OPERATOR(pg_catalog.=) j.xmax) s ON true)
+               AND x.classid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.>>) 32)::pg_catalog.oid
+               AND x.objid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) d ON true)
 SELECT p.job_id, p.status,
        p.committed_items AS committed,
        p.item_count AS approved,
@@ -48,19 +51,18 @@ SELECT p.job_id, p.status,
          OPERATOR(pg_catalog./) p.chunk_size)::pg_catalog.int4 AS chunks_total,
        p.first_commit AS started_at,
        p.last_commit AS last_commit_at,
-       -- items per second between the first and the last commit of the job
-       CASE WHEN p.last_commit OPERATOR(pg_catalog.>) p.first_commit
-            THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./)
-                 pg_catalog.date_part('epoch', p.last_commit OPERATOR(pg_catalog.-) p.first_commit))::pg_catalog.numeric, 1)
+       -- items per second of time at work: not time paused, nor with nobody draining
+       CASE WHEN p.worked OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./) p.worked)::pg_catalog.numeric, 1)
        END AS items_per_second,
-       CASE WHEN p.status OPERATOR(pg_catalog.=) 'pending'
-             AND p.last_commit OPERATOR(pg_catalog.>) p.first_commit
-             AND p.committed_items OPERATOR(pg_catalog.>) 0
+       -- when the rest is done at that rate, from the last commit; unknown while paused
+       CASE WHEN p.status OPERATOR(pg_catalog.=) 'pending' AND z.paused_at IS NULL
+             AND p.worked OPERATOR(pg_catalog.>) 0 AND p.committed_items OPERATOR(pg_catalog.>) 0
             -- OPERATOR() forms all share one precedence: the parentheses are the order.
             THEN p.last_commit OPERATOR(pg_catalog.+)
-                 ((p.last_commit OPERATOR(pg_catalog.-) p.first_commit)
-                  OPERATOR(pg_catalog.*) ((p.item_count OPERATOR(pg_catalog.-) p.committed_items)::pg_catalog.float8
-                                          OPERATOR(pg_catalog./) p.committed_items))
+                 pg_catalog.make_interval(secs => p.worked OPERATOR(pg_catalog.*)
+                     ((p.item_count OPERATOR(pg_catalog.-) p.committed_items)::pg_catalog.float8
+                      OPERATOR(pg_catalog./) p.committed_items))
        END AS estimated_finish,
        p.pids[1] AS drainer_pid,
        p.status_reason,
@@ -75,17 +77,27 @@ SELECT p.job_id, p.status,
        (SELECT pg_catalog.min(pg_catalog.substr(a.query, 15, pg_catalog.strpos(a.query, ' */') OPERATOR(pg_catalog.-) 15))
           FROM pg_catalog.pg_stat_activity a
          WHERE pg_catalog.strpos(a.query, '/* etc_batch: job "' OPERATOR(pg_catalog.||) p.job_id
-                                          OPERATOR(pg_catalog.||) '": waiting') OPERATOR(pg_catalog.=) 1) AS waiting,
+                                          OPERATOR(pg_catalog.||) '": ') OPERATOR(pg_catalog.=) 1
+           AND (pg_catalog.strpos(a.query, '": waiting') OPERATOR(pg_catalog.>) 0
+                OR pg_catalog.strpos(a.query, '": paced') OPERATOR(pg_catalog.>) 0
+                OR pg_catalog.strpos(a.query, ' rolled back (') OPERATOR(pg_catalog.>) 0)) AS waiting,
        (SELECT pg_catalog.count(*) FROM etc_batch.job_retry r
          WHERE r.job_id OPERATOR(pg_catalog.=) p.job_id) AS retries,
        -- read on a hot standby: as of the WAL replayed there, with no drainer at work
-       pg_catalog.pg_is_in_recovery() AS on_standby
+       pg_catalog.pg_is_in_recovery() AS on_standby,
+       pg_catalog.round(p.worked::pg_catalog.numeric, 1) AS seconds_at_work,
+       p.failed_at,
+       p.failure_sqlstate,
+       p.failure_message,
+       p.failure_chunk,
+       p.on_drift,
+       p.continued_as
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, the rate between those, an estimated finish at that rate, whether chunks may commit in any order (parallel), the drainers at work on it now: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for, and how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there.';
+    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -149,12 +161,13 @@ BEGIN
     DELETE FROM etc_batch.step_audit a
      WHERE coalesce(a.finished_at, a.lock_acquired_at) < cutoff;
     GET DIAGNOSTICS step_audit_rows = ROW_COUNT;
-    -- whole jobs that ended (done or aborted) before the cutoff: approval, audit and
-    -- checkpoint together; a job in conflict or corrupt waits for a person
+    -- whole jobs that ended (done, aborted, or continued as another) before the cutoff:
+    -- approval, audit and checkpoint together; a job in conflict or corrupt waits for a
+    -- person
     jobs_forgotten := 0;
     FOR gone IN
         DELETE FROM etc_batch.job j
-         WHERE j.status IN ('done', 'aborted') AND j.finished_at < cutoff
+         WHERE j.status IN ('done', 'aborted', 'continued') AND j.finished_at < cutoff
         RETURNING j.job_id, j.job_number, j.parallel
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
@@ -172,5 +185,5 @@ END
 $$;
 
 COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
-    'Deletes step_audit rows older than the interval, and whole jobs (approval, audit, checkpoint) that ended, done or aborted, before it. Open jobs and jobs in conflict or corrupt are kept.';
+    'Deletes step_audit rows older than the interval, and whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it. Open jobs and jobs in conflict or corrupt are kept.';
 REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM PUBLIC;

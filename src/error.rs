@@ -90,6 +90,25 @@ pub enum BatchError {
     UnknownRelation {
         oid: u32,
     },
+    /// A job's target that is gone: dropped, or dropped and made again (another OID).
+    TargetGone {
+        job: String,
+        table: String,
+    },
+    /// A key that does not name one row: no unique index has only its columns.
+    KeyNotUnique {
+        table: String,
+        key: String,
+    },
+    /// set_values naming a generated column.
+    GeneratedColumn {
+        column: String,
+    },
+    /// A job continued as another by register_remainder.
+    JobContinued {
+        job: String,
+        successor: Option<String>,
+    },
     /// A function named by OID that does not exist (a regprocedure given as a number).
     UnknownFunction {
         oid: u32,
@@ -365,6 +384,27 @@ impl BatchError {
                 Code::ERRCODE_UNDEFINED_FUNCTION,
                 format!("function with OID {oid} does not exist"),
             ),
+            TargetGone { job, table } => report(
+                Code::ERRCODE_UNDEFINED_TABLE,
+                format!("the target of job \"{job}\", table {table}, does not exist any more"),
+            )
+            .detail("It was dropped, or dropped and created again, since the job was registered; a job keeps the table it was approved for, by its identity, and nothing was changed.")
+            .hint(format!(
+                "Abort the job (etc_batch.abort_job('{}', ...)) and register what is left against the table as it is now.",
+                job.replace('\'', "''")
+            )),
+            KeyNotUnique { table, key } => report(
+                Code::ERRCODE_INVALID_COLUMN_REFERENCE,
+                format!("key {key} of table {table} does not name one row"),
+            )
+            .detail("No primary key or unique index of the table has only the key's columns (and the tenant column), so one approved item could change several rows.")
+            .hint("Name the columns of the primary key or of a unique index with key_column or key_columns."),
+            GeneratedColumn { column } => report(
+                Code::ERRCODE_GENERATED_ALWAYS,
+                format!("set_values cannot assign column \"{column}\""),
+            )
+            .detail(format!("Column \"{column}\" is a generated column: PostgreSQL computes it from the others."))
+            .hint("Leave it out of set_values; it follows the columns it is generated from."),
             HandlerMissing { job } => report(
                 Code::ERRCODE_UNDEFINED_FUNCTION,
                 format!("the handler of job \"{job}\" no longer exists"),
@@ -437,6 +477,16 @@ impl BatchError {
                 format!("job \"{job}\" was aborted"),
             )
             .maybe_detail(reason.as_ref().map(|r| format!("The reason given was \"{r}\"."))),
+            JobContinued { job, successor } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("job \"{job}\" was continued as another job"),
+            )
+            .maybe_detail(
+                successor
+                    .as_ref()
+                    .map(|s| format!("What it had not changed was approved as job \"{s}\".")),
+            )
+            .hint("Drain the job it was continued as."),
             JobFinished { job } => report(
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("job \"{job}\" is already done"),
@@ -680,6 +730,17 @@ mod tests {
                 batch: "nightly".into(),
             },
             UnknownRelation { oid: 12345 },
+            TargetGone {
+                job: "festival".into(),
+                table: "public.orders".into(),
+            },
+            KeyNotUnique {
+                table: "public.orders".into(),
+                key: "(region, id)".into(),
+            },
+            GeneratedColumn {
+                column: "total".into(),
+            },
             UnknownFunction { oid: 12345 },
             HandlerMissing {
                 job: "o'clock".into(),
@@ -731,6 +792,10 @@ mod tests {
             },
             JobFinished {
                 job: "festival".into(),
+            },
+            JobContinued {
+                job: "festival".into(),
+                successor: Some("festival-2".into()),
             },
             LeaseLost {
                 name: "leader".into(),
@@ -789,9 +854,13 @@ mod tests {
                 OnStandby { .. } => 32,
                 ChainRunsItself { .. } => 33,
                 CommittingStepRole { .. } => 34,
+                TargetGone { .. } => 35,
+                KeyNotUnique { .. } => 36,
+                GeneratedColumn { .. } => 37,
+                JobContinued { .. } => 38,
             })
             .collect();
-        assert_eq!(covered, (0..=34).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=38).collect(), "every variant has an example");
         all
     }
 

@@ -22,6 +22,7 @@
 //! memory     a memory context reset for every round of a loop; memory handed back.
 //! roles      running a piece of work as another role, scoped to one transaction.
 //! settings   settings changed for the span of one closure.
+//! session_lock  session-level locks in etc_batch's own advisory key spaces.
 //! retries    lock waits bounded, and the errors a chunk is tried again after.
 //! raised     an error's own SQLSTATE and context, kept and given back when raised again.
 //! standby    routines that write refused on a hot standby, naming the primary.
@@ -49,6 +50,7 @@ pub mod query;
 pub mod raised;
 pub mod retries;
 pub mod roles;
+pub mod session_lock;
 pub mod settings;
 pub mod standby;
 pub mod status;
@@ -99,6 +101,10 @@ extension_sql_file!("../sql/api.sql", name = "api", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // An error's DETAIL is for the DBA: never a Rust backtrace, whatever RUST_BACKTRACE
+    // the server was started with (pgrx captures one where std's capture is enabled).
+    // SAFETY: the backend runs one thread, and nothing reads the environment meanwhile.
+    unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     job::crash::register();
     retries::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test

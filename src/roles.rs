@@ -12,6 +12,11 @@
 
 use crate::error::Result;
 use pgrx::pg_sys;
+use std::ffi::CStr;
+
+/// The most settings SQL of another author runs with: its search_path, its lock
+/// timeout, and what etc_batch adds (roles::as_author's `extra`).
+const MAX_SETTINGS: usize = 12;
 
 /// Restores the saved user on drop, on the success path and while unwinding alike.
 struct Restore {
@@ -55,10 +60,14 @@ fn switch_to<R>(role: pg_sys::Oid, restrictions: u32, work: impl FnOnce() -> R) 
 /// outlive it in the caller's session. A temporary table is searched before every schema: one planted
 /// with a trigger of the author's would run as the caller at the caller's next
 /// unqualified INSERT.
+///
+/// `extra`: settings of etc_batch's own the SQL runs with besides (for a job's SQL that
+/// keeps rows' text, settings::STABLE_OUTPUT; for a chunk's change, its plan's).
 pub fn as_author<R>(
     author: pg_sys::Oid,
     search_path: &str,
     caller: pg_sys::Oid,
+    extra: &[(&CStr, &str)],
     work: impl FnOnce() -> R,
 ) -> R {
     let restrictions = if author == caller {
@@ -67,11 +76,17 @@ pub fn as_author<R>(
         pg_sys::SECURITY_RESTRICTED_OPERATION
     };
     let lock_timeout = crate::retries::lock_timeout();
-    let settings = [
-        (c"search_path", search_path),
-        (c"lock_timeout", lock_timeout.as_deref().unwrap_or_default()),
-    ];
-    let set = if lock_timeout.is_some() { 2 } else { 1 };
+    let mut settings = [(c"search_path", search_path); MAX_SETTINGS];
+    let mut set = 1;
+    for setting in lock_timeout
+        .as_deref()
+        .map(|timeout| (c"lock_timeout", timeout))
+        .iter()
+        .chain(extra)
+    {
+        settings[set] = *setting;
+        set += 1;
+    }
     crate::settings::with(&settings[..set], || switch_to(author, restrictions, work))
 }
 

@@ -3,6 +3,18 @@
 use pgrx::pg_sys;
 use std::ffi::{CStr, CString};
 
+/// Settings under which a value prints the same text in every session, whatever the
+/// session's own: for SQL that keeps a row's or a key's text (a row digest, a key of a
+/// date or timestamp type) and compares it later, perhaps in another session.
+pub const STABLE_OUTPUT: &[(&CStr, &str)] = &[
+    (c"DateStyle", "ISO, YMD"),
+    (c"IntervalStyle", "postgres"),
+    (c"TimeZone", "UTC"),
+    (c"extra_float_digits", "1"),
+    (c"bytea_output", "hex"),
+    (c"lc_monetary", "C"),
+];
+
 /// Runs `work` with each setting (name, value) in force, at a nesting level of its own:
 /// undone when `work` returns, whatever `work` itself SET meanwhile ("false" below undoes
 /// every change made at the level, as a subtransaction abort would; "true" would keep

@@ -57,6 +57,7 @@ status!(
         Conflict = "conflict",
         Corrupt = "corrupt",
         Aborted = "aborted",
+        Continued = "continued",
     }
 );
 

@@ -1,14 +1,14 @@
 //! Checkpointed jobs: register_job, register_job_from_query, drain_job, job_report,
 //! job_summary, verify_job, abort_job.
 
-use super::types::{Jsonb, Name, RegClass, RegProcedure};
+use super::types::{Jsonb, Name, Names, RegClass, RegProcedure};
 use crate::error::{required, BatchError, OrRaise, Result};
-use crate::job::guard::Guard;
-use crate::job::key::JobKey;
-use crate::job::{abort, approval, drain, pace, register, report};
+use crate::job::approval::OnDrift;
+use crate::job::{abort, approval, drain, pace, register, remainder, report};
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, results};
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
 /// Declares register_job and register_job_from_query, which differ only in where the
@@ -27,11 +27,14 @@ macro_rules! registration {
             chunk_size: Option<i32>,
             set_values: Option<Jsonb>,
             expect: default!(Option<Jsonb>, "'{}'"),
-            key_column: default!(Option<Name>, "'id'"),
+            key_column: default!(Option<Name>, "NULL"),
             tenant_column: default!(Option<Name>, "'tenant'"),
             revision_column: default!(Option<Name>, "'revision'"),
             handler: default!(Option<RegProcedure>, "NULL"),
             parallel: default!(Option<bool>, false),
+            key_columns: default!(Option<Names>, "NULL"),
+            guard: default!(Option<String>, "NULL"),
+            on_drift: default!(Option<String>, "'stop'"),
         ) -> TableIterator<
             'static,
             (
@@ -44,20 +47,22 @@ macro_rules! registration {
             crate::standby::refuse_writes(concat!("etc_batch.", stringify!($name))).or_raise();
             // the arguments checked in the order they are declared
             let request = (|| -> Result<register::Request> {
-                let name = |v: Option<Name>, arg| required(v, arg).map(|n| n.0);
                 Ok(register::Request {
                     job_id: required(job_id, "job_id")?,
-                    tenant: required(tenant, "tenant")?,
+                    tenant,
                     target: required(target, "target")?.0,
                     items: ($read)(required($items, stringify!($items))?)?,
                     chunk_size: required(chunk_size, "chunk_size")?,
                     set_values: jsonb_arg(set_values, "set_values")?.filter(|v| !v.is_null()),
                     expect: required(jsonb_arg(expect, "expect")?, "expect")?,
-                    key: JobKey::of(&name(key_column, "key_column")?),
-                    tenant_column: name(tenant_column, "tenant_column")?,
-                    guard: Guard::of(&name(revision_column, "revision_column")?),
+                    key_column: key_column.map(|n| n.0),
+                    key_columns: key_columns.map(|n| n.0),
+                    tenant_column: tenant_column.map(|n| n.0),
+                    revision_column: revision_column.map(|n| n.0),
+                    guard,
                     handler: handler.map(|h| h.0),
                     parallel: required(parallel, "parallel")?,
+                    on_drift: OnDrift::parse(&required(on_drift, "on_drift")?)?,
                 })
             })()
             .or_raise();
@@ -82,6 +87,45 @@ registration!(
     items_query: String,
     |query: String| Ok::<_, BatchError>(register::Items::Query(query))
 );
+
+/// Approves again what a job did not change, as a new job, and ends the job: continued.
+#[pg_extern(volatile, parallel_unsafe)]
+fn register_remainder(
+    job_id: Option<String>,
+    new_job_id: Option<String>,
+    chunk_size: default!(Option<i32>, "NULL"),
+    include_drifted: default!(Option<bool>, false),
+    parallel: default!(Option<bool>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(job_id, String),
+        name!(created, bool),
+        name!(items, i32),
+        name!(chunks, i32),
+    ),
+> {
+    crate::standby::refuse_writes("etc_batch.register_remainder").or_raise();
+    let request = (|| -> Result<remainder::Remainder> {
+        Ok(remainder::Remainder {
+            job_id: required(job_id, "job_id")?,
+            new_job_id: required(new_job_id, "new_job_id")?,
+            chunk_size,
+            include_drifted: required(include_drifted, "include_drifted")?,
+            parallel,
+        })
+    })()
+    .or_raise();
+    let new_job_id = request.new_job_id.clone();
+    let registered = remainder::register_remainder(request).or_raise();
+    crate::memory::hand_back();
+    TableIterator::once((
+        new_job_id,
+        registered.created,
+        registered.items,
+        registered.chunks,
+    ))
+}
 
 /// A jsonb argument read as JSON.
 fn jsonb_arg(arg: Option<Jsonb>, what: &str) -> Result<Option<serde_json::Value>> {
@@ -132,6 +176,10 @@ fn job_summary(
         name!(drifted, i32),
         name!(missing, i32),
         name!(parallel, bool),
+        name!(skipped, i32),
+        name!(failed_at, Option<TimestampWithTimeZone>),
+        name!(failure_sqlstate, Option<String>),
+        name!(failure_message, Option<String>),
     ),
 > {
     let job_id = required(job_id, "job_id").or_raise();
@@ -145,6 +193,10 @@ fn job_summary(
         s.drifted,
         s.missing,
         s.parallel,
+        s.skipped,
+        s.failed_at,
+        s.failure_sqlstate,
+        s.failure_message,
     ))
 }
 

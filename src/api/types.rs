@@ -55,6 +55,43 @@ argument_type!(
 );
 
 argument_type!(
+    /// Column names, as an array of names.
+    Names(Vec<String>),
+    "name[]",
+    |datum| names(datum)
+);
+
+/// The elements of a name[] datum, NULL ones left out.
+///
+/// # Safety
+/// `datum` is a non-NULL name[] argument.
+unsafe fn names(datum: pg_sys::Datum) -> Vec<String> {
+    let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+    let mut elements: *mut pg_sys::Datum = std::ptr::null_mut();
+    let mut nulls: *mut bool = std::ptr::null_mut();
+    let mut count = 0;
+    // name: 64 bytes, passed by reference, aligned as char
+    pg_sys::deconstruct_array(
+        array,
+        pg_sys::NAMEOID,
+        pg_sys::NAMEDATALEN as i32,
+        false,
+        b'c' as std::ffi::c_char,
+        &mut elements,
+        &mut nulls,
+        &mut count,
+    );
+    (0..count as usize)
+        .filter(|&i| !*nulls.add(i))
+        .map(|i| {
+            CStr::from_ptr((*elements.add(i)).cast_mut_ptr::<std::ffi::c_char>())
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}
+
+argument_type!(
     /// A table, by OID.
     RegClass(pg_sys::Oid),
     "regclass",

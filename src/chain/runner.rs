@@ -320,7 +320,7 @@ impl Runner {
                         .into_iter()
                         .collect();
                     crate::settings::with(&settings, || {
-                        as_author(step.added_by, &step.search_path, self.caller, || {
+                        as_author(step.added_by, &step.search_path, self.caller, &[], || {
                             run_command(&step.command, self.deferrable)
                         })
                     })

@@ -21,6 +21,10 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
             .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
         match JobStatus::parse(&status)? {
             JobStatus::Done => Err(BatchError::JobFinished { job: job_id.into() }),
+            JobStatus::Continued => Err(BatchError::JobContinued {
+                job: job_id.into(),
+                successor: None,
+            }),
             JobStatus::Aborted => {
                 notice!("job \"{job_id}\" was already aborted; nothing changed");
                 Ok(())

@@ -9,10 +9,10 @@
 //! their normal forms are equal, whatever order the caller listed the items in.
 
 use super::columns::json_kind;
-use super::shape::Shape;
 use super::guard::Guard;
-use super::key::JobKey;
 pub use super::key::Key;
+use super::key::{JobKey, KeyOrder};
+use super::shape::Shape;
 use crate::error::{BatchError, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -132,7 +132,8 @@ impl Shape {
         self.in_key_order(normalized)
     }
 
-    /// The list sorted by key, refused when empty, too long or with a key twice.
+    /// The list sorted by key, refused when empty, too long or with a key twice; a list
+    /// whose key PostgreSQL orders is left as given, for it to order (staged.rs).
     fn in_key_order(&self, mut items: Vec<Item>) -> Result<Vec<Item>> {
         if items.is_empty() {
             return Err(BatchError::invalid_because(
@@ -146,12 +147,12 @@ impl Shape {
                 "An approval holds at most 2147483647 items.",
             ));
         }
+        if self.key.order(&self.columns)? == KeyOrder::Sql {
+            return Ok(items);
+        }
         items.sort_by(|a, b| a.key.cmp(&b.key));
         if let Some(pair) = items.windows(2).find(|w| w[0].key == w[1].key) {
-            return Err(BatchError::invalid_because(
-                "items contain a duplicate key",
-                format!("Key {} appears more than once.", pair[0].key.text()),
-            ));
+            return Err(duplicate_key(&pair[0].key.text()));
         }
         Ok(items)
     }
@@ -164,40 +165,40 @@ impl Shape {
                 format!("It is {}.", json_kind(entry)),
             )
         })?;
-        let key_value = object.get(self.key.column()).ok_or_else(|| {
-            BatchError::invalid_because(
-                format!("item {position} has no key"),
-                format!("It has no field \"{}\".", self.key.column()),
-            )
-        })?;
-        let key = self.key.value(&self.columns, key_value, position)?;
-        let field = self.guard.field();
-        let revision = object
-            .get(field)
-            .ok_or_else(|| {
-                BatchError::invalid_because(
-                    format!("item {position} has no revision"),
-                    format!("It has no field \"{field}\"."),
-                )
-            })?
-            .as_i64()
-            .filter(|r| self.guard.accepts(&self.columns, *r))
-            .ok_or_else(|| {
-                let column = self.columns.get(field);
-                BatchError::invalid_because(
-                    format!("item {position} has a revision of the wrong type"),
-                    format!(
-                        "Revision column \"{field}\" is {}, so the revision must be an integer in its range.",
-                        column.map_or("", |c| c.type_name.as_str())
-                    ),
-                )
-            })?;
+        let key = match self.key.order(&self.columns)? {
+            KeyOrder::Here(_) => self.key.value(&self.columns, object, position)?,
+            KeyOrder::Sql => Key::Given(self.key.parts(&self.columns, object, position)?),
+        };
+        let revision = match self.guard.column() {
+            Some(field) => object
+                .get(field)
+                .ok_or_else(|| {
+                    BatchError::invalid_because(
+                        format!("item {position} has no revision"),
+                        format!("It has no field \"{field}\"."),
+                    )
+                })?
+                .as_i64()
+                .filter(|r| self.guard.accepts(&self.columns, *r))
+                .ok_or_else(|| {
+                    let column = self.columns.get(field);
+                    BatchError::invalid_because(
+                        format!("item {position} has a revision of the wrong type"),
+                        format!(
+                            "Revision column \"{field}\" is {}, so the revision must be an integer in its range.",
+                            column.map_or("", |c| c.type_name.as_str())
+                        ),
+                    )
+                })?,
+            // the row's digest is taken when the item is frozen; named columns keep none
+            None => 0,
+        };
         let mut guards = Vec::new();
         for (field, value) in object {
-            if field == self.key.column() || field == self.guard.field() {
+            if self.names_the_row(field) {
                 continue;
             }
-            if field == &self.tenant_column {
+            if Some(field.as_str()) == self.tenant_column.as_deref() {
                 return Err(BatchError::invalid_because(
                     format!("item {position} names the tenant column \"{field}\""),
                     "The tenant is given once for the whole job, not per item.",
@@ -212,6 +213,14 @@ impl Shape {
             guards: guards.into_iter().collect(),
         })
     }
+}
+
+/// The error for a key that appears twice in an approval.
+pub fn duplicate_key(key: &str) -> BatchError {
+    BatchError::invalid_because(
+        "items contain a duplicate key",
+        format!("Key {key} appears more than once."),
+    )
 }
 
 /// Reads the elements of a JSON array one at a time into their normal form. An item that
@@ -293,16 +302,46 @@ pub enum Action {
 /// comes again, and hashed first into its fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Terms {
-    pub tenant: String,
+    /// The tenant and its column; None: the whole table.
+    pub tenant: Option<(String, String)>,
     pub target: String,
     pub key: JobKey,
-    pub tenant_column: String,
     pub guard: Guard,
     pub chunk_size: i32,
     pub action: Action,
     pub expect: BTreeMap<String, Value>,
     /// Whether chunks may commit in any order (a parallel approval).
     pub parallel: bool,
+    pub on_drift: OnDrift,
+}
+
+/// What the approval says to do with an item whose row drifted or went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDrift {
+    /// Stop the job in conflict, for a person to decide (the seed's rule).
+    Stop,
+    /// Leave the item unchanged, record it as skipped with what was found, go on.
+    Skip,
+}
+
+impl OnDrift {
+    pub fn parse(text: &str) -> Result<OnDrift> {
+        match text {
+            "stop" => Ok(OnDrift::Stop),
+            "skip" => Ok(OnDrift::Skip),
+            other => Err(BatchError::invalid_because(
+                format!("unknown on_drift \"{other}\""),
+                "An item whose row drifted either stops the job (on_drift => 'stop') or is skipped and recorded (on_drift => 'skip').",
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDrift::Stop => "stop",
+            OnDrift::Skip => "skip",
+        }
+    }
 }
 
 /// A whole registration in normal form: what two registrations are compared on.
@@ -320,11 +359,29 @@ pub struct Fingerprint(Sha256);
 impl Fingerprint {
     pub fn begin(terms: &Terms) -> Fingerprint {
         let mut f = Fingerprint(Sha256::new());
-        f.field("tenant", &terms.tenant);
+        // a job of 0.3.0's kind (a tenant, a key of one column, a revision) hashes as it
+        // did then; each term since is hashed only where it differs from that
+        let (tenant, tenant_column) = terms.tenant.clone().unzip();
+        f.field("tenant", tenant.as_deref().unwrap_or_default());
         f.field("target", &terms.target);
-        f.field("key_column", terms.key.column());
-        f.field("tenant_column", &terms.tenant_column);
-        f.field("revision_column", terms.guard.field());
+        f.field("key_column", &terms.key.describe());
+        f.field(
+            "tenant_column",
+            tenant_column.as_deref().unwrap_or_default(),
+        );
+        f.field("revision_column", terms.guard.column().unwrap_or_default());
+        if terms.tenant.is_none() {
+            f.field("no tenant", "");
+        }
+        if terms.key.columns().len() > 1 {
+            f.field("key_columns", &terms.key.columns().join("\u{0}"));
+        }
+        if terms.guard.column().is_none() {
+            f.field("guard", terms.guard.kind());
+        }
+        if terms.on_drift != OnDrift::Stop {
+            f.field("on_drift", terms.on_drift.as_str());
+        }
         f.field("chunk_size", &terms.chunk_size.to_string());
         match &terms.action {
             Action::Set(values) => f.field("set_values", &canonical_object(values)),
@@ -366,16 +423,31 @@ impl Fingerprint {
 impl Terms {
     /// Names the first term in which `other` differs from these.
     pub fn difference(&self, other: &Terms) -> Option<String> {
+        let tenant = |t: &Terms| {
+            t.tenant
+                .as_ref()
+                .map_or("(none)".to_string(), |(v, _)| v.clone())
+        };
+        let tenant_column = |t: &Terms| {
+            t.tenant
+                .as_ref()
+                .map_or("(none)".to_string(), |(_, c)| c.clone())
+        };
+        let guard = |t: &Terms| match t.guard.column() {
+            Some(column) => format!("the revision column {column}"),
+            None => t.guard.value_name().to_string(),
+        };
         let scalar = [
-            ("tenant", self.tenant.as_str(), other.tenant.as_str()),
-            ("target", self.target.as_str(), other.target.as_str()),
-            ("key column", self.key.column(), other.key.column()),
+            ("tenant", tenant(self), tenant(other)),
+            ("target", self.target.clone(), other.target.clone()),
+            ("key", self.key.describe(), other.key.describe()),
+            ("tenant column", tenant_column(self), tenant_column(other)),
+            ("guard", guard(self), guard(other)),
             (
-                "tenant column",
-                self.tenant_column.as_str(),
-                other.tenant_column.as_str(),
+                "on_drift",
+                self.on_drift.as_str().into(),
+                other.on_drift.as_str().into(),
             ),
-            ("revision column", self.guard.field(), other.guard.field()),
         ];
         for (what, a, b) in scalar {
             if a != b {
@@ -438,6 +510,7 @@ impl Approval {
                     .cloned()
                     .map(Ok::<Item, std::convert::Infallible>),
                 other.items.iter().cloned().map(Ok),
+                true,
             )
             .unwrap_or_else(|never| match never {})
         })
@@ -448,9 +521,13 @@ impl Approval {
 /// approved and is missing now, one that was not approved, or one with another revision
 /// or other guards. Walks both once, side by side, so lists of any size compare in the
 /// memory of one item each.
+///
+/// `revisions`: whether the revisions are part of the request (a job guarded by its
+/// revision column) or were taken from the rows (a digest), and not compared.
 pub fn first_difference<E>(
     old: impl Iterator<Item = std::result::Result<Item, E>>,
     new: impl Iterator<Item = std::result::Result<Item, E>>,
+    revisions: bool,
 ) -> std::result::Result<Option<String>, E> {
     let (mut old, mut new) = (old.peekable(), new.peekable());
     loop {
@@ -462,7 +539,7 @@ pub fn first_difference<E>(
             (_, Some(Err(_))) => return Err(new.next().unwrap().err().unwrap()),
             (Some(Ok(a)), Some(Ok(b))) if a == b => {
                 let (a, b) = (old.next().unwrap()?, new.next().unwrap()?);
-                if a.revision != b.revision {
+                if revisions && a.revision != b.revision {
                     return Ok(Some(format!(
                         "Item {} was approved at revision {} and is now given revision {}.",
                         a.key.text(),
@@ -624,7 +701,6 @@ mod tests {
 
     use super::*;
     use crate::job::columns::Column;
-    use crate::job::columns::Kind;
     use serde_json::json;
 
     fn shape(key_type: &str) -> Shape {
@@ -639,35 +715,30 @@ mod tests {
         Shape {
             columns: cols
                 .iter()
-                .map(|(n, t)| {
-                    (
-                        n.to_string(),
-                        Column {
-                            name: n.to_string(),
-                            type_name: t.to_string(),
-                            kind: Kind::for_type(t),
-                        },
-                    )
-                })
+                .map(|(n, t)| (n.to_string(), Column::of(n, t)))
                 .collect(),
-            key: JobKey::of("id"),
-            tenant_column: "tenant".into(),
-            guard: Guard::of("revision"),
+            key: JobKey::one("id"),
+            tenant_column: Some("tenant".into()),
+            guard: Guard::Revision {
+                column: "revision".into(),
+            },
         }
     }
 
     fn approval(items: Vec<Item>) -> Approval {
         Approval {
             terms: Terms {
-                tenant: "x".into(),
+                tenant: Some(("x".into(), "tenant".into())),
                 target: "public.orders".into(),
-                key: JobKey::of("id"),
-                tenant_column: "tenant".into(),
-                guard: Guard::of("revision"),
+                key: JobKey::one("id"),
+                guard: Guard::Revision {
+                    column: "revision".into(),
+                },
                 chunk_size: 10,
                 action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
                 expect: BTreeMap::new(),
                 parallel: false,
+                on_drift: OnDrift::Stop,
             },
             items,
         }
@@ -715,7 +786,7 @@ mod tests {
         let items = s.normalize(&json!([{"id": 1, "revision": 3}])).unwrap();
         let a = approval(items.clone());
         let mut b = a.clone();
-        b.terms.tenant = "y".into();
+        b.terms.tenant = Some(("y".into(), "tenant".into()));
         assert_eq!(
             a.difference(&b).unwrap(),
             "The tenant was \"x\" and is now \"y\"."
@@ -828,15 +899,18 @@ mod tests {
 
     #[test]
     fn key_and_revision_roles_are_checked() {
+        // a key PostgreSQL orders, as it orders numerics
         let mut s = shape("numeric");
-        assert!(matches!(
-            s.check_roles(),
-            Err(BatchError::Unsupported { .. })
-        ));
+        assert_eq!(s.check_roles(), Ok(()));
+        assert_eq!(s.key.order(&s.columns), Ok(KeyOrder::Sql));
         s = shape("int8");
-        s.guard = Guard::of("status");
+        s.guard = Guard::Revision {
+            column: "status".into(),
+        };
         assert!(s.check_roles().is_err());
-        s.guard = Guard::of("missing");
+        s.guard = Guard::Revision {
+            column: "missing".into(),
+        };
         assert_eq!(
             s.check_roles(),
             Err(BatchError::UndefinedColumn {

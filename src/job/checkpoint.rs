@@ -15,7 +15,7 @@ use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key, Lock, Tid};
 use crate::pauses;
 use crate::status::JobStatus;
-use pgrx::datum::TimestampWithTimeZone;
+use pgrx::datum::{clock_timestamp, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
 use std::ops::Range;
@@ -176,10 +176,19 @@ pub fn chunk_keys(tables: &JobTables, range: &Range<i32>) -> Result<(String, Str
 }
 
 /// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,
-/// once the chunk's audit rows are written. Returns the job's status after it.
-pub fn advance(job_id: &str, tables: &JobTables, at: Tid, range: &Range<i32>) -> Result<JobStatus> {
+/// once the chunk's audit rows are written, and adds the time at work on it: from
+/// `since` (when its drainer's work towards it began) or the commit before it, whichever
+/// is later, to now. Returns the job's status after it.
+pub fn advance(
+    job_id: &str,
+    tables: &JobTables,
+    at: Tid,
+    range: &Range<i32>,
+    since: TimestampWithTimeZone,
+) -> Result<JobStatus> {
     // SAFETY: reads the start of the current transaction, now()
-    let now = pg_sys::Datum::from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    let start = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    let now = pg_sys::Datum::from(start);
     own_rows::with_table("job", |jobs| {
         jobs.update_locked(at, "job_number", Key::Int8(tables.number), |row| {
             let next_index = row.get::<i32>("next_index")?.unwrap_or(-1);
@@ -194,6 +203,9 @@ pub fn advance(job_id: &str, tables: &JobTables, at: Tid, range: &Range<i32>) ->
                 JobStatus::parse(&row.get::<String>("status")?.unwrap_or_default())?
             };
             let started = row.get::<TimestampWithTimeZone>("started_at")?;
+            let previous = row.get::<TimestampWithTimeZone>("last_commit_at")?;
+            let worked = row.get::<f64>("seconds_at_work")?.unwrap_or(0.0)
+                + seconds_since(since, previous, clock_timestamp());
             let set = vec![
                 ("next_index", range.end.into_datum()),
                 ("chunks_committed", chunks.into_datum()),
@@ -205,6 +217,7 @@ pub fn advance(job_id: &str, tables: &JobTables, at: Tid, range: &Range<i32>) ->
                 ("last_commit_at", Some(now)),
                 ("status", status.as_str().into_datum()),
                 ("finished_at", done.then_some(now)),
+                ("seconds_at_work", worked.into_datum()),
             ];
             Ok((set, status))
         })
@@ -212,4 +225,17 @@ pub fn advance(job_id: &str, tables: &JobTables, at: Tid, range: &Range<i32>) ->
     .ok_or_else(|| BatchError::UnknownJob {
         job: job_id.to_string(),
     })
+}
+
+/// Seconds from `since`, or from `previous` (the job's commit before) if that is later, to
+/// `now`: a drainer's time at work on a chunk, not counting time another drainer's chunk
+/// already counted.
+pub fn seconds_since(
+    since: TimestampWithTimeZone,
+    previous: Option<TimestampWithTimeZone>,
+    now: TimestampWithTimeZone,
+) -> f64 {
+    let micros = |t: TimestampWithTimeZone| pg_sys::TimestampTz::from(t);
+    let from = previous.map_or(micros(since), |p| micros(p).max(micros(since)));
+    ((micros(now) - from).max(0)) as f64 / 1e6
 }

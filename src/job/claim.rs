@@ -34,6 +34,7 @@ use crate::pauses;
 use crate::query;
 use crate::status::JobStatus;
 use crate::txn::txid_current;
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
 use std::ops::ControlFlow;
@@ -332,8 +333,15 @@ impl Look<'_, '_> {
 }
 
 /// Marks chunk `chunk`, claimed at `at`, committed, with its new seal, the transaction
-/// and its time, once its audit rows are written.
-pub fn mark_committed(job_id: &str, tables: &JobTables, chunk: i32, at: Tid) -> Result<()> {
+/// and its time, and when its drainer's work towards it began (`since`), once its audit
+/// rows are written.
+pub fn mark_committed(
+    job_id: &str,
+    tables: &JobTables,
+    chunk: i32,
+    at: Tid,
+    since: TimestampWithTimeZone,
+) -> Result<()> {
     let sealed = seal::chunk(job_id, chunk, true);
     let txid = txid_current();
     // the time of the commit, as near as it can be known before it
@@ -350,6 +358,7 @@ pub fn mark_committed(job_id: &str, tables: &JobTables, chunk: i32, at: Tid) -> 
                 ("seal", sealed.into_datum()),
                 ("txid", txid.into_datum()),
                 ("committed_at", now.into_datum()),
+                ("started_at", since.into_datum()),
             ];
             Ok((set, ()))
         })
@@ -387,6 +396,7 @@ const CHUNK_COLUMNS: Columns = &[
     ("seal", pg_sys::INT8OID),
     ("txid", pg_sys::INT8OID),
     ("committed_at", pg_sys::TIMESTAMPTZOID),
+    ("started_at", pg_sys::TIMESTAMPTZOID),
 ];
 
 /// How many chunk rows are written at once.
@@ -408,6 +418,7 @@ pub fn write_chunk_rows(job_id: &str, tables: &JobTables, chunks: i32) -> Result
                 chunk.into_datum(),
                 open,
                 seal::chunk(job_id, chunk, false).into_datum(),
+                None,
                 None,
                 None,
             ]);

@@ -60,8 +60,36 @@ impl Kind {
 #[derive(Debug, Clone)]
 pub struct Column {
     pub name: String,
+    /// Its type's name, a domain's base type's (`int4`, `text`, `numeric`).
     pub type_name: String,
     pub kind: Kind,
+    /// Its declared type, schema-qualified and quoted, for casts.
+    pub sql_type: String,
+    pub type_oid: pgrx::pg_sys::Oid,
+    /// Of a type that sorts by a collation.
+    pub collatable: bool,
+    /// Under the "C" or "POSIX" collation, whose order is the bytes'.
+    pub byte_ordered: bool,
+    /// A generated column, which only PostgreSQL writes.
+    pub generated: bool,
+}
+
+impl Column {
+    /// A column of type `type_name` (a base type's name), of a plain table: what tests
+    /// of the rules need of one.
+    pub fn of(name: &str, type_name: &str) -> Column {
+        let kind = Kind::for_type(type_name);
+        Column {
+            name: name.to_string(),
+            type_name: type_name.to_string(),
+            kind,
+            sql_type: format!("pg_catalog.{type_name}"),
+            type_oid: pgrx::pg_sys::Oid::INVALID,
+            collatable: kind == Kind::Text,
+            byte_ordered: false,
+            generated: false,
+        }
+    }
 }
 
 /// The target's columns, by name.

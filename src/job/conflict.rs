@@ -1,6 +1,7 @@
 //! Saying what a conflict is: which item, what the approval expected, and what the row
 //! holds now or that it is gone. Pure, so the wording is unit-tested.
 
+use super::guard::Guard;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -9,8 +10,10 @@ pub struct Expected<'a> {
     pub key: &'a str,
     pub position: i32,
     pub item_count: i32,
-    pub tenant: &'a str,
-    pub revision_column: &'a str,
+    /// The job's tenant; None: the whole table.
+    pub tenant: Option<&'a str>,
+    pub guard: &'a Guard,
+    /// The revision (or digest) approved.
     pub revision: i64,
     pub guards: &'a BTreeMap<String, Value>,
     pub expect: &'a BTreeMap<String, Value>,
@@ -32,20 +35,22 @@ pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
     });
     let problem = |found: Value| json!({"position": e.position, "key": e.key, "expected": expected, "found": found});
     let Some(row) = row else {
+        let whose = match e.tenant {
+            Some(tenant) => format!("no row of tenant \"{tenant}\""),
+            None => "no row".to_string(),
+        };
         return (
-            format!(
-                "{at} is gone: the job sees no row of tenant \"{}\" with that key any more.",
-                e.tenant
-            ),
+            format!("{at} is gone: the job sees {whose} with that key any more."),
             problem(Value::Null),
         );
     };
     let now = |column: &str| row.get(column).cloned().unwrap_or(Value::Null);
-    let detail = if !same(&now(e.revision_column), &json!(e.revision)) {
+    let revision_column = e.guard.column();
+    let detail = if revision_column.is_some_and(|c| !same(&now(c), &json!(e.revision))) {
         format!(
             "{at} was approved at revision {}, but the row now has revision {}.",
             e.revision,
-            now(e.revision_column)
+            now(revision_column.unwrap_or_default())
         )
     } else if let Some((column, value)) = e.guards.iter().find(|(c, v)| !same(&now(c), v)) {
         format!(
@@ -57,6 +62,8 @@ pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
             "{at} must have {column} = {value}, but the row now has {column} = {}.",
             now(column)
         )
+    } else if *e.guard == Guard::Row {
+        format!("{at} was approved with a row that has changed since: its digest is no longer the one taken when the job was registered.")
     } else {
         format!("{at} did not match while the chunk ran; it matches again now, so it changed concurrently.")
     };
@@ -90,6 +97,10 @@ fn same(a: &Value, b: &Value) -> bool {
 mod tests {
     use super::*;
 
+    static REVISION: std::sync::LazyLock<Guard> = std::sync::LazyLock::new(|| Guard::Revision {
+        column: "revision".into(),
+    });
+
     fn expected<'a>(
         guards: &'a BTreeMap<String, Value>,
         expect: &'a BTreeMap<String, Value>,
@@ -98,8 +109,8 @@ mod tests {
             key: "15",
             position: 14,
             item_count: 40,
-            tenant: "alien-fest",
-            revision_column: "revision",
+            tenant: Some("alien-fest"),
+            guard: &REVISION,
             revision: 3,
             guards,
             expect,

@@ -1,6 +1,6 @@
 //! A job as registered: read once per call, since registration never changes it.
 
-use super::approval::{parse_object, Action, Terms};
+use super::approval::{parse_object, Action, OnDrift, Terms};
 use super::guard::Guard;
 use super::key::JobKey;
 use super::sql;
@@ -15,17 +15,21 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone)]
 pub struct Definition {
     pub job_id: String,
-    pub tenant: String,
+    /// The tenant and its column; None: the job's scope is the whole table.
+    pub tenant: Option<(String, String)>,
     pub target: pg_sys::Oid,
-    /// `"schema"."table"`, quoted.
+    /// `"schema"."table"`, quoted, as it was named at registration.
     pub target_name: String,
+    /// Whether the target is still there (by its OID).
+    pub target_present: bool,
     pub key: JobKey,
-    pub tenant_column: String,
     pub guard: Guard,
+    pub on_drift: OnDrift,
     pub chunk_size: i32,
     pub set_values: Option<BTreeMap<String, Value>>,
-    /// The handler as a callable, schema-qualified, quoted name.
+    /// The handler as a callable, schema-qualified, quoted name, and by OID.
     pub handler: Option<String>,
+    pub handler_oid: Option<pg_sys::Oid>,
     pub expect: BTreeMap<String, Value>,
     pub guard_columns: Vec<String>,
     pub item_count: i32,
@@ -52,20 +56,42 @@ impl Definition {
         })
     }
 
-    /// The job's target table, as the catalog describes it now.
+    /// The job's target table, as the catalog describes it now; the error that names it
+    /// when it is gone (dropped, or dropped and made again, which gives it another OID).
     pub fn target(&self) -> Result<Target> {
-        Target::load(self.target, &self.key, &self.tenant_column, &self.guard)
+        if !self.target_present {
+            return Err(BatchError::TargetGone {
+                job: self.job_id.clone(),
+                table: self.target_name.clone(),
+            });
+        }
+        Target::load(
+            self.target,
+            &self.key,
+            self.tenant.as_ref().map(|(_, c)| c.as_str()),
+            &self.guard,
+        )
+    }
+
+    /// The tenant the job's statements bind as $3 (NULL for a job without one).
+    pub fn tenant_value(&self) -> Option<&str> {
+        self.tenant.as_ref().map(|(v, _)| v.as_str())
     }
 
     pub fn load(job_id: &str) -> Result<Option<Definition>> {
         query::row(sql::JOB_DEFINITION, &[job_id.into()], |r| {
+            let tenant = r.get::<String>(1)?;
+            let tenant_column = r.get::<String>(4)?;
             Ok(Definition {
                 job_id: job_id.to_string(),
-                tenant: r.get::<String>(1)?.unwrap_or_default(),
+                tenant: tenant.zip(tenant_column),
                 target: r.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::Oid::INVALID),
-                key: JobKey::of(&r.get::<String>(3)?.unwrap_or_default()),
-                tenant_column: r.get::<String>(4)?.unwrap_or_default(),
-                guard: Guard::of(&r.get::<String>(5)?.unwrap_or_default()),
+                key: JobKey::of(r.get::<Vec<String>>(3)?.unwrap_or_default()),
+                guard: Guard::stored(
+                    &r.get::<String>(20)?.unwrap_or_default(),
+                    r.get::<String>(5)?.as_deref(),
+                ),
+                on_drift: OnDrift::parse(&r.get::<String>(21)?.unwrap_or_default())?,
                 chunk_size: r.get::<i32>(6)?.unwrap_or(1),
                 set_values: r.get::<String>(7)?.map(|t| parse_object(&t)),
                 handler: r.get::<String>(8)?,
@@ -84,6 +110,8 @@ impl Definition {
                 tables: JobTables::of(r.get::<i64>(17)?.unwrap_or_default()),
                 tables_present: r.get::<bool>(18)?.unwrap_or(false),
                 parallel: r.get::<bool>(19)?.unwrap_or(false),
+                target_present: r.get::<bool>(22)?.unwrap_or(false),
+                handler_oid: r.get::<pg_sys::Oid>(23)?,
             })
         })
     }
@@ -94,7 +122,6 @@ impl Definition {
             tenant: self.tenant.clone(),
             target: self.target_name.clone(),
             key: self.key.clone(),
-            tenant_column: self.tenant_column.clone(),
             guard: self.guard.clone(),
             chunk_size: self.chunk_size,
             action: match (&self.set_values, &self.handler) {
@@ -104,6 +131,7 @@ impl Definition {
             },
             expect: self.expect.clone(),
             parallel: self.parallel,
+            on_drift: self.on_drift,
         }
     }
 

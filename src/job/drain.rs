@@ -21,13 +21,13 @@
 //! it came to (`Round`); the loop commits it, rolls it back, records a retry, waits, or
 //! raises, whichever transactions it runs in (txn::Transactions).
 
-use super::approval::{self, parse_object};
+use super::approval::{self, parse_object, OnDrift};
 use super::audit::{AuditWriter, ChunkAudit};
 use super::chunk::{OpenChunk, Opening, Recheck};
-use super::order::Order;
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
+use super::order::Order;
 use super::pace::{self, Wait};
 use super::sql;
 use super::target::Constants;
@@ -38,9 +38,10 @@ use crate::lease::Fence;
 use crate::pauses::Paused;
 use crate::query;
 use crate::roles::{as_author, as_role};
+use crate::session_lock::{SessionLock, Space};
 use crate::status::JobStatus;
 use crate::txn::{Failure, FailureKind, Transactions};
-use pgrx::datum::DatumWithOid;
+use pgrx::datum::{clock_timestamp, DatumWithOid, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::quote_literal;
@@ -76,9 +77,14 @@ struct Job {
     row_sql: String,
     /// The values the change sets and expects, as it binds them after $1-$3.
     constants: Vec<query::Opaque>,
-    /// An integer key's type: the change binds the chunk's first and last key after the
-    /// constants, as values of it.
-    key_type: Option<pg_sys::Oid>,
+    /// The change binds the chunk's first and last key after the constants, to bound
+    /// its scan of the target (JobKey::bounds_chunks).
+    bounds: bool,
+    /// The job's SQL prints rows as text (a digest), the same in every session.
+    stable_output: bool,
+    /// Since when this drainer has been at work on the job, for its next chunk: the
+    /// call's start, then each of its commits (job.seconds_at_work).
+    at_work_since: TimestampWithTimeZone,
     bookkeeper: pg_sys::Oid,
     /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
     caller: pg_sys::Oid,
@@ -117,18 +123,25 @@ enum Round {
     /// The job is stopped: commit what the round recorded of it (conflict, corrupt), then
     /// raise the error.
     Stopped(BatchError),
+    /// The chunk's change failed for another reason (a constraint, a trigger, a
+    /// permission, a timeout); its transaction is broken: roll it back, record the
+    /// failure where the job's views show it, and raise the error, the job still pending.
+    Failed { number: i32, failure: Failure },
 }
 
 /// What the chunk's change did.
 enum Change {
-    /// Every item changed: each one's position and the revision its row has now.
-    Done(Vec<(i32, i64)>),
-    /// Fewer rows changed than the chunk has items: the first one that did not, where it
-    /// is already known (a handler that returned NULL).
-    Conflict(Option<i32>),
+    /// The items it changed, each one's position and its guard value now (a revision,
+    /// a digest); and those a handler refused (returned NULL for), in position order.
+    Ran {
+        changed: Vec<(i32, Option<i64>)>,
+        refused: Vec<i32>,
+    },
     /// The change failed with a transient error, caught: nothing may run in the
     /// transaction before it is rolled back.
     Transient(Failure),
+    /// The change failed for another reason, caught: likewise.
+    Failed(Failure),
 }
 
 pub fn drain<T: Transactions>(
@@ -144,6 +157,8 @@ pub fn drain<T: Transactions>(
         ));
     }
     let mut job = Job::new(job_id, fence)?;
+    // what job_progress counts as a drainer at work, also while it waits between chunks
+    let _drainer = SessionLock::shared(Space::Drainer, job.def.tables.number);
     let mut drained = Drained {
         chunks: 0,
         items: 0,
@@ -179,6 +194,7 @@ pub fn drain<T: Transactions>(
             } => {
                 tx.commit();
                 crash::reached(Point::AfterCommit);
+                job.at_work_since = clock_timestamp();
                 // only now: a client told of a chunk finds it committed, whatever happens
                 // to the server next
                 job.committed_notice(number, total, items, &first_key, &last_key);
@@ -222,6 +238,12 @@ pub fn drain<T: Transactions>(
             Round::Stopped(error) => {
                 tx.commit();
                 return Err(error);
+            }
+            Round::Failed { number, failure } => {
+                tx.rollback_after_error();
+                tx.item(|_| job.record_failure(number, &failure))?;
+                tx.commit();
+                job.raise_rolled_back(failure, number);
             }
         }
     }
@@ -267,7 +289,7 @@ impl Job {
         let target = def.target()?;
         let items = def.tables.items();
         let constants = Constants::new(def.set_values.as_ref(), &def.expect);
-        let key_type = target.bounding_key_type();
+        let bounds = target.bounds_chunks();
         let change_sql = match &def.handler {
             Some(handler) => target.handler_sql(items, def.chunk_size, handler),
             None => target.change_sql(
@@ -275,13 +297,13 @@ impl Job {
                 def.chunk_size,
                 &def.guard_columns,
                 &constants,
-                key_type.is_some(),
+                bounds,
             ),
         };
         Ok(Job {
             activity: Activity::begin(),
             change_sql,
-            mismatch_sql: target.first_mismatch_sql(
+            mismatch_sql: target.mismatches_sql(
                 items,
                 def.chunk_size,
                 &def.guard_columns,
@@ -291,13 +313,54 @@ impl Job {
             items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
             row_sql: target.current_row_sql(),
             constants: constants.args(&target)?,
-            key_type,
+            bounds,
+            stable_output: def.guard.reads_the_row_as_text(),
+            at_work_since: clock_timestamp(),
             order: Order::of(&def),
             def,
             fence,
             bookkeeper,
             caller: crate::roles::current_user(),
         })
+    }
+
+    /// Runs SQL of the job's author (the rows it reads), in the author's context
+    /// (roles::as_author).
+    fn as_author<R>(&self, work: impl FnOnce() -> R) -> R {
+        let extra = if self.stable_output {
+            crate::settings::STABLE_OUTPUT
+        } else {
+            &[]
+        };
+        as_author(
+            self.def.registered_by,
+            &self.def.search_path,
+            self.caller,
+            extra,
+            work,
+        )
+    }
+
+    /// As `as_author`, for the chunk's change: a guarded UPDATE planned as a chunk is
+    /// best run, one probe of the target's key per item (or one range of it), whatever
+    /// the target's statistics say: a table never analyzed can look small enough to scan
+    /// whole, once per item. A handler's own statements are planned as it plans them.
+    fn changing<R>(&self, work: impl FnOnce() -> R) -> R {
+        let mut extra = [(c"enable_seqscan", "off"); 1 + crate::settings::STABLE_OUTPUT.len()];
+        let mut set = usize::from(self.def.handler.is_none());
+        if self.stable_output {
+            for setting in crate::settings::STABLE_OUTPUT {
+                extra[set] = *setting;
+                set += 1;
+            }
+        }
+        as_author(
+            self.def.registered_by,
+            &self.def.search_path,
+            self.caller,
+            &extra[..set],
+            work,
+        )
     }
 
     fn owner<R>(&self, work: impl FnOnce() -> Result<R>) -> Result<R> {
@@ -381,6 +444,8 @@ impl Job {
         let attempts = crate::retries::attempts();
         let sqlstate = failure.sqlstate();
         if attempt >= attempts {
+            tx.item(|_| self.record_failure(number, &failure))?;
+            tx.commit();
             let detail = format!(
                 "Chunk {number} of job \"{}\" was rolled back after {attempt} attempt{} (etc_batch.transient_attempts); the job is still pending.",
                 self.id(),
@@ -451,20 +516,35 @@ impl Job {
         ));
 
         // The change. Its error, a permission, a constraint, a cancel, rolls the chunk
-        // back with the transaction; it is raised again, saying so.
-        let changed = match self.change(&chunk)? {
-            Change::Done(changed) => changed,
-            Change::Conflict(known) => {
-                return Ok(Round::Mismatch {
-                    range: chunk.range,
-                    known,
-                })
-            }
+        // back with the transaction; it is recorded and raised again, saying so.
+        let (changed, refused) = match self.change(&chunk)? {
+            Change::Ran { changed, refused } => (changed, refused),
             Change::Transient(failure) => {
                 return Ok(Round::Transient {
                     number: chunk.number,
                     failure,
                 })
+            }
+            Change::Failed(failure) => {
+                return Ok(Round::Failed {
+                    number: chunk.number,
+                    failure,
+                })
+            }
+        };
+        let skipped = if changed.len() == chunk.range.len() {
+            Vec::new()
+        } else {
+            match (self.def.on_drift, self.skipped(&chunk.range, &changed)?) {
+                (OnDrift::Skip, Some(skipped)) => skipped,
+                // a drift that stops the job, or a frozen list found short (which the
+                // check after the rollback reports as corrupt)
+                _ => {
+                    return Ok(Round::Mismatch {
+                        range: chunk.range,
+                        known: refused.first().copied(),
+                    })
+                }
             }
         };
         crash::reached(Point::AfterChange);
@@ -473,8 +553,9 @@ impl Job {
                 job_id: self.id(),
                 chunk: chunk.number,
                 changed: &changed,
+                skipped: &skipped,
             })?;
-            self.order.close(&self.def, &chunk)
+            self.order.close(&self.def, &chunk, self.at_work_since)
         })?;
         // nothing runs between the audit rows and the mark: one point after both
         crash::reached(Point::AfterCheckpoint);
@@ -546,35 +627,28 @@ impl Job {
         }
     }
 
-    /// The business change of one chunk, as the registering role.
+    /// The business change of one chunk, as the registering role. Its error is caught:
+    /// the transaction is broken then, and the loop rolls it back.
     fn change(&self, chunk: &OpenChunk) -> Result<Change> {
-        let (range, number) = (&chunk.range, chunk.number);
-        let bounds = match self.key_type {
-            Some(key_type) => vec![
-                query::typed(key_type, &chunk.first_key)?,
-                query::typed(key_type, &chunk.last_key)?,
-            ],
-            None => Vec::new(),
-        };
+        let range = &chunk.range;
         let mut args: Vec<DatumWithOid> = vec![
             range.start.into(),
             range.end.into(),
-            self.def.tenant.as_str().into(),
+            self.def.tenant_value().into(),
         ];
         if self.def.handler.is_none() {
-            args.extend(self.constants.iter().chain(&bounds).map(query::Opaque::arg));
+            args.extend(self.constants.iter().map(query::Opaque::arg));
+            if self.bounds {
+                args.push(chunk.first_key.as_str().into());
+                args.push(chunk.last_key.as_str().into());
+            }
         }
         let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
             crate::raised::capturing(|| {
-                as_author(
-                    self.def.registered_by,
-                    &self.def.search_path,
-                    self.caller,
-                    || match &self.def.handler {
-                        None => self.guarded_update(&args, range),
-                        Some(_) => self.handler_change(&args, range),
-                    },
-                )
+                self.changing(|| match &self.def.handler {
+                    None => self.guarded_update(&args, range),
+                    Some(_) => self.handler_change(&args, range),
+                })
             })
         }))
         .catch_others(|caught| {
@@ -582,36 +656,32 @@ impl Job {
             failure.raised = failure
                 .raised
                 .map(|r| r.without_statement(&self.change_sql));
-            if crate::retries::is_transient(failure.packed_code()) {
-                Ok(Change::Transient(failure))
+            Ok(if crate::retries::is_transient(failure.packed_code()) {
+                Change::Transient(failure)
             } else {
-                self.raise_rolled_back(failure, number)
-            }
+                Change::Failed(failure)
+            })
         })
         .execute();
         // etc_batch's own errors in the change (a handler's result it cannot read) say
         // the same: the chunk is rolled back
-        outcome.or_else(|e| self.raise_rolled_back(e.into(), number))
+        outcome.or_else(|e| Ok(Change::Failed(e.into())))
     }
 
     fn guarded_update(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
         let mut changed = Vec::with_capacity(range.len());
         query::rows(&self.change_sql, args, 0, |r| {
-            changed.push((
-                r.get::<i32>(1)?.unwrap_or(-1),
-                r.get::<i64>(2)?.unwrap_or_default(),
-            ));
+            changed.push((r.get::<i32>(1)?.unwrap_or(-1), r.get::<i64>(2)?));
             Ok(())
         })?;
-        Ok(if changed.len() == range.len() {
-            Change::Done(changed)
-        } else {
-            Change::Conflict(None)
+        Ok(Change::Ran {
+            changed,
+            refused: Vec::new(),
         })
     }
 
     /// A handler job's chunk: each item's result, read as text (jsonb that serde_json
-    /// cannot hold is a clear error here, not an internal one); NULL is a conflict.
+    /// cannot hold is a clear error here, not an internal one); NULL refuses the item.
     fn handler_change(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
         let rows: Vec<(i32, Option<String>, String)> =
             query::rows(&self.change_sql, args, 0, |row| {
@@ -621,28 +691,92 @@ impl Job {
                     row.get::<String>(3)?.unwrap_or_default(),
                 ))
             })?;
-        // Fewer items than the chunk's positions: the frozen list is short, which the
-        // check after the rollback finds and reports as corrupt progress.
-        if rows.len() != range.len() {
-            return Ok(Change::Conflict(None));
-        }
-        let mut changed = Vec::with_capacity(rows.len());
+        let mut changed = Vec::with_capacity(range.len());
+        let mut refused = Vec::new();
         for (position, result, key) in rows {
             let Some(text) = result else {
-                return Ok(Change::Conflict(Some(position)));
+                refused.push(position);
+                continue;
             };
             let result =
                 approval::read_json(&format!("the handler's result for item {key}"), &text)?;
-            let field = self.def.guard.field();
+            let field = self.def.guard.column().unwrap_or_default();
             let Some(revision) = result.get(field).and_then(Value::as_i64) else {
                 return Err(BatchError::invalid_because(
                     format!("handler result for item {key} has no integer \"{field}\""),
                     "A handler returns the new state of the row, revision included, or NULL for a conflict.",
                 ));
             };
-            changed.push((position, revision));
+            changed.push((position, Some(revision)));
         }
-        Ok(Change::Done(changed))
+        Ok(Change::Ran { changed, refused })
+    }
+
+    /// The items of the chunk `range` that its change left unchanged, each with the row
+    /// it names now (JSON null: gone), for a job that skips them; None when the frozen
+    /// list does not hold every position of the chunk.
+    fn skipped(
+        &self,
+        range: &Range<i32>,
+        changed: &[(i32, Option<i64>)],
+    ) -> Result<Option<Vec<(i32, String)>>> {
+        if self.def.on_drift == OnDrift::Stop || !self.items_all_there(range)? {
+            return Ok(None);
+        }
+        let mut done: Vec<i32> = changed.iter().map(|(p, _)| *p).collect();
+        done.sort_unstable();
+        let mut skipped = Vec::new();
+        for position in range.clone().filter(|p| done.binary_search(p).is_err()) {
+            let (key, ..) = self.item(position)?;
+            let row = self.as_author(|| {
+                query::one::<String>(&self.row_sql, &[self.def.tenant_value().into(), key.into()])
+            })?;
+            skipped.push((position, row.unwrap_or_else(|| "null".into())));
+        }
+        Ok(Some(skipped))
+    }
+
+    /// Whether the frozen list holds every position of the chunk `range`.
+    fn items_all_there(&self, range: &Range<i32>) -> Result<bool> {
+        let found = self.owner(|| {
+            query::by_index(|| {
+                query::one::<i32>(
+                    &self.items_in_range_sql,
+                    &[range.start.into(), range.end.into()],
+                )
+            })
+        })?;
+        Ok(found == Some(range.len() as i32))
+    }
+
+    /// The approved item at `position`: its key, revision and guards.
+    fn item(&self, position: i32) -> Result<(String, i64, String)> {
+        self.owner(|| {
+            query::row(&self.item_sql, &[position.into()], |r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<i64>(2)?.unwrap_or_default(),
+                    r.get::<String>(3)?.unwrap_or_default(),
+                ))
+            })
+        })?
+        .ok_or_else(|| BatchError::Internal(format!("no approved item at position {position}")))
+    }
+
+    /// Records that chunk `number` failed with `failure`, in the transaction after it was
+    /// rolled back: job_progress, job_summary and the doctor show it.
+    fn record_failure(&self, number: i32, failure: &Failure) -> Result<()> {
+        self.owner(|| {
+            query::run(
+                sql::RECORD_FAILURE,
+                &[
+                    self.id().into(),
+                    failure.sqlstate().as_str().into(),
+                    failure.message.as_str().into(),
+                    number.into(),
+                ],
+            )
+        })
     }
 
     /// An error of the chunk's change, raised again with what it means for the job: the
@@ -670,21 +804,12 @@ impl Job {
     /// it was rolled back: the frozen list is short (corrupt), or the first item that no
     /// longer matches its row (`known`, or found now) is a conflict.
     fn record_mismatch(&self, range: &Range<i32>, known: Option<i32>) -> Result<Round> {
-        let found = self.owner(|| {
-            query::by_index(|| {
-                query::one::<i32>(
-                    &self.items_in_range_sql,
-                    &[range.start.into(), range.end.into()],
-                )
-            })
-        })?;
-        if found != Some(range.len() as i32) {
+        if !self.items_all_there(range)? {
             let reason = format!(
-                "Positions {} to {} should hold {} approved items, but {} were found.",
+                "Positions {} to {} should hold {} approved items, but fewer were found.",
                 range.start,
                 range.end - 1,
                 range.len(),
-                found.unwrap_or(0)
             );
             return self.stop(JobStatus::Corrupt, &reason, Value::Null);
         }
@@ -700,15 +825,10 @@ impl Job {
         let mut args: Vec<DatumWithOid> = vec![
             range.start.into(),
             range.end.into(),
-            self.def.tenant.as_str().into(),
+            self.def.tenant_value().into(),
         ];
         args.extend(self.constants.iter().map(query::Opaque::arg));
-        as_author(
-            self.def.registered_by,
-            &self.def.search_path,
-            self.caller,
-            || query::one::<i32>(&self.mismatch_sql, &args),
-        )
+        self.as_author(|| query::one::<i32>(&self.mismatch_sql, &args))
     }
 
     /// Records and returns the conflict of the item at `position`, or of the chunk when
@@ -722,37 +842,20 @@ impl Job {
             );
             return self.stop(JobStatus::Conflict, &detail, Value::Null);
         };
-        let (key, revision, guards) = self
-            .owner(|| {
-                query::row(&self.item_sql, &[position.into()], |r| {
-                    Ok((
-                        r.get::<String>(1)?.unwrap_or_default(),
-                        r.get::<i64>(2)?.unwrap_or_default(),
-                        r.get::<String>(3)?.unwrap_or_default(),
-                    ))
-                })
-            })?
-            .ok_or_else(|| {
-                BatchError::Internal(format!("no approved item at position {position}"))
-            })?;
-        let row = as_author(
-            self.def.registered_by,
-            &self.def.search_path,
-            self.caller,
-            || {
-                query::one::<String>(
-                    &self.row_sql,
-                    &[self.def.tenant.clone().into(), key.clone().into()],
-                )
-            },
-        )?;
+        let (key, revision, guards) = self.item(position)?;
+        let row = self.as_author(|| {
+            query::one::<String>(
+                &self.row_sql,
+                &[self.def.tenant_value().into(), key.as_str().into()],
+            )
+        })?;
         let guards = parse_object(&guards);
         let expected = Expected {
             key: &key,
             position,
             item_count: self.def.item_count,
-            tenant: &self.def.tenant,
-            revision_column: self.def.guard.field(),
+            tenant: self.def.tenant_value(),
+            guard: &self.def.guard,
             revision,
             guards: &guards,
             expect: &self.def.expect,
@@ -799,10 +902,15 @@ impl Job {
     }
 }
 
-/// The error a call raises for a job stopped in `status`, with the reason recorded.
+/// The error a call raises for a job stopped in `status`, with the reason recorded
+/// (for a job continued as another, its successor's id).
 fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchError {
     let job = job.to_string();
     match status {
+        JobStatus::Continued => BatchError::JobContinued {
+            job,
+            successor: reason,
+        },
         JobStatus::Conflict => BatchError::JobConflict {
             job,
             detail: reason.unwrap_or_default(),

@@ -4,13 +4,14 @@
 //! batch.
 
 use super::approval::{canonical_object, parse_object, Fingerprint, Item, Key, Terms};
-use super::columns::Kind;
+use super::key::KeyOrder;
 use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
 use crate::memory::Scratch;
 use crate::query::{self, Cursor, Row};
 use crate::roles::as_role;
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use std::collections::{BTreeSet, VecDeque};
 
@@ -142,61 +143,113 @@ impl<'a> Writer<'a> {
     }
 }
 
-/// Items read from a cursor of rows (key as text, revision, guards as jsonb text), in
-/// the order the cursor gives them, a batch at a time.
+/// Items read from a cursor of rows (key as text, revision, guards as jsonb text, and,
+/// for a key PostgreSQL orders, the key's rank in that order and whether the item names
+/// no row), in the order the cursor gives them, a batch at a time.
 pub struct ItemCursor {
     cursor: Option<Cursor>,
-    kind: Kind,
+    read: ReadAs,
     batch: VecDeque<Item>,
+}
+
+/// How an ItemCursor reads its rows.
+#[derive(Clone, Copy)]
+struct ReadAs {
+    order: KeyOrder,
     /// Guards as the cursor gives them are canonicalized (one spelling per number), as
     /// a jsonb approval's are: the frozen list holds them so already.
     canonicalize: bool,
+    /// Its statement prints rows or keys as text (settings::STABLE_OUTPUT).
+    stable_output: bool,
 }
 
 impl ItemCursor {
     /// The frozen list of a job, in position (and so key) order.
-    pub fn stored(tables: &JobTables, kind: Kind) -> Result<ItemCursor> {
-        Ok(ItemCursor {
-            cursor: Some(Cursor::open(&tables.sql(sql::STORED_ITEMS), &[])?),
-            kind,
-            batch: VecDeque::new(),
-            canonicalize: false,
-        })
+    pub fn stored(tables: &JobTables, order: KeyOrder) -> Result<ItemCursor> {
+        Self::open(&tables.sql(sql::STORED_ITEMS), &[], order, false, false)
     }
 
-    /// The rows of an items query (see items_query::ItemsQuery::sql), in key order.
-    pub fn query(sql: &str, kind: Kind) -> Result<ItemCursor> {
-        Ok(ItemCursor {
-            cursor: Some(Cursor::open(sql, &[])?),
-            kind,
-            batch: VecDeque::new(),
-            canonicalize: true,
-        })
+    /// The rows of an items query (see items_query::ItemsQuery::ordered_sql), in key
+    /// order.
+    pub fn query(sql: &str, order: KeyOrder) -> Result<ItemCursor> {
+        Self::open(sql, &[], order, true, false)
     }
 
-    fn read(row: &Row, kind: Kind, canonicalize: bool) -> Result<Item> {
+    /// Rows PostgreSQL orders (ordered.rs): with their rank, and whether they name a row.
+    pub fn ranked(sql: &str, args: &[DatumWithOid], stable_output: bool) -> Result<ItemCursor> {
+        Self::open(sql, args, KeyOrder::Sql, true, stable_output)
+    }
+
+    fn open(
+        sql: &str,
+        args: &[DatumWithOid],
+        order: KeyOrder,
+        canonicalize: bool,
+        stable_output: bool,
+    ) -> Result<ItemCursor> {
+        let read = ReadAs {
+            order,
+            canonicalize,
+            stable_output,
+        };
+        let cursor = read.settings(|| Cursor::open(sql, args))?;
+        Ok(ItemCursor {
+            cursor: Some(cursor),
+            read,
+            batch: VecDeque::new(),
+        })
+    }
+}
+
+impl ReadAs {
+    fn settings<R>(self, work: impl FnOnce() -> R) -> R {
+        let settings = if self.stable_output {
+            crate::settings::STABLE_OUTPUT
+        } else {
+            &[]
+        };
+        crate::settings::with(settings, work)
+    }
+
+    fn item(self, row: &Row) -> Result<Item> {
         let key = row.get::<String>(1)?.ok_or_else(|| {
             BatchError::invalid_because(
                 "items_query returned an item without a key",
                 "Every row names its item by the key column, which must not be NULL.",
             )
         })?;
-        let revision = row.get::<i64>(2)?.ok_or_else(|| {
-            BatchError::invalid_because(
-                format!("items_query returned item {key} without a revision"),
-                "Every row carries the revision the operator saw, which must not be NULL.",
-            )
-        })?;
+        let revision = row.get::<i64>(2)?;
         let text = row.get::<String>(3)?.unwrap_or_else(|| "{}".into());
-        let guards = if canonicalize {
+        let guards = if self.canonicalize {
             parse_object(&canonical_object(&parse_object(&text)))
         } else {
             parse_object(&text)
         }
         .into_iter()
         .collect();
+        let key = match self.order {
+            KeyOrder::Here(_) => Key::from_text(self.order, &key),
+            KeyOrder::Sql => {
+                if row.get::<bool>(5)? == Some(true) {
+                    return Err(BatchError::invalid_because(
+                        format!("item {key} names no row of the target"),
+                        "A job guarded by a digest of the row takes each item's digest when it is registered, from the row the item names now.",
+                    ));
+                }
+                Key::ranked(row.get::<i64>(4)?.unwrap_or_default(), key)
+            }
+        };
+        let revision = revision.ok_or_else(|| {
+            BatchError::invalid_because(
+                format!(
+                    "items_query returned item {} without a revision",
+                    key.text()
+                ),
+                "Every row carries the revision the operator saw, which must not be NULL.",
+            )
+        })?;
         Ok(Item {
-            key: Key::from_text(kind, &key),
+            key,
             revision,
             guards,
         })
@@ -209,8 +262,8 @@ impl Iterator for ItemCursor {
     fn next(&mut self) -> Option<Result<Item>> {
         if self.batch.is_empty() {
             let cursor = self.cursor.as_ref()?;
-            let (kind, canonicalize) = (self.kind, self.canonicalize);
-            match cursor.fetch(BATCH as i64, |r| Self::read(r, kind, canonicalize)) {
+            let read = self.read;
+            match read.settings(|| cursor.fetch(BATCH as i64, |r| read.item(r))) {
                 Ok(rows) if rows.is_empty() => {
                     self.cursor.take().map(Cursor::close);
                     return None;

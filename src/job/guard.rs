@@ -3,9 +3,12 @@
 //! (`Guard::of`); the statements of a chunk, the items a registration reads, a conflict's
 //! description and the report each ask it, and never which kind it is.
 //!
-//! Besides the guard, an item may name guard columns (values its row must still hold),
-//! and the job may expect values of every row (`expect`); those are the same for every
-//! kind of guard.
+//! Whatever the kind, an item may also name guard columns (values its row must still
+//! hold), and the job may expect values of every row (`expect`).
+//!
+//! An approved item keeps one number for its guard, its "revision": the revision the
+//! operator saw, or the digest of the row taken at registration; and the audit keeps the
+//! one the change left. A guard of named columns keeps none.
 
 use super::columns::{Columns, Kind};
 use crate::error::{BatchError, Result};
@@ -18,69 +21,113 @@ pub enum Guard {
     /// item is approved at a revision, matches while the row has it, and the job's change
     /// increments it too.
     Revision { column: String },
+    /// A digest of every column of the row, taken when the job is registered: a row
+    /// matches while no column of it has changed.
+    Row,
+    /// Only the guard columns the items name and the values `expect` names.
+    Columns,
 }
 
 impl Guard {
-    /// The guard an approval names: by its revision column.
-    pub fn of(revision_column: &str) -> Guard {
-        Guard::Revision {
-            column: revision_column.to_string(),
+    /// The guard an approval asks for: `kind` (revision, row or columns), or, when it
+    /// names none, the revision column if there is one and the row's digest if not.
+    pub fn of(revision_column: Option<&str>, kind: Option<&str>) -> Result<Guard> {
+        match (kind, revision_column) {
+            (None | Some("revision"), Some(column)) => Ok(Guard::Revision {
+                column: column.to_string(),
+            }),
+            (Some("revision"), None) => Err(BatchError::invalid_because(
+                "guard \"revision\" needs a revision column",
+                "Name the column with revision_column, or guard the rows by guard => 'row' or guard => 'columns'.",
+            )),
+            (None | Some("row"), _) => Ok(Guard::Row),
+            (Some("columns"), _) => Ok(Guard::Columns),
+            (Some(other), _) => Err(BatchError::invalid_because(
+                format!("unknown guard \"{other}\""),
+                "A job's rows are guarded by their revision column (guard => 'revision'), a digest of the row (guard => 'row') or the columns the approval names (guard => 'columns').",
+            )),
         }
     }
 
-    /// The target's column the guard reads, if it is one.
+    /// The guard as the job's row keeps it: its kind, and its revision column.
+    pub fn stored(kind: &str, revision_column: Option<&str>) -> Guard {
+        match (kind, revision_column) {
+            ("row", _) => Guard::Row,
+            ("columns", _) => Guard::Columns,
+            (_, column) => Guard::Revision {
+                column: column.unwrap_or_default().to_string(),
+            },
+        }
+    }
+
+    /// Its kind, as the job's row keeps it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Guard::Revision { .. } => "revision",
+            Guard::Row => "row",
+            Guard::Columns => "columns",
+        }
+    }
+
+    /// The target's column the guard reads and the job's change increments, if any.
     pub fn column(&self) -> Option<&str> {
         match self {
             Guard::Revision { column } => Some(column),
+            Guard::Row | Guard::Columns => None,
         }
     }
 
-    /// What an approved item's guard value is called, in messages and in items: the
-    /// field of an item (and the column of an items query) that gives it.
-    pub fn field(&self) -> &str {
+    /// How messages name the guard value an item keeps: "revision", or "row digest".
+    pub fn value_name(&self) -> &'static str {
         match self {
-            Guard::Revision { column } => column,
+            Guard::Revision { .. } => "revision",
+            Guard::Row => "row digest",
+            Guard::Columns => "guard",
         }
     }
 
     /// Checks the guard against the target's columns.
     pub fn check(&self, columns: &Columns) -> Result<()> {
-        match self {
-            Guard::Revision { column } => {
-                let revision = columns.column(column)?;
-                if !matches!(revision.kind, Kind::Int { .. }) {
-                    return Err(BatchError::invalid_because(
-                        format!(
-                            "revision column \"{}\" must be an integer column",
-                            revision.name
-                        ),
-                        format!("It has type {}.", revision.type_name),
-                    ));
-                }
-                Ok(())
-            }
+        let Guard::Revision { column } = self else {
+            return Ok(());
+        };
+        let revision = columns.column(column)?;
+        if !matches!(revision.kind, Kind::Int { .. }) {
+            return Err(BatchError::invalid_because(
+                format!(
+                    "revision column \"{}\" must be an integer column",
+                    revision.name
+                ),
+                format!("It has type {}.", revision.type_name),
+            ));
         }
+        Ok(())
     }
 
-    /// Whether an item's guard value `value` fits the target's column.
+    /// Whether an item's revision `value` fits the target's revision column.
     pub fn accepts(&self, columns: &Columns, value: i64) -> bool {
         match self {
             Guard::Revision { column } => columns.get(column).is_some_and(
                 |c| matches!(c.kind, Kind::Int { min, max } if value >= min && value <= max),
             ),
+            Guard::Row | Guard::Columns => true,
         }
     }
 
+    /// Whether the guard's SQL prints the row as text, which must then print the same
+    /// way in every session (settings::STABLE_OUTPUT).
+    pub fn reads_the_row_as_text(&self) -> bool {
+        matches!(self, Guard::Row)
+    }
+
     /// SQL: the target's row `t` is at the state item `it` was approved at
-    /// (`it.revision`).
-    pub fn matches(&self) -> String {
+    /// (`it.revision`), or None when only guard columns and expectations say so.
+    pub fn matches(&self) -> Option<String> {
         match self {
-            Guard::Revision { column } => {
-                format!(
-                    "t.{} OPERATOR(pg_catalog.=) it.revision",
-                    quote_identifier(column)
-                )
+            Guard::Revision { .. } | Guard::Row => {
+                Some(format!("{} OPERATOR(pg_catalog.=) it.revision", self.now()))
             }
+            Guard::Columns => None,
         }
     }
 
@@ -91,16 +138,47 @@ impl Guard {
                 let col = quote_identifier(column);
                 vec![format!("{col} = t.{col} OPERATOR(pg_catalog.+) 1")]
             }
+            Guard::Row | Guard::Columns => Vec::new(),
         }
     }
 
     /// SQL: the guard value of the target's row `t` as it is (after the change, in a
-    /// RETURNING list), as a bigint: what the audit keeps as the state the change left.
+    /// RETURNING list), as a bigint: what an item keeps and the audit keeps as the state
+    /// the change left.
     pub fn now(&self) -> String {
         match self {
             Guard::Revision { column } => {
                 format!("t.{}::pg_catalog.int8", quote_identifier(column))
             }
+            Guard::Row => "pg_catalog.hashtextextended(t::pg_catalog.text, 0)".into(),
+            Guard::Columns => "NULL::pg_catalog.int8".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_approval_chooses_the_guard() {
+        assert_eq!(
+            Guard::of(Some("revision"), None),
+            Ok(Guard::Revision {
+                column: "revision".into()
+            })
+        );
+        assert_eq!(Guard::of(None, None), Ok(Guard::Row));
+        assert_eq!(Guard::of(Some("revision"), Some("row")), Ok(Guard::Row));
+        assert_eq!(Guard::of(None, Some("columns")), Ok(Guard::Columns));
+        assert!(Guard::of(None, Some("revision")).is_err());
+        assert!(Guard::of(None, Some("digest")).is_err());
+        for guard in [
+            Guard::Row,
+            Guard::Columns,
+            Guard::of(Some("v"), None).unwrap(),
+        ] {
+            assert_eq!(Guard::stored(guard.kind(), guard.column()), guard);
         }
     }
 }

@@ -7,6 +7,8 @@
 //! values are cast to the target's types as the chunk's statement casts them, and sorted
 //! by key in the key's own type (text keys in byte order).
 
+use super::columns::Kind;
+use super::key::KeyOrder;
 use super::target::Target;
 use crate::error::{capitalize, BatchError, Result};
 use crate::parse::{self, Kind as Statement};
@@ -14,10 +16,18 @@ use crate::query::{self, ResultColumn};
 use pgrx::pg_sys;
 use pgrx::spi::quote_literal;
 
-/// The checked query, and the statement that reads it in key order.
+/// The checked query, and the statements that read it.
 pub struct ItemsQuery {
-    /// SELECT key::text, revision::int8, guards::text ... ORDER BY key.
-    pub sql: String,
+    /// The query, as given.
+    statement: String,
+    /// For each column of the key, the query's value cast to the key column's type.
+    key_parts: Vec<String>,
+    /// The revision, as a bigint (0 for a job guarded otherwise).
+    revision: String,
+    /// The guard columns, as a jsonb object.
+    guards: String,
+    /// How ordered_sql orders a key of text: by its bytes, as a jsonb approval's are.
+    collate: &'static str,
     pub guard_columns: Vec<String>,
 }
 
@@ -36,15 +46,14 @@ impl ItemsQuery {
                     "Each column of the items query names one field of the items.",
                 ));
             }
-            if c.name == shape.tenant_column {
+            if Some(c.name.as_str()) == shape.tenant_column.as_deref() {
                 return Err(BatchError::invalid_because(
                     format!("items_query returns the tenant column \"{}\"", c.name),
                     "The tenant is given once for the whole job, not per item.",
                 ));
             }
             let column = shape.column(&c.name)?;
-            let to = target.type_oids[&c.name];
-            if !fits(c, to) {
+            if !fits(c, column.type_oid) {
                 return Err(BatchError::TypeMismatch {
                     message: format!(
                         "column \"{}\" of items_query has type {}, which does not fit column \"{}\" of type {}",
@@ -56,23 +65,27 @@ impl ItemsQuery {
                     detail: "A value of the items query must be one INSERT would take for the column; cast it in the query.".into(),
                 });
             }
-            if c.name != shape.key.column() && c.name != shape.guard.field() {
+            if !shape.names_the_row(&c.name) {
                 guard_columns.push(c.name.clone());
             }
         }
-        for (role, name) in [
-            ("key", shape.key.column()),
-            ("revision", shape.guard.field()),
-        ] {
+        let mut needed: Vec<(&str, &str)> = shape
+            .key
+            .columns()
+            .iter()
+            .map(|k| ("key", k.as_str()))
+            .collect();
+        needed.extend(shape.guard.column().map(|r| ("revision", r)));
+        for (role, name) in needed {
             if !columns.iter().any(|c| c.name == name) {
                 return Err(BatchError::invalid_because(
                     format!("items_query returns no {role} column \"{name}\""),
-                    "Its columns are named like the fields of register_job's items: the key column, the revision column, and any guard columns.",
+                    "Its columns are named like the fields of register_job's items: the key's columns, the revision column if the job has one, and any guard columns.",
                 ));
             }
         }
         let col = |name: &str| format!("q.{}", pgrx::spi::quote_identifier(name));
-        let cast = |name: &str| format!("CAST({} AS {})", col(name), target.types[name]);
+        let cast = |name: &str| format!("CAST({} AS {})", col(name), shape.columns[name].sql_type);
         let guards = if guard_columns.is_empty() {
             "'{}'::pg_catalog.jsonb".to_string()
         } else {
@@ -85,18 +98,52 @@ impl ItemsQuery {
                     .join(", ")
             )
         };
-        // the order the frozen list of a jsonb approval has
-        let order = shape.key.order(&shape.columns)?;
         Ok(ItemsQuery {
-            sql: format!(
-                "SELECT s.k::pg_catalog.text, s.r, s.g::pg_catalog.text\n  FROM (SELECT {} AS k, CAST({} AS pg_catalog.int8) AS r, {} AS g\n          FROM (\n{statement}\n) q) s\n ORDER BY s.k{order}",
-                cast(shape.key.column()),
-                // in the column's own type first: a revision the column cannot hold fails
-                cast(shape.guard.field()),
-                guards,
-            ),
+            statement,
+            key_parts: shape.key.columns().iter().map(|k| cast(k)).collect(),
+            // in the column's own type first: a revision the column cannot hold fails
+            revision: match shape.guard.column() {
+                Some(r) => format!("CAST({} AS pg_catalog.int8)", cast(r)),
+                None => "0::pg_catalog.int8".into(),
+            },
+            guards,
+            collate: match shape.key.order(&shape.columns)? {
+                KeyOrder::Here(Kind::Text) => " COLLATE \"C\"",
+                _ => "",
+            },
             guard_columns,
         })
+    }
+
+    /// The items in key order, for a key the library orders: (key, revision, guards), the
+    /// key as text, in the order a jsonb approval's are frozen (text by its bytes).
+    pub fn ordered_sql(&self) -> String {
+        let collate = self.collate;
+        format!(
+            "SELECT s.k::pg_catalog.text, s.r, s.g::pg_catalog.text\n  FROM (SELECT {} AS k, {} AS r, {} AS g\n          FROM (\n{}\n) q) s\n ORDER BY s.k{collate}",
+            self.key_parts[0], self.revision, self.guards, self.statement,
+        )
+    }
+
+    /// The items as they come: (key, revision, guards), the key as the text of its one
+    /// column or a JSON array of its columns' texts, for PostgreSQL to order (ordered.rs).
+    pub fn rows_sql(&self) -> String {
+        let parts: Vec<String> = self
+            .key_parts
+            .iter()
+            .map(|p| format!("({p})::pg_catalog.text"))
+            .collect();
+        let key = match parts.as_slice() {
+            [one] => one.clone(),
+            more => format!(
+                "pg_catalog.jsonb_build_array({})::pg_catalog.text",
+                more.join(", ")
+            ),
+        };
+        format!(
+            "SELECT {key}, {}, ({})::pg_catalog.text\n  FROM (\n{}\n) q",
+            self.revision, self.guards, self.statement,
+        )
     }
 }
 

@@ -1,6 +1,14 @@
-//! How an approved item names its row of the target: the job's key. Chosen once from
-//! the approval (`JobKey::of`); the approval's items, an items query, the chunk's
-//! statements and the frozen list's order each ask it, and never what it is made of.
+//! How an approved item names its row of the target: the job's key. Chosen once, when the
+//! job is registered (the primary key, or the columns the approval names), and kept with
+//! the job; the approval's items, an items query, the chunk's statements and the frozen
+//! list's order each ask it, and never what it is made of.
+//!
+//! A key is one or more columns of any type with a btree order. Its value is kept in the
+//! frozen list as text: a one-column key as its column's type prints it, a key of several
+//! columns as a JSON array of those texts (`["eu", "2026-12-01"]`). The frozen list is in
+//! the key's own order: a key of one integer, uuid or text column is ordered here (text
+//! by its bytes, so the order never depends on a locale); any other key by PostgreSQL,
+//! in the types' own order, as the key's btree index orders it (src/job/staged.rs).
 
 use super::columns::{is_integer, json_kind, parse_uuid, Columns, Kind};
 use crate::error::{BatchError, Result};
@@ -8,76 +16,171 @@ use pgrx::spi::quote_identifier;
 use serde_json::Value;
 use std::fmt::Write as _;
 
-/// The key: one column of the target, of an integer, text or uuid type.
+/// The key: the columns an item names its row by, in the order they are compared.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobKey {
-    column: String,
+    columns: Vec<String>,
+}
+
+/// Who puts the frozen list in the key's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrder {
+    /// This library, as it reads the items: a key of one integer, uuid or text column.
+    Here(Kind),
+    /// PostgreSQL, in the key's types' own order (src/job/staged.rs).
+    Sql,
 }
 
 impl JobKey {
-    pub fn of(key_column: &str) -> JobKey {
-        JobKey {
-            column: key_column.to_string(),
+    pub fn of(columns: Vec<String>) -> JobKey {
+        JobKey { columns }
+    }
+
+    pub fn one(column: &str) -> JobKey {
+        JobKey::of(vec![column.to_string()])
+    }
+
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
+    /// The key as messages name it: `id`, or `(region, id)`.
+    pub fn describe(&self) -> String {
+        match self.columns.as_slice() {
+            [one] => one.clone(),
+            more => format!("({})", more.join(", ")),
         }
     }
 
-    /// The key's column, as the approval names it.
-    pub fn column(&self) -> &str {
-        &self.column
-    }
-
-    /// What the key's values are, checked against the target: a type the frozen list can
-    /// order as the target's key orders it.
-    pub fn kind(&self, columns: &Columns) -> Result<Kind> {
-        let key = columns.column(&self.column)?;
-        if !matches!(key.kind, Kind::Int { .. } | Kind::Text | Kind::Uuid) {
-            return Err(BatchError::Unsupported {
-                message: format!("key column \"{}\" has type {}", key.name, key.type_name),
-                detail: "Key columns may be smallint, integer, bigint, text, varchar or uuid."
-                    .into(),
-            });
+    /// Who orders the frozen list, once the key's columns are known to be there.
+    pub fn order(&self, columns: &Columns) -> Result<KeyOrder> {
+        for name in &self.columns {
+            columns.column(name)?;
         }
-        Ok(key.kind)
-    }
-
-    /// Whether a chunk's rows of the target lie between its first and last key, in the
-    /// key's index: then the chunk's statement bounds its scan by them. True for integer
-    /// keys, which the frozen list orders by value as the index does.
-    pub fn bounds_chunks(&self, columns: &Columns) -> bool {
-        matches!(self.kind(columns), Ok(Kind::Int { .. }))
-    }
-
-    /// The COLLATE clause an items query orders its keys with, so that they come in the
-    /// order a jsonb approval's are frozen in: text by its bytes.
-    pub fn order(&self, columns: &Columns) -> Result<&'static str> {
-        Ok(match self.kind(columns)? {
-            Kind::Text => " COLLATE \"C\"",
-            _ => "",
+        Ok(match self.columns.as_slice() {
+            [one] => match columns.column(one)?.kind {
+                kind @ (Kind::Int { .. } | Kind::Text | Kind::Uuid) => KeyOrder::Here(kind),
+                _ => KeyOrder::Sql,
+            },
+            _ => KeyOrder::Sql,
         })
     }
 
-    /// SQL: the target's row `t` is the one the item's key text `item_key` names; `sql_type`
-    /// is the key column's type, quoted.
-    pub fn matches(&self, item_key: &str, sql_type: &str) -> String {
+    /// Whether a chunk's rows of the target lie between its first and last key, as the
+    /// key's index orders them: then the chunk's statement bounds its scan by them. True
+    /// unless a column of the key is text under a collation of the operating system's,
+    /// whose order the library under it may change (the frozen list keeps text in byte
+    /// order, which is the "C" collation's).
+    pub fn bounds_chunks(&self, columns: &Columns) -> bool {
+        self.columns.iter().all(|name| {
+            columns
+                .get(name)
+                .is_some_and(|c| !c.collatable || c.byte_ordered)
+        })
+    }
+
+    /// SQL: the text of the key of row `t` (`t.`-qualified columns), as the frozen list
+    /// keeps it.
+    pub fn text_of(&self, row: &str) -> String {
+        let part = |c: &String| format!("{row}.{}::pg_catalog.text", quote_identifier(c));
+        match self.columns.as_slice() {
+            [one] => part(one),
+            more => format!(
+                "pg_catalog.jsonb_build_array({})::pg_catalog.text",
+                more.iter().map(part).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+
+    /// SQL: part `i` of the key text `item_key` as the column's type `sql_type`.
+    pub fn typed_part(&self, item_key: &str, i: usize, sql_type: &str) -> String {
+        match self.columns.len() {
+            1 => format!("({item_key})::{sql_type}"),
+            _ => {
+                format!("(({item_key})::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {i})::{sql_type}")
+            }
+        }
+    }
+
+    /// SQL: the target's row `t` is the one the key text `item_key` names.
+    pub fn matches(&self, item_key: &str, columns: &Columns) -> String {
+        self.columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                format!(
+                    "t.{} OPERATOR(pg_catalog.=) {}",
+                    quote_identifier(c),
+                    self.typed_part(item_key, i, &columns[c].sql_type)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// SQL: the chunk's rows lie between parameters `$first` and `$first + 1`, the key
+    /// texts of its first and last item (see bounds_chunks); a key of several columns is
+    /// compared as a row, which its btree index reads as one range.
+    pub fn between(&self, first: usize, columns: &Columns) -> String {
+        let row = |param: usize| -> String {
+            let parts: Vec<String> = self
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    self.typed_part(
+                        &format!("${param}::pg_catalog.text"),
+                        i,
+                        &columns[c].sql_type,
+                    )
+                })
+                .collect();
+            match parts.as_slice() {
+                [one] => one.clone(),
+                more => format!("ROW({})", more.join(", ")),
+            }
+        };
+        let key = match self.columns.as_slice() {
+            [one] => format!("t.{}", quote_identifier(one)),
+            more => format!(
+                "ROW({})",
+                more.iter()
+                    .map(|c| format!("t.{}", quote_identifier(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
         format!(
-            "t.{} OPERATOR(pg_catalog.=) ({item_key})::{sql_type}",
-            quote_identifier(&self.column)
+            "{key} OPERATOR(pg_catalog.>=) {} AND {key} OPERATOR(pg_catalog.<=) {}",
+            row(first),
+            row(first + 1)
         )
     }
 
-    /// SQL: the chunk's rows lie between parameters `$first` and `$first + 1`, its first
-    /// and last key (see bounds_chunks).
-    pub fn between(&self, first: usize) -> String {
-        let key = quote_identifier(&self.column);
-        format!(
-            "t.{key} OPERATOR(pg_catalog.>=) ${first} AND t.{key} OPERATOR(pg_catalog.<=) ${}",
-            first + 1
-        )
+    /// SQL: the key's columns, for an ORDER BY that sorts rows `t` in the key's order.
+    pub fn order_by(&self, row: &str) -> String {
+        self.columns
+            .iter()
+            .map(|c| format!("{row}.{}", quote_identifier(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
-    /// Item `position`'s key, given as `value`, in the key's own type.
-    pub fn value(&self, columns: &Columns, value: &Value, position: usize) -> Result<Key> {
-        let column = columns.column(&self.column)?;
+    /// Item `position`'s key, given by the fields of its object, for a key the library
+    /// orders (KeyOrder::Here). None: the item has no such field.
+    pub fn value(
+        &self,
+        columns: &Columns,
+        object: &serde_json::Map<String, Value>,
+        position: usize,
+    ) -> Result<Key> {
+        let [name] = self.columns.as_slice() else {
+            return Err(BatchError::Internal(
+                "a key of several columns read as one".into(),
+            ));
+        };
+        let value = object.get(name).ok_or_else(|| no_key(name, position))?;
+        let column = columns.column(name)?;
         let wrong = || {
             BatchError::invalid_because(
                 format!("item {position} has a key of the wrong type"),
@@ -110,25 +213,96 @@ impl JobKey {
             _ => Err(wrong()),
         }
     }
+
+    /// Item `position`'s key as the texts of its columns, for a key PostgreSQL orders
+    /// (KeyOrder::Sql), each checked as far as JSON allows: a string or a number, never
+    /// null. PostgreSQL reads them as the columns' types when it orders them.
+    pub fn parts(
+        &self,
+        columns: &Columns,
+        object: &serde_json::Map<String, Value>,
+        position: usize,
+    ) -> Result<Vec<String>> {
+        self.columns
+            .iter()
+            .map(|name| {
+                let value = object.get(name).ok_or_else(|| no_key(name, position))?;
+                columns.check_value(name, value, &format!("item {position}"))?;
+                super::columns::scalar_text(value).ok_or_else(|| {
+                    BatchError::invalid_because(
+                        format!("item {position} has a null key"),
+                        format!("Key column \"{name}\" names the row: it cannot be null."),
+                    )
+                })
+            })
+            .collect()
+    }
 }
 
-/// A key in the key column's own type; the derived order is that type's order.
+fn no_key(name: &str, position: usize) -> BatchError {
+    BatchError::invalid_because(
+        format!("item {position} has no key"),
+        format!("It has no field \"{name}\"."),
+    )
+}
+
+/// A key's value; the derived order is the key's order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Key {
+    /// One integer column, ordered by value.
     Int(i64),
+    /// One uuid column, ordered by its bytes, as PostgreSQL orders uuids.
     Uuid([u8; 16]),
+    /// One text column, in byte order.
     Text(String),
+    /// A key PostgreSQL ordered: its rank in that order (equal keys have equal ranks,
+    /// whatever their text: 1.0 and 1.00 are one numeric), and its text.
+    Ranked { rank: i64, text: Unordered },
+    /// A key PostgreSQL is to order, as an item gave it: the texts of its columns.
+    Given(Vec<String>),
+}
+
+/// A key's text where only its rank orders it.
+#[derive(Debug, Clone)]
+pub struct Unordered(pub String);
+
+impl PartialEq for Unordered {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Unordered {}
+impl PartialOrd for Unordered {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Unordered {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+impl std::hash::Hash for Unordered {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl Key {
-    /// A key as stored (its text form), read back in the key column's type.
-    pub fn from_text(kind: Kind, text: &str) -> Key {
-        match kind {
-            Kind::Int { .. } => text
+    /// A key PostgreSQL ordered, at `rank`.
+    pub fn ranked(rank: i64, text: String) -> Key {
+        Key::Ranked {
+            rank,
+            text: Unordered(text),
+        }
+    }
+
+    /// A key as stored (its text form), read back in the key's kind.
+    pub fn from_text(order: KeyOrder, text: &str) -> Key {
+        match order {
+            KeyOrder::Here(Kind::Int { .. }) => text
                 .parse()
                 .map(Key::Int)
                 .unwrap_or_else(|_| Key::Text(text.into())),
-            Kind::Uuid => parse_uuid(text)
+            KeyOrder::Here(Kind::Uuid) => parse_uuid(text)
                 .map(Key::Uuid)
                 .unwrap_or_else(|| Key::Text(text.into())),
             _ => Key::Text(text.into()),
@@ -139,7 +313,14 @@ impl Key {
     pub fn text(&self) -> String {
         match self {
             Key::Int(i) => i.to_string(),
-            Key::Text(s) => s.clone(),
+            Key::Text(s)
+            | Key::Ranked {
+                text: Unordered(s), ..
+            } => s.clone(),
+            Key::Given(parts) => match parts.as_slice() {
+                [one] => one.clone(),
+                more => serde_json::to_string(more).unwrap_or_default(),
+            },
             Key::Uuid(b) => {
                 let mut s = String::with_capacity(36);
                 for (i, byte) in b.iter().enumerate() {

@@ -12,6 +12,8 @@
 //! - `register`   register_job and register_job_from_query.
 //! - `items_query` the SELECT register_job_from_query reads the items from.
 //! - `freeze`     the frozen list written and read back a batch at a time, fingerprinted.
+//! - `ordered`    approvals PostgreSQL puts in order (keys of several columns or of any
+//!                type, digests of rows).
 //! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.
@@ -21,6 +23,7 @@
 //! - `claim`      a parallel job's chunks, each claimed by one of many drainers.
 //! - `seal`       the seals written with every record of progress.
 //! - `audit`      a chunk's audit rows, written into the job's partition.
+//! - `remainder`  register_remainder: what a job did not change, approved again.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
 //! - `pace`       pace_job: rows per second, replica lag, and the waits before a chunk.
@@ -43,9 +46,11 @@ pub mod guard;
 pub mod items_query;
 pub mod key;
 pub mod order;
+pub mod ordered;
 pub mod pace;
 pub mod progress;
 pub mod register;
+pub mod remainder;
 pub mod report;
 pub mod seal;
 pub mod shape;

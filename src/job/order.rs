@@ -9,6 +9,7 @@ use super::definition::Definition;
 use super::progress::{chunk_count, Progress};
 use crate::error::Result;
 use crate::status::JobStatus;
+use pgrx::datum::TimestampWithTimeZone;
 use std::ops::Range;
 
 /// How a job's chunks are taken.
@@ -47,17 +48,25 @@ impl Order {
     }
 
     /// Records the chunk committed (the checkpoint moved past it, or its chunk row
-    /// marked), once its audit rows are written. Returns whether the job is done with it.
+    /// marked), once its audit rows are written, with `since`, when its drainer's work
+    /// towards it began (job.seconds_at_work). Returns whether the job is done with it.
     /// Run as the owner.
-    pub fn close(&self, def: &Definition, chunk: &OpenChunk) -> Result<bool> {
+    pub fn close(
+        &self,
+        def: &Definition,
+        chunk: &OpenChunk,
+        since: TimestampWithTimeZone,
+    ) -> Result<bool> {
         match chunk.mark {
             Mark::Checkpoint(at) => {
-                let status = checkpoint::advance(&def.job_id, &def.tables, at, &chunk.range)?;
+                let status =
+                    checkpoint::advance(&def.job_id, &def.tables, at, &chunk.range, since)?;
                 Ok(status == JobStatus::Done)
             }
             // a parallel job is done once its row says so (`finish`), not with a chunk
             Mark::Claim(at) => {
-                claim::mark_committed(&def.job_id, &def.tables, chunk.number, at).map(|()| false)
+                claim::mark_committed(&def.job_id, &def.tables, chunk.number, at, since)
+                    .map(|()| false)
             }
         }
     }

@@ -2,17 +2,18 @@
 //! normalize it, and freeze it as rows of the job's own partition; or recognise the same
 //! request, or name how a different one differs. Both end as the same kind of job.
 
-use super::approval::{canonical_object, first_difference, Action, Item, Terms};
+use super::approval::{canonical_object, first_difference, Action, Item, OnDrift, Terms};
 use super::claim;
 use super::columns::{scalar_text, Kind};
-use super::shape::Shape;
 use super::definition::Definition;
 use super::freeze::{Frozen, ItemCursor, Writer};
 use super::guard::Guard;
 use super::items_query::ItemsQuery;
-use super::key::JobKey;
+use super::key::{JobKey, KeyOrder};
+use super::ordered::{Given, SqlOrder};
 use super::progress::chunk_count;
 use super::seal;
+use super::shape::Shape;
 use super::sql;
 use super::tables::JobTables;
 use super::target::Target;
@@ -36,18 +37,24 @@ pub enum Items {
 
 pub struct Request {
     pub job_id: String,
-    pub tenant: String,
+    /// None: the job's scope is the whole table.
+    pub tenant: Option<String>,
     pub target: pg_sys::Oid,
     pub items: Items,
     pub chunk_size: i32,
     pub set_values: Option<Value>,
     pub expect: Value,
-    pub key: JobKey,
-    pub tenant_column: String,
-    pub guard: Guard,
+    /// The key, by one column or several; neither: the target's primary key.
+    pub key_column: Option<String>,
+    pub key_columns: Option<Vec<String>>,
+    pub tenant_column: Option<String>,
+    pub revision_column: Option<String>,
+    /// revision, row or columns; None: the revision column if there is one, else row.
+    pub guard: Option<String>,
     pub handler: Option<pg_sys::Oid>,
     /// Whether chunks may commit in any order, each claimed by one of many drainers.
     pub parallel: bool,
+    pub on_drift: OnDrift,
 }
 
 pub struct Registered {
@@ -55,6 +62,10 @@ pub struct Registered {
     pub items: i32,
     pub chunks: i32,
 }
+
+/// The longest job id, in bytes: a job id is a key of etc_batch's own indexes and names
+/// its partitions' constraints, all far below PostgreSQL's limits at this length.
+pub const MAX_JOB_ID: usize = 200;
 
 /// The approved items, checked, before they are frozen.
 enum Source {
@@ -65,24 +76,91 @@ enum Source {
 }
 
 impl Source {
-    /// The items in key order, one at a time.
-    fn items(&self, key_kind: Kind) -> Result<Box<dyn Iterator<Item = Result<Item>> + '_>> {
-        Ok(match self {
-            Source::List(items) => Box::new(items.iter().cloned().map(Ok)),
-            Source::Query(q) => Box::new(ItemCursor::query(&q.sql, key_kind)?),
-        })
+    /// The items in key order, one at a time: ordered here, or by PostgreSQL
+    /// (ordered.rs), which also takes a digest of each row for a job guarded by one.
+    fn items(
+        &self,
+        target: &Target,
+        tenant: Option<&str>,
+    ) -> Result<Box<dyn Iterator<Item = Result<Item>> + '_>> {
+        match (self.by_sql(target)?, self) {
+            (None, Source::List(items)) => Ok(Box::new(items.iter().cloned().map(Ok))),
+            (None, Source::Query(q)) => {
+                let order = target.shape.key.order(&target.shape.columns)?;
+                Ok(Box::new(ItemCursor::query(&q.ordered_sql(), order)?))
+            }
+            (Some(order), _) => Ok(Box::new(order.frozen(&self.given(), tenant)?)),
+        }
+    }
+
+    /// The statements that order the items in PostgreSQL, where it orders them.
+    fn by_sql<'t>(&self, target: &'t Target) -> Result<Option<SqlOrder<'t>>> {
+        let s = &target.shape;
+        let here = matches!(s.key.order(&s.columns)?, KeyOrder::Here(_));
+        Ok((!here || s.guard.reads_the_row_as_text()).then_some(SqlOrder { target }))
+    }
+
+    fn given(&self) -> Given<'_> {
+        match self {
+            Source::List(items) => Given::Items(items),
+            Source::Query(q) => Given::Query(q),
+        }
+    }
+
+    /// The frozen list of job `stored` and these items, side by side in one order.
+    fn compared<'a>(
+        &'a self,
+        target: &Target,
+        stored: &JobTables,
+        owner: pg_sys::Oid,
+    ) -> Result<(
+        Box<dyn Iterator<Item = Result<Item>> + 'a>,
+        Box<dyn Iterator<Item = Result<Item>> + 'a>,
+    )> {
+        if let Some(order) = self.by_sql(target)? {
+            // the stored list is read as the owner, the items (a query's) as the registrant
+            let (old, new) = as_role(owner, || order.compared(&self.given(), stored))?;
+            return Ok((Box::new(old), Box::new(new)));
+        }
+        let key_order = target.shape.key.order(&target.shape.columns)?;
+        let old = as_role(owner, || ItemCursor::stored(stored, key_order))?;
+        Ok((Box::new(old), self.items(target, None)?))
     }
 }
 
 pub fn register(mut req: Request) -> Result<Registered> {
     non_empty(&req.job_id, "job id")?;
+    if req.job_id.len() > MAX_JOB_ID {
+        return Err(BatchError::invalid_because(
+            format!("job id is too long ({} bytes)", req.job_id.len()),
+            format!("A job id is at most {MAX_JOB_ID} bytes."),
+        ));
+    }
     if req.chunk_size < 1 {
         return Err(BatchError::invalid_because(
             format!("chunk size {} is out of range", req.chunk_size),
             "A chunk holds at least one item.",
         ));
     }
-    let target = Target::load(req.target, &req.key, &req.tenant_column, &req.guard)?;
+    let tenant = match (req.tenant.take(), req.tenant_column.take()) {
+        (Some(tenant), Some(column)) => Some((tenant, column)),
+        (Some(_), None) => {
+            return Err(BatchError::invalid_because(
+                "a tenant needs a tenant column",
+                "Name the column the tenant is kept in with tenant_column, or give tenant => NULL for a job on the whole table.",
+            ))
+        }
+        (None, _) => None,
+    };
+    let tenant_column = tenant.as_ref().map(|(_, c)| c.as_str());
+    let key = choose_key(
+        req.target,
+        req.key_column.take(),
+        req.key_columns.take(),
+        tenant_column,
+    )?;
+    let guard = Guard::of(req.revision_column.as_deref(), req.guard.as_deref())?;
+    let target = Target::load(req.target, &key, tenant_column, &guard)?;
     let shape = &target.shape;
     let source = match std::mem::replace(&mut req.items, Items::Json(String::new())) {
         // read an item at a time, and the text let go as soon as the normal form exists
@@ -91,7 +169,15 @@ pub fn register(mut req: Request) -> Result<Registered> {
     };
     let action = match (&req.set_values, req.handler) {
         (Some(values), None) => Action::Set(check_set_values(shape, values)?),
-        (None, Some(handler)) => Action::Handler(check_handler(handler)?),
+        (None, Some(handler)) => {
+            if guard.column().is_none() {
+                return Err(BatchError::Unsupported {
+                    message: "a handler job needs a revision column".into(),
+                    detail: "A handler is handed each item's revision and returns the row's new one; a job guarded by a digest of the row or by named columns changes rows with set_values.".into(),
+                });
+            }
+            Action::Handler(check_handler(handler)?)
+        }
         _ => {
             return Err(BatchError::invalid_because(
                 "a job needs either set_values or a handler",
@@ -105,25 +191,24 @@ pub fn register(mut req: Request) -> Result<Registered> {
         // an items query's values were cast to the columns' types as they were read
         Source::Query(_) => &[],
     };
-    check_casts(&target, &req.tenant, listed, &action, &expect)?;
+    check_casts(&target, tenant.as_ref(), listed, &action, &expect)?;
     let handler = match &action {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
         Action::Set(_) => None,
     };
-    check_privileges(req.target, &target.display, handler)?;
+    check_privileges(req.target, &target, handler, &action)?;
 
     let terms = Terms {
-        tenant: req.tenant.clone(),
+        tenant,
         target: target.sql_name.clone(),
-        key: req.key.clone(),
-        tenant_column: req.tenant_column.clone(),
-        guard: req.guard.clone(),
+        key,
+        guard,
         chunk_size: req.chunk_size,
         action,
         expect,
         parallel: req.parallel,
+        on_drift: req.on_drift,
     };
-    let key_kind = shape.key.kind(&shape.columns)?;
     let registrant = current_user();
     let owner = installed::owner()?;
 
@@ -131,7 +216,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
         query::run(sql::LOCK_JOB_ID, &[req.job_id.as_str().into()])
     })?;
     let registered = match as_role(owner, || Definition::load(&req.job_id))? {
-        Some(stored) => same_request(&req.job_id, &stored, &terms, &source, key_kind, owner)?,
+        Some(stored) => same_request(&req.job_id, &stored, &terms, &source, &target, owner)?,
         None => {
             let number = as_role(owner, || query::one::<i64>(sql::NEXT_JOB_NUMBER, &[]))?
                 .unwrap_or_default();
@@ -140,7 +225,8 @@ pub fn register(mut req: Request) -> Result<Registered> {
                 tables.create(&req.job_id, registrant, req.parallel)
             })?;
             let mut writer = Writer::new(&req.job_id, &tables, &terms, owner);
-            for item in source.items(key_kind)? {
+            let tenant = terms.tenant.as_ref().map(|(v, _)| v.as_str());
+            for item in source.items(&target, tenant)? {
                 writer.push(&item?)?;
             }
             drop(source);
@@ -169,15 +255,55 @@ pub fn register(mut req: Request) -> Result<Registered> {
     Ok(registered)
 }
 
+/// The job's key: the columns given (key_columns, or key_column), or the target's
+/// primary key less the tenant column; a table without one keys by its column "id",
+/// as jobs of 0.3.0 did by default.
+fn choose_key(
+    target: pg_sys::Oid,
+    key_column: Option<String>,
+    key_columns: Option<Vec<String>>,
+    tenant_column: Option<&str>,
+) -> Result<JobKey> {
+    let columns = match (key_column, key_columns) {
+        (Some(_), Some(_)) => {
+            return Err(BatchError::invalid_because(
+                "give key_column or key_columns, not both",
+                "key_column names a key of one column; key_columns one of any number.",
+            ))
+        }
+        (Some(one), None) => vec![one],
+        (None, Some(many)) if many.is_empty() => {
+            return Err(BatchError::invalid_because(
+                "key_columns must name at least one column",
+                "Give the columns of the primary key or of a unique index, or leave it out for the primary key.",
+            ))
+        }
+        (None, Some(many)) => many,
+        (None, None) => {
+            let primary: Vec<String> = super::target::primary_key(target)?
+                .into_iter()
+                .filter(|c| Some(c.as_str()) != tenant_column)
+                .collect();
+            if primary.is_empty() {
+                vec!["id".to_string()]
+            } else {
+                primary
+            }
+        }
+    };
+    Ok(JobKey::of(columns))
+}
+
 /// The same job id again: the same request when every term and every item is the same,
 /// compared one item at a time against the frozen list; otherwise refused, naming the
-/// first difference.
+/// first difference. A job guarded by a digest of the row took its digests when it was
+/// registered: they are not part of the request, and not compared.
 fn same_request(
     job_id: &str,
     stored: &Definition,
     terms: &Terms,
     source: &Source,
-    key_kind: Kind,
+    target: &Target,
     owner: pg_sys::Oid,
 ) -> Result<Registered> {
     let mismatch = |detail: String| BatchError::JobMismatch {
@@ -188,8 +314,9 @@ fn same_request(
         return Err(mismatch(detail));
     }
     stored.require_tables()?;
-    let old = as_role(owner, || ItemCursor::stored(&stored.tables, key_kind))?;
-    if let Some(detail) = first_difference(old, source.items(key_kind)?)? {
+    let (old, new) = source.compared(target, &stored.tables, owner)?;
+    let revisions = terms.guard.column().is_some();
+    if let Some(detail) = first_difference(old, new, revisions)? {
         return Err(mismatch(detail));
     }
     notice!("job \"{job_id}\" is already registered with the same approval; nothing changed");
@@ -214,6 +341,11 @@ fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Va
                 "The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch.",
             ));
         }
+    }
+    if let Some(generated) = values.keys().find(|c| shape.columns[c.as_str()].generated) {
+        return Err(BatchError::GeneratedColumn {
+            column: generated.clone(),
+        });
     }
     Ok(values)
 }
@@ -240,16 +372,16 @@ fn check_handler(handler: pg_sys::Oid) -> Result<String> {
 /// itself, in a subtransaction, before anything is stored.
 fn check_casts(
     target: &Target,
-    tenant: &str,
+    tenant: Option<&(String, String)>,
     items: &[Item],
     action: &Action,
     expect: &BTreeMap<String, Value>,
 ) -> Result<()> {
     let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    values
-        .entry(&target.shape.tenant_column)
-        .or_default()
-        .push(tenant.to_string());
+    if let Some((tenant, column)) = tenant {
+        let column = target.shape.column(column)?;
+        values.entry(&column.name).or_default().push(tenant.clone());
+    }
     let mut add = |column: &str, value: &Value| {
         let kind = target.shape.columns.get(column).map(|c| c.kind);
         // numbers too: a float column's range and a numeric column's precision and
@@ -287,7 +419,7 @@ fn check_casts(
             .map_err(|f| f.message)
             .and_then(|r| r.map_err(|e| e.message()))
         {
-            let role = if column == target.shape.tenant_column {
+            let role = if Some(column) == tenant.map(|(_, c)| c.as_str()) {
                 "the tenant"
             } else {
                 "a value"
@@ -305,17 +437,41 @@ fn check_casts(
 }
 
 /// A job changes rows with the privileges of the role that registers it, so that role
-/// needs them now: SELECT on the target, and UPDATE for a guarded UPDATE or EXECUTE on
-/// the handler, whose own privileges then decide what it may change.
+/// needs them now: SELECT on the target, and UPDATE of every column a guarded UPDATE
+/// assigns (the revision column included), or EXECUTE on the handler, whose own
+/// privileges then decide what it may change.
 fn check_privileges(
-    target: pg_sys::Oid,
-    display: &str,
+    oid: pg_sys::Oid,
+    target: &Target,
     handler: Option<(pg_sys::Oid, &str)>,
+    action: &Action,
 ) -> Result<()> {
-    let (select, update, execute) = query::row(
+    let mut assigned: Vec<String> = match action {
+        Action::Set(values) => values.keys().cloned().collect(),
+        Action::Handler(_) => Vec::new(),
+    };
+    assigned.extend(
+        target
+            .shape
+            .guard
+            .column()
+            .map(str::to_string)
+            .filter(|_| handler.is_none()),
+    );
+    let (select, denied_columns, execute) = query::row(
         sql::PRIVILEGES,
-        &[target.into(), handler.map(|(oid, _)| oid).into()],
-        |r| Ok((r.get::<bool>(1)?, r.get::<bool>(2)?, r.get::<bool>(3)?)),
+        &[
+            oid.into(),
+            handler.map(|(oid, _)| oid).into(),
+            assigned.into(),
+        ],
+        |r| {
+            Ok((
+                r.get::<bool>(1)?,
+                r.get::<Vec<String>>(2)?,
+                r.get::<bool>(3)?,
+            ))
+        },
     )?
     .unwrap_or_default();
     let denied = |message: String, detail: &str| {
@@ -324,10 +480,17 @@ fn check_privileges(
             detail: detail.into(),
         })
     };
-    if select != Some(true) || (handler.is_none() && update != Some(true)) {
+    let display = &target.display;
+    if select != Some(true) {
         return denied(
             format!("permission denied for table {display}"),
             "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target (SELECT for a handler job).",
+        );
+    }
+    if let Some(column) = denied_columns.unwrap_or_default().first() {
+        return denied(
+            format!("permission denied to update column \"{column}\" of table {display}"),
+            "A job changes rows with the privileges of the role that registers it, which needs UPDATE on every column the job assigns (and on the revision column, which it increments).",
         );
     }
     if let (Some((_, name)), false) = (handler, execute == Some(true)) {
@@ -354,11 +517,11 @@ fn insert_job(
         sql::INSERT_JOB,
         &[
             req.job_id.as_str().into(),
-            terms.tenant.as_str().into(),
+            terms.tenant.as_ref().map(|(v, _)| v.as_str()).into(),
             req.target.into(),
-            terms.key.column().into(),
-            terms.tenant_column.as_str().into(),
-            terms.guard.field().into(),
+            terms.key.columns().to_vec().into(),
+            terms.tenant.as_ref().map(|(_, c)| c.as_str()).into(),
+            terms.guard.column().into(),
             terms.chunk_size.into(),
             set_values.into(),
             req.handler.into(),
@@ -375,6 +538,9 @@ fn insert_job(
             number.into(),
             terms.parallel.into(),
             seal::checkpoint(&req.job_id, 0, 0).into(),
+            terms.guard.kind().into(),
+            terms.on_drift.as_str().into(),
+            terms.target.as_str().into(),
         ],
     )
 }

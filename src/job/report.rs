@@ -3,8 +3,10 @@
 
 use super::approval::Fingerprint;
 use super::claim;
+use super::columns::Kind;
 use super::definition::Definition;
 use super::freeze::{ItemCursor, BATCH};
+use super::key::KeyOrder;
 use super::progress::Progress;
 use super::sql;
 use super::tables::JobTables;
@@ -12,6 +14,7 @@ use crate::error::{BatchError, OrRaise, Result};
 use crate::query::{self, Cursor};
 use crate::roles::as_owner;
 use crate::status::JobStatus;
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use std::collections::VecDeque;
 
@@ -29,13 +32,17 @@ pub struct ReportRow {
 pub fn report(job_id: &str) -> Result<Report> {
     let def = Definition::require(job_id)?;
     let target = def.target()?;
-    let cursor = Cursor::open(
-        &target.report_sql(),
-        &[job_id.into(), def.tenant.clone().into()],
-    )?;
+    let stable_output = def.guard.reads_the_row_as_text();
+    let cursor = output(stable_output, || {
+        Cursor::open(
+            &target.report_sql(def.set_values.as_ref()),
+            &[job_id.into(), def.tenant_value().into()],
+        )
+    })?;
     Ok(Report {
         cursor: Some(cursor),
         batch: VecDeque::new(),
+        stable_output,
     })
 }
 
@@ -43,6 +50,20 @@ pub fn report(job_id: &str) -> Result<Report> {
 pub struct Report {
     cursor: Option<Cursor>,
     batch: VecDeque<ReportRow>,
+    /// The report takes digests of rows, printed the same in every session.
+    stable_output: bool,
+}
+
+/// Runs `work` under settings::STABLE_OUTPUT when it takes digests of rows.
+fn output<R>(stable: bool, work: impl FnOnce() -> R) -> R {
+    crate::settings::with(
+        if stable {
+            crate::settings::STABLE_OUTPUT
+        } else {
+            &[]
+        },
+        work,
+    )
 }
 
 impl Iterator for Report {
@@ -51,8 +72,8 @@ impl Iterator for Report {
     fn next(&mut self) -> Option<ReportRow> {
         if self.batch.is_empty() {
             let cursor = self.cursor.as_ref()?;
-            let rows = cursor
-                .fetch(BATCH as i64, |r| {
+            let rows = output(self.stable_output, || {
+                cursor.fetch(BATCH as i64, |r| {
                     Ok(ReportRow {
                         position: r.get::<i32>(1)?.unwrap_or(0),
                         item_key: r.get::<String>(2)?.unwrap_or_default(),
@@ -61,7 +82,8 @@ impl Iterator for Report {
                         revision_now: r.get::<i64>(5)?,
                     })
                 })
-                .or_raise();
+            })
+            .or_raise();
             if rows.is_empty() {
                 self.cursor.take().map(Cursor::close);
                 return None;
@@ -81,6 +103,12 @@ pub struct Summary {
     pub drifted: i32,
     pub missing: i32,
     pub parallel: bool,
+    /// Items left unchanged because their rows had drifted (on_drift => skip).
+    pub skipped: i32,
+    /// When a drain of the job last failed for a reason other than a conflict, and how.
+    pub failed_at: Option<TimestampWithTimeZone>,
+    pub failure_sqlstate: Option<String>,
+    pub failure_message: Option<String>,
 }
 
 /// The job's status and its items counted by state, in one statement: the report's,
@@ -88,22 +116,28 @@ pub struct Summary {
 pub fn summary(job_id: &str) -> Result<Summary> {
     let def = Definition::require(job_id)?;
     let target = def.target()?;
-    query::row(
-        &target.summary_sql(),
-        &[job_id.into(), def.tenant.clone().into()],
-        |r| {
-            Ok(Summary {
-                status: r.get::<String>(1)?.unwrap_or_default(),
-                approved: r.get::<i32>(2)?.unwrap_or(0),
-                committed: r.get::<i32>(3)?.unwrap_or(0),
-                unprocessed: r.get::<i32>(4)?.unwrap_or(0),
-                matching: r.get::<i32>(5)?.unwrap_or(0),
-                drifted: r.get::<i32>(6)?.unwrap_or(0),
-                missing: r.get::<i32>(7)?.unwrap_or(0),
-                parallel: r.get::<bool>(8)?.unwrap_or(false),
-            })
-        },
-    )?
+    output(def.guard.reads_the_row_as_text(), || {
+        query::row(
+            &target.summary_sql(def.set_values.as_ref()),
+            &[job_id.into(), def.tenant_value().into()],
+            |r| {
+                Ok(Summary {
+                    status: r.get::<String>(1)?.unwrap_or_default(),
+                    approved: r.get::<i32>(2)?.unwrap_or(0),
+                    committed: r.get::<i32>(3)?.unwrap_or(0),
+                    unprocessed: r.get::<i32>(4)?.unwrap_or(0),
+                    matching: r.get::<i32>(5)?.unwrap_or(0),
+                    drifted: r.get::<i32>(6)?.unwrap_or(0),
+                    missing: r.get::<i32>(7)?.unwrap_or(0),
+                    parallel: r.get::<bool>(8)?.unwrap_or(false),
+                    skipped: r.get::<i32>(9)?.unwrap_or(0),
+                    failed_at: r.get::<TimestampWithTimeZone>(10)?,
+                    failure_sqlstate: r.get::<String>(11)?,
+                    failure_message: r.get::<String>(12)?,
+                })
+            },
+        )
+    })?
     .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })
 }
 
@@ -374,10 +408,9 @@ pub fn audit_problems(
 
 /// The fingerprint of the frozen list as it is stored now, taken a batch at a time.
 fn fingerprint(def: &Definition) -> Result<String> {
-    let target = def.target()?;
-    let kind = def.key.kind(&target.shape.columns)?;
     let mut f = Fingerprint::begin(&def.terms());
-    for item in ItemCursor::stored(&def.tables, kind)? {
+    // the keys as stored: only their text is hashed
+    for item in ItemCursor::stored(&def.tables, KeyOrder::Here(Kind::Text))? {
         let item = item?;
         f.item(&item.key.text(), item.revision, &item.guards.canonical());
     }

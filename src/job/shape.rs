@@ -1,6 +1,6 @@
 //! What an approval is checked against: the target's columns and the roles the job
-//! gives them, its key, its tenant column and its guard. Pure Rust, read from the
-//! catalog by `target`.
+//! gives them, its key, its tenant column if it has one, and its guard. Pure Rust, read
+//! from the catalog by `target`.
 
 use super::columns::{Column, Columns};
 use super::guard::Guard;
@@ -13,7 +13,8 @@ use serde_json::Value;
 pub struct Shape {
     pub columns: Columns,
     pub key: JobKey,
-    pub tenant_column: String,
+    /// The column that scopes the job to one tenant's rows; None: the whole table.
+    pub tenant_column: Option<String>,
     pub guard: Guard,
 }
 
@@ -28,38 +29,57 @@ impl Shape {
         self.columns.check_value(column, value, context)
     }
 
-    /// Checks the roles of the named columns: each its own column, the key of a type the
-    /// frozen list can order, the tenant there, and the guard what its kind needs.
+    /// Checks the roles of the named columns: each its own column, the key's columns
+    /// there, the tenant there, and the guard what its kind needs.
     pub fn check_roles(&self) -> Result<()> {
         // One column in two roles would let the job's revision increment change the key,
         // or make the tenant a key.
-        let roles = [
-            ("key", Some(self.key.column())),
-            ("tenant", Some(self.tenant_column.as_str())),
-            ("revision", self.guard.column()),
-        ];
+        let mut roles: Vec<(&str, &str)> = self
+            .key
+            .columns()
+            .iter()
+            .map(|c| ("key", c.as_str()))
+            .collect();
+        roles.extend(self.tenant_column.as_deref().map(|c| ("tenant", c)));
+        roles.extend(self.guard.column().map(|c| ("revision", c)));
         for (i, (role, column)) in roles.iter().enumerate() {
-            let Some(column) = column else { continue };
-            if let Some((other, _)) = roles[i + 1..].iter().find(|(_, c)| c == &Some(*column)) {
-                return Err(BatchError::invalid_because(
-                    format!("column \"{column}\" cannot be both the {role} and the {other} column"),
-                    "The key, tenant and revision columns must be three different columns.",
-                ));
+            if let Some((other, _)) = roles[i + 1..].iter().find(|(_, c)| c == column) {
+                let (what, detail) = if role == other {
+                    (
+                        format!("column \"{column}\" appears twice in the key"),
+                        "Name each column of the key once.",
+                    )
+                } else {
+                    (
+                        format!(
+                            "column \"{column}\" cannot be both the {role} and the {other} column"
+                        ),
+                        "The key, tenant and revision columns must be different columns.",
+                    )
+                };
+                return Err(BatchError::invalid_because(what, detail));
             }
         }
-        self.key.kind(&self.columns)?;
-        self.column(&self.tenant_column)?;
+        self.key.order(&self.columns)?;
+        if let Some(tenant) = &self.tenant_column {
+            self.column(tenant)?;
+        }
         self.guard.check(&self.columns)
     }
 
     /// The columns that name and guard an approved row, which a job never sets.
     pub fn roles(&self) -> impl Iterator<Item = &str> {
-        [
-            Some(self.key.column()),
-            Some(self.tenant_column.as_str()),
-            self.guard.column(),
-        ]
-        .into_iter()
-        .flatten()
+        self.key
+            .columns()
+            .iter()
+            .map(String::as_str)
+            .chain(self.tenant_column.as_deref())
+            .chain(self.guard.column())
+    }
+
+    /// Whether `field`, of an item or an items query, names the row (a key column) or
+    /// its guard value (the revision column), not a guard column.
+    pub fn names_the_row(&self, field: &str) -> bool {
+        self.key.columns().iter().any(|c| c == field) || self.guard.column() == Some(field)
     }
 }

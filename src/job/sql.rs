@@ -12,7 +12,7 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(
 
 /// A job as registered: what it changes and how. Never changes after registration.
 pub const JOB_DEFINITION: &str = "\
-SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
+SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
        j.tenant_column::pg_catalog.text, j.revision_column::pg_catalog.text, j.chunk_size,
        j.set_values::pg_catalog.text,
        (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
@@ -21,18 +21,15 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_column::pg_catalog.text,
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
          WHERE p.oid OPERATOR(pg_catalog.=) j.handler::pg_catalog.oid),
        j.expect::pg_catalog.text, j.guard_columns, j.item_count,
-       j.registered_by::pg_catalog.oid, j.fingerprint,
-       (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
-               OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname)
-          FROM pg_catalog.pg_class c
-          JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-         WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
+       j.registered_by::pg_catalog.oid, j.fingerprint, j.target_name,
        j.search_path, j.handler IS NOT NULL, j.job_number,
        pg_catalog.to_regclass('etc_batch.job_item_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND pg_catalog.to_regclass('etc_batch.job_audit_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND (NOT j.parallel
             OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
-       j.parallel
+       j.parallel, j.guard, j.on_drift,
+       EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
+       j.handler::pg_catalog.oid
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -109,18 +106,18 @@ SELECT etc_batch.create_job_tables($1, $2, $3::pg_catalog.oid::pg_catalog.regrol
 /// written. $1 job number, $2 job.
 pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2)";
 
-/// $1 job, $2 tenant, $3 target, $4 key column, $5 tenant column, $6 revision column,
+/// $1 job, $2 tenant, $3 target, $4 key columns, $5 tenant column, $6 revision column,
 /// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
 /// $12 item count, $13 fingerprint, $14 registering role, $15 job number, $16 parallel,
-/// $17 the seal of its first checkpoint.
+/// $17 the seal of its first checkpoint, $18 guard, $19 on_drift, $20 target's name.
 pub const INSERT_JOB: &str = "\
 INSERT INTO etc_batch.job
-  (job_id, tenant, target, key_column, tenant_column, revision_column, chunk_size,
+  (job_id, tenant, target, key_columns, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
-   search_path, seal, job_number, parallel)
+   search_path, seal, job_number, parallel, guard, on_drift, target_name)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
-        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16)";
+VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
+        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20)";
 
 /// A batch of approved items, from position $1 on: $2 keys, $3 revisions, $4 guards, in
 /// position order. $5 job.
@@ -216,13 +213,42 @@ pub const RECORD_RETRY: &str = "\
 INSERT INTO etc_batch.job_retry (job_id, chunk, attempt, sqlstate, message, retried_at, pid)
 VALUES ($1, $2, $3, $4, $5, pg_catalog.clock_timestamp(), pg_catalog.pg_backend_pid())";
 
+/// A drain's chunk failed for a reason other than a conflict; the job stays pending.
+/// $1 job, $2 SQLSTATE, $3 message, $4 chunk.
+pub const RECORD_FAILURE: &str = "\
+UPDATE etc_batch.job
+   SET failed_at = pg_catalog.clock_timestamp(), failure_sqlstate = $2, failure_message = $3,
+       failure_chunk = $4
+ WHERE job_id OPERATOR(pg_catalog.=) $1";
+
+/// Whether role $1 may act for role $2: is it, is a member of it, or is a superuser.
+pub const MAY_ACT_FOR: &str = "\
+SELECT pg_catalog.pg_has_role($1::pg_catalog.oid, $2::pg_catalog.oid, 'MEMBER')";
+
+/// The items of a job it did not change: without an audit row, or skipped; in position
+/// order: key, revision, guards.
+pub const REMAINING_ITEMS: &str = "\
+SELECT i.item_key, i.revision, i.guards::pg_catalog.text
+  FROM {items} i
+  LEFT JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
+ WHERE a.position IS NULL OR a.skipped
+ ORDER BY i.position";
+
+/// A job ends, continued as another. $1 job, $2 the other.
+pub const CONTINUE_JOB: &str = "\
+UPDATE etc_batch.job
+   SET status = 'continued', continued_as = $2, finished_at = pg_catalog.now(),
+       status_reason = pg_catalog.format('continued as job %s', $2)
+ WHERE job_id OPERATOR(pg_catalog.=) $1";
+
 /// A job's status. $1 job.
 pub const JOB_STATUS: &str = "\
 SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
-/// Why a job stopped. $1 job.
+/// Why a job stopped; for a job continued as another, that one's id. $1 job.
 pub const JOB_STATUS_REASON: &str = "\
-SELECT j.status_reason FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+SELECT CASE WHEN j.status OPERATOR(pg_catalog.=) 'continued' THEN j.continued_as ELSE j.status_reason END
+  FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
 /// A handler: its callable name, and whether it is a function (jsonb) RETURNS jsonb.
 /// $1 the function.
@@ -238,11 +264,13 @@ SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
  WHERE p.oid OPERATOR(pg_catalog.=) $1";
 
-/// What the registering role may do: SELECT and UPDATE the target, EXECUTE the handler
-/// (true when there is none). $1 the target, $2 the handler or NULL.
+/// What the registering role may do: SELECT the target; which of the columns a job
+/// assigns it may not UPDATE; EXECUTE the handler (true when there is none). $1 the
+/// target, $2 the handler or NULL, $3 the columns assigned.
 pub const PRIVILEGES: &str = "\
 SELECT pg_catalog.has_table_privilege($1, 'SELECT'),
-       pg_catalog.has_table_privilege($1, 'UPDATE'),
+       ARRAY(SELECT c FROM pg_catalog.unnest($3::pg_catalog.text[]) AS c
+              WHERE NOT pg_catalog.has_column_privilege($1, c, 'UPDATE')),
        $2::pg_catalog.oid IS NULL
        OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')";
 
@@ -256,34 +284,61 @@ SELECT c.relkind::pg_catalog.text,
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
  WHERE c.oid OPERATOR(pg_catalog.=) $1";
 
-/// The target's columns, their type names and their quoted, qualified types.
+/// The target's columns, one row each: its name; its type's name, a domain's base type's
+/// (domains over domains followed to the end); its declared type, quoted and qualified;
+/// that type's OID; whether it sorts by a collation, and whether that is the "C" or
+/// "POSIX" one (byte order); whether it is a generated column. $1 the table.
 pub const COLUMNS: &str = "\
-SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY a.attnum),
-       pg_catalog.array_agg(t.typname::pg_catalog.text ORDER BY a.attnum),
-       pg_catalog.array_agg(pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) ORDER BY a.attnum),
-       pg_catalog.array_agg(a.atttypid ORDER BY a.attnum)
+WITH RECURSIVE base(attnum, typ, basetype) AS (
+  SELECT a.attnum, t.oid, t.typbasetype
+    FROM pg_catalog.pg_attribute a
+    JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+   WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
+     AND NOT a.attisdropped
+  UNION ALL
+  SELECT b.attnum, t.oid, t.typbasetype
+    FROM base b JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) b.basetype
+   WHERE b.basetype OPERATOR(pg_catalog.<>) 0)
+SELECT a.attname::pg_catalog.text, bt.typname::pg_catalog.text,
+       pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname),
+       a.atttypid,
+       bt.typcollation OPERATOR(pg_catalog.<>) 0,
+       a.attcollation OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.\"C\"'::pg_catalog.regcollation,
+                                                   'pg_catalog.\"POSIX\"'::pg_catalog.regcollation]::pg_catalog.oid[]),
+       a.attgenerated OPERATOR(pg_catalog.<>) ''
   FROM pg_catalog.pg_attribute a
   JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
   JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace
+  JOIN base b ON b.attnum OPERATOR(pg_catalog.=) a.attnum AND b.basetype OPERATOR(pg_catalog.=) 0
+  JOIN pg_catalog.pg_type bt ON bt.oid OPERATOR(pg_catalog.=) b.typ
  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
-   AND NOT a.attisdropped";
+   AND NOT a.attisdropped
+ ORDER BY a.attnum";
 
-/// Whether some plain unique index has no column but the key and tenant columns, so that
-/// one (tenant, key) names at most one row. The names are compared one by one, never as
-/// a joined list: a column name may contain any character, a comma included.
-/// $1 the table, $2 the key column, $3 the tenant column.
+/// The columns of a table's primary key, in the key's order. $1 the table.
+pub const PRIMARY_KEY: &str = "\
+SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord)
+  FROM pg_catalog.pg_index i
+ CROSS JOIN LATERAL pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS k(attnum, ord)
+  JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+ WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisprimary";
+
+/// Whether some valid, plain unique index has no column but the ones named, so that
+/// the key (and tenant) name at most one row. The names are compared one by one, never
+/// as a joined list: a column name may contain any character, a comma included.
+/// $1 the table, $2 the key's columns and the tenant column.
 pub const UNIQUE_KEY: &str = "\
 SELECT EXISTS (
   SELECT FROM pg_catalog.pg_index i
-   WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique
+   WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique AND i.indisvalid
      AND i.indpred IS NULL AND i.indexprs IS NULL
      AND NOT EXISTS (
            SELECT FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) AS k(attnum)
              JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
                                            AND a.attnum OPERATOR(pg_catalog.=) k.attnum
-            WHERE a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $2
-              AND a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) $3))";
+            WHERE a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ($2::pg_catalog.text[])))";
 
 /// A job's status and counts, for job_summary. $1 job.
 pub const JOB_COUNTS: &str = "\

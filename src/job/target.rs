@@ -6,18 +6,17 @@
 //! supplies is ever spliced into SQL as text (but an items query, which is SQL by its
 //! nature, run as the role that gave it: see items_query).
 
-use super::columns::scalar_text;
-use super::columns::{Column, Kind};
-use super::shape::Shape;
+use super::columns::{scalar_text, Column, Columns, Kind};
 use super::guard::Guard;
 use super::key::JobKey;
-use super::sql::{COLUMNS, RELATION, UNIQUE_KEY};
+use super::shape::Shape;
+use super::sql::{COLUMNS, PRIMARY_KEY, RELATION, UNIQUE_KEY};
 use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::pg_sys;
 use pgrx::spi::{quote_identifier, quote_literal};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -26,62 +25,62 @@ pub struct Target {
     /// The table as regclass prints it, for messages and fingerprints.
     pub display: String,
     pub shape: Shape,
-    /// Column -> `"schema"."type"`, quoted for casts.
-    pub types: HashMap<String, String>,
-    /// Column -> its type.
-    pub type_oids: HashMap<String, pg_sys::Oid>,
+}
+
+/// The target's columns as the catalog describes them, before roles are given to them.
+pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
+    let (kind, sql_name, display) = query::row(RELATION, &[oid.into()], |r| {
+        Ok((
+            r.get::<String>(1)?,
+            r.get::<String>(2)?,
+            r.get::<String>(3)?,
+        ))
+    })?
+    .ok_or_else(|| BatchError::UnknownRelation { oid: oid.to_u32() })?;
+    let (sql_name, display) = (sql_name.unwrap_or_default(), display.unwrap_or_default());
+    if !matches!(kind.as_deref(), Some("r") | Some("p")) {
+        return Err(BatchError::invalid_because(
+            format!("target \"{display}\" is not a table"),
+            "A job changes rows of a table or a partitioned table.",
+        ));
+    }
+    let columns = query::rows(COLUMNS, &[oid.into()], 0, |r| {
+        let name = r.get::<String>(1)?.unwrap_or_default();
+        let type_name = r.get::<String>(2)?.unwrap_or_default();
+        Ok((
+            name.clone(),
+            Column {
+                kind: Kind::for_type(&type_name),
+                name,
+                type_name,
+                sql_type: r.get::<String>(3)?.unwrap_or_default(),
+                type_oid: r.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::Oid::INVALID),
+                collatable: r.get::<bool>(5)?.unwrap_or(false),
+                byte_ordered: r.get::<bool>(6)?.unwrap_or(false),
+                generated: r.get::<bool>(7)?.unwrap_or(false),
+            },
+        ))
+    })?;
+    Ok((sql_name, display, columns.into_iter().collect()))
+}
+
+/// The columns of the target's primary key, in its order; empty when it has none.
+pub fn primary_key(oid: pg_sys::Oid) -> Result<Vec<String>> {
+    Ok(query::one::<Vec<String>>(PRIMARY_KEY, &[oid.into()])?.unwrap_or_default())
 }
 
 impl Target {
     pub fn load(
         oid: pg_sys::Oid,
         key: &JobKey,
-        tenant_column: &str,
+        tenant_column: Option<&str>,
         guard: &Guard,
     ) -> Result<Target> {
-        let (kind, sql_name, display) = query::row(RELATION, &[oid.into()], |r| {
-            Ok((
-                r.get::<String>(1)?,
-                r.get::<String>(2)?,
-                r.get::<String>(3)?,
-            ))
-        })?
-        .ok_or_else(|| BatchError::UnknownRelation { oid: oid.to_u32() })?;
-        let (sql_name, display) = (sql_name.unwrap_or_default(), display.unwrap_or_default());
-        if !matches!(kind.as_deref(), Some("r") | Some("p")) {
-            return Err(BatchError::invalid_because(
-                format!("target \"{display}\" is not a table"),
-                "A job changes rows of a table or a partitioned table.",
-            ));
-        }
-        let (names, type_names, qualified, oids) = query::row(COLUMNS, &[oid.into()], |r| {
-            Ok((
-                r.get::<Vec<String>>(1)?.unwrap_or_default(),
-                r.get::<Vec<String>>(2)?.unwrap_or_default(),
-                r.get::<Vec<String>>(3)?.unwrap_or_default(),
-                r.get::<Vec<pg_sys::Oid>>(4)?.unwrap_or_default(),
-            ))
-        })?
-        .unwrap_or_default();
-        let mut columns = HashMap::new();
-        let mut types = HashMap::new();
-        let type_oids: HashMap<String, pg_sys::Oid> = names.iter().cloned().zip(oids).collect();
-        for ((name, type_name), sql_type) in names.into_iter().zip(type_names).zip(qualified) {
-            let kind = Kind::for_type(&type_name);
-            columns.insert(
-                name.clone(),
-                Column {
-                    name: name.clone(),
-                    type_name,
-                    kind,
-                },
-            );
-            types.insert(name, sql_type);
-        }
+        let (sql_name, display, columns) = columns_of(oid)?;
         let shape = Shape {
-            columns: columns.into_iter().collect(),
+            columns,
             key: key.clone(),
-            tenant_column: tenant_column.to_string(),
+            tenant_column: tenant_column.map(str::to_string),
             guard: guard.clone(),
         };
         shape.check_roles()?;
@@ -89,8 +88,6 @@ impl Target {
             sql_name,
             display,
             shape,
-            types,
-            type_oids,
         };
         target.check_unique_key(oid)?;
         Ok(target)
@@ -99,21 +96,19 @@ impl Target {
     /// One approved item must match one row: some unique index must cover only the key
     /// and tenant columns.
     fn check_unique_key(&self, oid: pg_sys::Oid) -> Result<()> {
-        let (key, tenant) = (self.shape.key.column(), &self.shape.tenant_column);
-        let covered = query::one::<bool>(
-            UNIQUE_KEY,
-            &[oid.into(), key.into(), tenant.as_str().into()],
-        )? == Some(true);
-        if covered {
+        let s = &self.shape;
+        let mut named: Vec<String> = s.key.columns().to_vec();
+        named.extend(s.tenant_column.clone());
+        if query::one::<bool>(UNIQUE_KEY, &[oid.into(), named.into()])? == Some(true) {
             return Ok(());
         }
-        Err(BatchError::invalid_because(
-            format!(
-                "target \"{}\" has no unique index on ({tenant}, {key})",
-                self.display
-            ),
-            "Each approved item must match exactly one row of its tenant.",
-        ))
+        Err(BatchError::KeyNotUnique {
+            table: self.display.clone(),
+            key: match &s.tenant_column {
+                Some(tenant) => format!("{} within tenant column \"{tenant}\"", s.key.describe()),
+                None => s.key.describe(),
+            },
+        })
     }
 
     fn col(&self, name: &str) -> String {
@@ -121,7 +116,7 @@ impl Target {
     }
 
     fn cast(&self, expr: &str, column: &str) -> String {
-        format!("({expr})::{}", self.types[column])
+        format!("({expr})::{}", self.shape.columns[column].sql_type)
     }
 
     /// The chunk's approved items, positions [$1, $2) of the job's item partition, as
@@ -137,20 +132,26 @@ impl Target {
         )
     }
 
+    /// SQL: the target's row `t` is of the job's tenant (`tenant`, an expression of
+    /// text), if it has one.
+    pub fn tenant_condition(&self, tenant: &str) -> Option<String> {
+        self.shape.tenant_column.as_ref().map(|column| {
+            format!(
+                "t.{} OPERATOR(pg_catalog.=) {}",
+                self.col(column),
+                self.cast(tenant, column)
+            )
+        })
+    }
+
     /// Whether the target's row `t` is the one item `it` approved, as it was approved:
-    /// tenant, key, revision, every guard the item has and every expectation.
+    /// tenant, key, guard, every guard column the item has and every expectation.
     /// $3 tenant, the expectations as `constants` numbers them.
     fn item_matches(&self, guard_columns: &[String], constants: &Constants) -> String {
         let s = &self.shape;
-        let mut conditions = vec![
-            format!(
-                "t.{} OPERATOR(pg_catalog.=) {}",
-                self.col(&s.tenant_column),
-                self.cast("$3", &s.tenant_column)
-            ),
-            s.key.matches("it.item_key", &self.types[s.key.column()]),
-            s.guard.matches(),
-        ];
+        let mut conditions: Vec<String> = self.tenant_condition("$3").into_iter().collect();
+        conditions.push(s.key.matches("it.item_key", &s.columns));
+        conditions.extend(s.guard.matches());
         for g in guard_columns {
             // One lookup where the guard holds: equal, or both NULL (a JSON null), or an
             // item without this guard.
@@ -171,6 +172,12 @@ impl Target {
         conditions.join("\n     AND ")
     }
 
+    /// `item_matches`, for a reader of items other than a chunk's (`it`: item_key,
+    /// revision, guards).
+    pub fn matches_item(&self, guard_columns: &[String], constants: &Constants) -> String {
+        self.item_matches(guard_columns, constants)
+    }
+
     /// Reads the values in $1 (text[]) as column $2 of the target reads them (the
     /// column's name is bound whether or not the statement needs it), to refuse
     /// at registration what every chunk would fail on. A number is read through a record
@@ -187,17 +194,15 @@ impl Target {
             ),
             _ => format!(
                 "SELECT pg_catalog.count(v::{}) FROM pg_catalog.unnest($1::pg_catalog.text[]) AS v",
-                self.types[column]
+                self.shape.columns[column].sql_type
             ),
         }
     }
 
-    /// The key's type, when a chunk's statement bounds its scan by the chunk's first and
-    /// last key (JobKey::bounds_chunks): it binds them as values of it.
-    pub fn bounding_key_type(&self) -> Option<pg_sys::Oid> {
-        let key = &self.shape.key;
-        key.bounds_chunks(&self.shape.columns)
-            .then(|| self.type_oids[key.column()])
+    /// Whether a chunk's statement bounds its scan by the chunk's first and last key
+    /// (JobKey::bounds_chunks), which it binds as text after the constants.
+    pub fn bounds_chunks(&self) -> bool {
+        self.shape.key.bounds_chunks(&self.shape.columns)
     }
 
     /// The guarded change of one chunk, one statement, run as the registering role: the
@@ -205,7 +210,7 @@ impl Target {
     /// changed (with what its guard adds, a revision incremented). Returns the position
     /// of each item changed and its guard value now, for the audit. $1, $2 the chunk's
     /// positions, $3 tenant, then the job's constants; with `key_bounds` (see
-    /// bounding_key_type), then the chunk's first and last key, so that the planner reads
+    /// bounds_chunks), then the chunk's first and last key, so that the planner reads
     /// the chunk's rows of the target by one range of its key instead of one probe per
     /// item.
     pub fn change_sql(
@@ -228,7 +233,7 @@ impl Target {
         let mut conditions = self.item_matches(guard_columns, constants);
         if key_bounds {
             conditions.push_str("\n     AND ");
-            conditions.push_str(&s.key.between(constants.after()));
+            conditions.push_str(&s.key.between(constants.after(), &s.columns));
         }
         format!(
             "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
@@ -241,39 +246,65 @@ impl Target {
         )
     }
 
-    /// The first item of a chunk that no longer matches its row, as the registering role:
-    /// what a chunk that changed fewer rows than it has items conflicts on. Its
-    /// parameters are change_sql's (the values to set unused).
-    pub fn first_mismatch_sql(
+    /// The items of a chunk that no longer match their rows, in position order, as the
+    /// registering role: what a chunk that changed fewer rows than it has items conflicts
+    /// on (the first), or skips (all of them), with the row each names now, as jsonb
+    /// text (NULL: the row is gone). Its parameters are change_sql's (the values to set
+    /// unused).
+    pub fn mismatches_sql(
         &self,
         items: &str,
         chunk_size: i32,
         guard_columns: &[String],
         constants: &Constants,
     ) -> String {
+        let s = &self.shape;
+        let mut names: Vec<String> = self.tenant_condition("$3").into_iter().collect();
+        names.push(s.key.matches("it.item_key", &s.columns));
         format!(
-            "SELECT it.position FROM {}\n WHERE NOT EXISTS (\n  \
-             SELECT FROM {} AS t\n   WHERE {})\n ORDER BY it.position LIMIT 1",
-            Self::chunk_items(items, chunk_size),
-            self.sql_name,
-            self.item_matches(guard_columns, constants),
+            "SELECT it.position, (SELECT pg_catalog.to_jsonb(t)::pg_catalog.text FROM {name} AS t\n   \
+             WHERE {names}) FROM {items_sql}\n WHERE NOT EXISTS (\n  \
+             SELECT FROM {name} AS t\n   WHERE {matches})\n ORDER BY it.position",
+            name = self.sql_name,
+            names = names.join(" AND "),
+            items_sql = Self::chunk_items(items, chunk_size),
+            matches = self.item_matches(guard_columns, constants),
         )
     }
 
     /// A handler job's chunk: the handler is called once per item, in position order,
-    /// with the item as jsonb (key, revision, tenant, guards); it returns the row's new
-    /// state, or NULL for a conflict. Returns (position, result as text, key) per item.
-    /// $1-$3 as change_sql.
+    /// with the item as jsonb (its key columns, its revision, the tenant, the guards);
+    /// it returns the row's new state, or NULL for a conflict. Returns (position, result
+    /// as text, key) per item. $1-$3 as change_sql.
     pub fn handler_sql(&self, items: &str, chunk_size: i32, handler: &str) -> String {
         let s = &self.shape;
+        let mut fields: Vec<String> = s
+            .key
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let part = match s.key.columns().len() {
+                    1 => "it.item_key".to_string(),
+                    _ => format!("(it.item_key::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {i})"),
+                };
+                format!("{}, {}", quote_literal(c), self.cast(&part, c))
+            })
+            .collect();
+        if let Some(column) = s.guard.column() {
+            fields.push(format!("{}, it.revision", quote_literal(column)));
+        }
+        if let Some(column) = &s.tenant_column {
+            fields.push(format!(
+                "{}, {}",
+                quote_literal(column),
+                self.cast("$3", column)
+            ));
+        }
         format!(
-            "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}, {}, {}, it.revision, {}, {}) \
+            "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}) \
              OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM {}\n ORDER BY it.position",
-            quote_literal(s.key.column()),
-            self.cast("it.item_key", s.key.column()),
-            quote_literal(s.guard.field()),
-            quote_literal(&s.tenant_column),
-            self.cast("$3", &s.tenant_column),
+            fields.join(", "),
             Self::chunk_items(items, chunk_size),
         )
     }
@@ -282,13 +313,12 @@ impl Target {
     /// $1 tenant, $2 key.
     pub fn current_row_sql(&self) -> String {
         let s = &self.shape;
+        let mut conditions: Vec<String> = self.tenant_condition("$1").into_iter().collect();
+        conditions.push(s.key.matches("$2::pg_catalog.text", &s.columns));
         format!(
-            "SELECT pg_catalog.to_jsonb(t)::pg_catalog.text FROM {} AS t WHERE t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}",
+            "SELECT pg_catalog.to_jsonb(t)::pg_catalog.text FROM {} AS t WHERE {}",
             self.sql_name,
-            self.col(&s.tenant_column),
-            self.cast("$1", &s.tenant_column),
-            self.col(s.key.column()),
-            self.cast("$2", s.key.column()),
+            conditions.join(" AND ")
         )
     }
 
@@ -296,14 +326,15 @@ impl Target {
     /// now, in one statement and so in one snapshot, with the caller's privileges: read
     /// through the parents etc_batch.job_item and etc_batch.job_audit, which is where a
     /// reader is granted SELECT. Planned afresh each time with the job id known, so that
-    /// only the job's own partitions are read or locked. $1 job, $2 tenant.
-    pub fn report_sql(&self) -> String {
-        format!("{}\n ORDER BY i.position", self.report_rows())
+    /// only the job's own partitions are read or locked. $1 job, $2 tenant. `set`: what
+    /// the job sets, which a job guarded by named columns reads as its state.
+    pub fn report_sql(&self, set: Option<&BTreeMap<String, Value>>) -> String {
+        format!("{}\n ORDER BY i.position", self.report_rows(set))
     }
 
     /// The job's status and its items counted by state, in one statement. $1, $2 as
     /// report_sql.
-    pub fn summary_sql(&self) -> String {
+    pub fn summary_sql(&self, set: Option<&BTreeMap<String, Value>>) -> String {
         let count = |state: &str| {
             format!(
                 "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4"
@@ -317,39 +348,62 @@ impl Target {
               WHERE c.job_id OPERATOR(pg_catalog.=) $1 AND c.committed) \
              ELSE j.next_index END";
         format!(
-            "WITH r AS ({})\nSELECT j.status, j.item_count, {committed}, {}, {}, {}, {}, j.parallel\n  \
+            "WITH r AS ({})\nSELECT j.status, j.item_count, {committed}, {}, {}, {}, {}, j.parallel, {},\n       \
+             j.failed_at, j.failure_sqlstate, j.failure_message\n  \
              FROM etc_batch.job j LEFT JOIN r ON true\n WHERE j.job_id OPERATOR(pg_catalog.=) $1\n \
-             GROUP BY j.job_id, j.status, j.item_count, j.next_index, j.parallel, j.chunk_size",
-            self.report_rows(),
+             GROUP BY j.job_id",
+            self.report_rows(set),
             count("unprocessed"),
             count("matching"),
             count("drifted"),
             count("missing"),
+            count("skipped"),
         )
     }
 
-    fn report_rows(&self) -> String {
+    fn report_rows(&self, set: Option<&BTreeMap<String, Value>>) -> String {
         let s = &self.shape;
-        let key = self.col(s.key.column());
-        let now = s.guard.now();
+        let present = format!("t.{}", self.col(&s.key.columns()[0]));
+        // what the job left the row at: its guard value then, or (named columns) what it set
+        let matching = match s.guard.column() {
+            Some(_) => format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard.now()),
+            None if s.guard == Guard::Row => {
+                format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard.now())
+            }
+            None => set
+                .into_iter()
+                .flatten()
+                .map(|(column, value)| match scalar_text(value) {
+                    Some(text) => format!(
+                        "t.{} IS NOT DISTINCT FROM {}",
+                        self.col(column),
+                        self.cast(&quote_literal(&text), column)
+                    ),
+                    None => format!("t.{} IS NULL", self.col(column)),
+                })
+                .chain(std::iter::once("true".to_string()))
+                .collect::<Vec<_>>()
+                .join(" AND "),
+        };
+        let mut joins: Vec<String> = self.tenant_condition("$2").into_iter().collect();
+        joins.push(s.key.matches("i.item_key", &s.columns));
         format!(
             "SELECT i.position, i.item_key,
        CASE WHEN a.position IS NULL THEN 'unprocessed'
-            WHEN t.{key} IS NULL THEN 'missing'
-            WHEN {now} OPERATOR(pg_catalog.=) a.revision_after THEN 'matching'
+            WHEN a.skipped THEN 'skipped'
+            WHEN {present} IS NULL THEN 'missing'
+            WHEN {matching} THEN 'matching'
             ELSE 'drifted' END AS state,
-       a.revision_after, {now}
+       a.revision_after, CASE WHEN {present} IS NOT NULL THEN {} END
   FROM etc_batch.job_item i
   LEFT JOIN etc_batch.job_audit a
     ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
   LEFT JOIN {} AS t
-    ON t.{} OPERATOR(pg_catalog.=) {} AND t.{} OPERATOR(pg_catalog.=) {}
+    ON {}
  WHERE i.job_id OPERATOR(pg_catalog.=) $1",
+            s.guard.now(),
             self.sql_name,
-            self.col(&s.tenant_column),
-            self.cast("$2", &s.tenant_column),
-            self.col(s.key.column()),
-            self.cast("i.item_key", s.key.column()),
+            joins.join(" AND "),
         )
     }
 }
@@ -388,7 +442,7 @@ impl Constants {
     }
 
     /// The number of the first parameter after the bound values.
-    fn after(&self) -> usize {
+    pub fn after(&self) -> usize {
         4 + self
             .set
             .iter()
@@ -417,7 +471,7 @@ impl Constants {
             .iter()
             .chain(&self.expect)
             .filter_map(|(column, value)| value.as_ref().map(|v| (column, v)))
-            .map(|(column, value)| query::typed(target.type_oids[column], value))
+            .map(|(column, value)| query::typed(target.shape.columns[column].type_oid, value))
             .collect()
     }
 }

@@ -413,7 +413,7 @@ def test_psycopg_calls_every_procedure_and_function(client, tables):
         (str(i), "matching", 2, 2) for i in range(1, 6)
     ]
     assert conn.execute("SELECT * FROM etc_batch.job_summary(%s)", (job,)).fetchone() == (
-        "done", 5, 5, 0, 5, 0, 0, False)
+        "done", 5, 5, 0, 5, 0, 0, False, 0, None, None, None)
     checks = conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
     assert checks and all(ok for _name, ok in checks), checks
     assert register(conn, job2, orders, 1, ids=[6]) == (job2, True, 1, 1)
@@ -674,9 +674,14 @@ def test_a_drain_waits_for_a_slot_nobody_reads_holding_nothing(pg, tables):
         held = pg.admin.execute(
             "SELECT backend_xid, backend_xmin FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
         locks = pg.admin.execute(
-            "SELECT locktype FROM pg_locks WHERE pid = %s ORDER BY 1", (pid,)).fetchall()
+            "SELECT locktype, objsubid FROM pg_locks WHERE pid = %s ORDER BY 1", (pid,)).fetchall()
         assert tuple(held) == (None, None), held
-        assert [l[0] for l in locks] == ["virtualxid"], locks
+        # nothing but its virtual transaction id, and the mark of a drainer at work (a
+        # session lock of etc_batch's own key space, which nothing waits for)
+        assert [tuple(l) for l in locks] == [("advisory", 4), ("virtualxid", None)], locks
+        assert pg.admin.execute(
+            "SELECT drainers, drainer_pid FROM etc_batch.job_progress WHERE job_id = %s",
+            (job,)).fetchone() == (1, pid)
         waiting = pg.admin.execute(
             "SELECT waiting FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()[0]
         assert waiting.startswith(f'job "{job}": waiting for the replicas'), waiting
@@ -724,7 +729,7 @@ def test_a_row_lock_held_longer_than_chunk_lock_timeout_is_waited_out(pg, tables
             query = "SELECT query, backend_xid, backend_xmin FROM pg_stat_activity WHERE pid = %s"
             before = pg.admin.execute(query, (pid,)).fetchone()
             locks = pg.admin.execute(
-                "SELECT locktype FROM pg_locks WHERE pid = %s ORDER BY 1", (pid,)).fetchall()
+                "SELECT locktype, objsubid FROM pg_locks WHERE pid = %s ORDER BY 1", (pid,)).fetchall()
             after = pg.admin.execute(query, (pid,)).fetchone()
             if before != after or "trying again in" not in (before[0] or ""):
                 return None
@@ -732,7 +737,7 @@ def test_a_row_lock_held_longer_than_chunk_lock_timeout_is_waited_out(pg, tables
         (activity, xid, xmin), locks = wait_until(backing_off_holding_nothing, "a look at a backoff")
         assert activity.startswith(f'/* etc_batch: job "{job}": chunk 2 rolled back (55P03), trying again in'), activity
         assert (xid, xmin) == (None, None)
-        assert [l[0] for l in locks] == ["virtualxid"], locks
+        assert [tuple(l) for l in locks] == [("advisory", 4), ("virtualxid", None)], locks
     finally:
         app.rollback()
     drain.join()

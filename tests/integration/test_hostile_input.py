@@ -36,6 +36,7 @@ VALID_ITEMS = [{"id": 3, "revision": 4, "qty": 4}, {"id": 5, "revision": 2, "qty
 
 INVALID = {"22023"}  # invalid_parameter_value: what etc_batch raises for a bad argument
 NO_COLUMN = {"42703"}
+NOT_UNIQUE = {"42P10"}  # invalid_column_reference: a key no unique index has
 NULL = {"22004"}
 JSON_SYNTAX = {"22P02"}
 NUL = {"22P05"}  # jsonb cannot hold \u0000
@@ -89,6 +90,9 @@ ARGS = [
     ("tenant_column", "%s::name"),
     ("revision_column", "%s::name"),
     ("handler", "%s::regprocedure"),
+    ("key_columns", "%s::name[]"),
+    ("guard", "%s::text"),
+    ("on_drift", "%s::text"),
 ]
 JSONB_ARGS = {"items", "set_values", "expect"}
 
@@ -383,21 +387,29 @@ CASES = [
     ("key_column empty", {"key_column": ""}, NO_COLUMN),
     ("key_column injection", {"key_column": 'id"; DROP TABLE x; --'}, NO_COLUMN),
     ("key_column too long", {"key_column": "id" * 100}, NO_COLUMN),
-    ("key_column numeric", {"key_column": "price"}, {"0A000"}),
+    ("key_column numeric without a unique index", {"key_column": "price"}, NOT_UNIQUE),
     ("key_column without a unique index",
      {"key_column": "status", "items": [{"status": "x", "revision": 1}],
-      "set_values": {"qty": 1}}, INVALID),
-    ("key_column null", {"key_column": None}, NULL),
+      "set_values": {"qty": 1}}, NOT_UNIQUE),
+    ("key_column and key_columns", {"key_column": "id", "key_columns": ["id"]}, INVALID),
+    ("key_columns empty", {"key_columns": []}, INVALID),
+    ("key_columns twice the same", {"key_columns": ["id", "id"]}, INVALID),
+    ("key_columns unknown", {"key_columns": ["id", "nope"]}, NO_COLUMN),
     ("key_column is the revision column", {"revision_column": "id", "items": [{"id": 3}]},
      INVALID),
     ("key_column is the tenant column", {"tenant_column": "id"}, INVALID),
     ("tenant_column unknown", {"tenant_column": "nope"}, NO_COLUMN),
-    ("tenant_column null", {"tenant_column": None}, NULL),
+    ("tenant_column null with a tenant", {"tenant_column": None}, INVALID),
     ("revision_column unknown", {"revision_column": "nope"}, NO_COLUMN),
     ("revision_column text", {"revision_column": "status"}, INVALID),
     ("revision_column numeric", {"revision_column": "price"}, INVALID),
     ("revision_column is the tenant column", {"revision_column": "tenant"}, INVALID),
-    ("revision_column null", {"revision_column": None}, NULL),
+    ("revision_column null, guard revision", {"revision_column": None, "guard": "revision"},
+     INVALID),
+    ("guard unknown", {"guard": "digest"}, INVALID),
+    ("on_drift unknown", {"on_drift": "ignore"}, INVALID),
+    ("on_drift null", {"on_drift": None}, NULL),
+    ("job id too long", {"job_id": "j" * 201}, INVALID),
     # the other arguments
     ("job_id null", {"job_id": None}, NULL),
     ("job_id empty", {"job_id": ""}, INVALID),
@@ -639,7 +651,7 @@ def b_columns(rng, r):
         ("key_column", junk_name(rng), NO_COLUMN), ("tenant_column", junk_name(rng), NO_COLUMN),
         ("revision_column", junk_name(rng), NO_COLUMN), ("revision_column", "status", INVALID),
         ("revision_column", "id", INVALID), ("tenant_column", "id", INVALID),
-        ("key_column", "price", {"0A000"}),
+        ("key_column", "price", NOT_UNIQUE),
     ])
     r[column] = name
     return "random: column names", codes

@@ -462,6 +462,10 @@ def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
         "drifted": 1,
         "missing": 1,
         "parallel": False,
+        "skipped": 0,
+        "failed_at": None,
+        "failure_sqlstate": None,
+        "failure_message": None,
     }
 
 

@@ -753,7 +753,9 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     assert drained == committed(["2", "3"], 1, "pending")
     summary = caller.row("SELECT * FROM etc_batch.job_summary(%s)", (job,))
     assert summary == {"status": "pending", "approved": 6, "committed": 2, "unprocessed": 4,
-                       "matching": 2, "drifted": 0, "missing": 0, "parallel": False}
+                       "matching": 2, "drifted": 0, "missing": 0, "parallel": False,
+                       "skipped": 0, "failed_at": None, "failure_sqlstate": None,
+                       "failure_message": None}
     lease2 = f"sec drainer {tag}"
     generation = caller.row("SELECT * FROM etc_batch.acquire_lease(%s, %s, %s)",
                             (lease2, "drainer", timedelta(seconds=60)))["generation"]
@@ -1478,7 +1480,7 @@ def test_the_registering_role_privileges_bound_the_change_whoever_drains(db, rol
         db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(r))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, "
-            "integer, jsonb, jsonb, name, name, name, regprocedure, boolean) TO {}").format(r))
+            "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) TO {}").format(r))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
             "integer, bigint, text, text, text) TO {}").format(r))
@@ -1573,7 +1575,7 @@ def test_an_items_query_reads_with_the_registering_roles_privileges(db, roles):
     db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(c))
     db.admin.execute(sql.SQL(
         "GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, "
-        "integer, jsonb, jsonb, name, name, name, regprocedure, boolean) TO {}").format(c))
+        "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) TO {}").format(c))
     db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(ident(orders), c))
     # the clerk sees tenant A's orders up to id 5 only
     db.admin.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(ident(orders)))

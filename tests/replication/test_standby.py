@@ -105,15 +105,17 @@ class Call:
 
 def assert_waits_holding_nothing(admin, call, job, what):
     """The call waits (its pg_stat_activity says `what`) with no transaction id, no
-    snapshot and no lock but its virtual transaction id, and has committed nothing."""
+    snapshot and no lock but its virtual transaction id (and the mark of a drainer at
+    work, a session lock of etc_batch's own key space), and has committed nothing."""
     wait_until(lambda: what in (admin.execute(
         "SELECT query FROM pg_stat_activity WHERE pid = %s", (call.pid,)).fetchone()[0] or ""),
         f"the drain to wait: {what}")
     held = admin.execute(
         "SELECT backend_xid, backend_xmin FROM pg_stat_activity WHERE pid = %s", (call.pid,)).fetchone()
-    locks = admin.execute("SELECT locktype FROM pg_locks WHERE pid = %s", (call.pid,)).fetchall()
+    locks = admin.execute(
+        "SELECT locktype, objsubid FROM pg_locks WHERE pid = %s ORDER BY 1", (call.pid,)).fetchall()
     assert tuple(held) == (None, None), held
-    assert [l[0] for l in locks] == ["virtualxid"], locks
+    assert [tuple(l) for l in locks] == [("advisory", 4), ("virtualxid", None)], locks
     waiting = admin.execute(
         "SELECT waiting FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()[0]
     assert waiting and waiting.startswith(f'job "{job}": waiting for the replicas'), waiting

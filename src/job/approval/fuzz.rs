@@ -14,6 +14,7 @@
 
 use super::*;
 use crate::job::columns::{parse_uuid, Column, Kind};
+use crate::job::key::KeyOrder;
 use proptest::collection::{btree_set, vec};
 use proptest::option;
 use proptest::prelude::*;
@@ -67,20 +68,13 @@ fn shape(key_type: &str, revision_type: &str) -> Shape {
     Shape {
         columns: columns
             .into_iter()
-            .map(|(name, type_name)| {
-                (
-                    name.to_string(),
-                    Column {
-                        name: name.to_string(),
-                        type_name: type_name.to_string(),
-                        kind: Kind::for_type(type_name),
-                    },
-                )
-            })
+            .map(|(name, type_name)| (name.to_string(), Column::of(name, type_name)))
             .collect(),
-        key: JobKey::of("id"),
-        tenant_column: "tenant".into(),
-        guard: Guard::of("revision"),
+        key: JobKey::one("id"),
+        tenant_column: Some("tenant".into()),
+        guard: Guard::Revision {
+            column: "revision".into(),
+        },
     }
 }
 
@@ -91,15 +85,17 @@ fn any_shape() -> impl Strategy<Value = Shape> {
 fn approval(items: Vec<Item>) -> Approval {
     Approval {
         terms: Terms {
-            tenant: "t".into(),
+            tenant: Some(("t".into(), "tenant".into())),
             target: "public.orders".into(),
-            key: JobKey::of("id"),
-            tenant_column: "tenant".into(),
-            guard: Guard::of("revision"),
+            key: JobKey::one("id"),
+            guard: Guard::Revision {
+                column: "revision".into(),
+            },
             chunk_size: 7,
             action: Action::Set(BTreeMap::from([("status".to_string(), json!("done"))])),
             expect: BTreeMap::new(),
             parallel: false,
+            on_drift: OnDrift::Stop,
         },
         items,
     }
@@ -436,11 +432,11 @@ fn assert_clear_error(shape: &Shape, error: &BatchError, input: &Value) {
 fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: bool) {
     let list = input.as_array().expect("only a list normalizes");
     assert_eq!(items.len(), list.len(), "{input}");
-    let key_kind = shape.columns[shape.key.column()].kind;
+    let key_kind = shape.columns[shape.key.columns()[0].as_str()].kind;
     let Kind::Int {
         min: rmin,
         max: rmax,
-    } = shape.columns[shape.guard.field()].kind
+    } = shape.columns[shape.guard.column().unwrap()].kind
     else {
         panic!("revision column is not an integer");
     };
@@ -459,16 +455,14 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
         }
         assert!((rmin..=rmax).contains(&item.revision), "{item:?}");
         // The stored key reads back as the same key, so a stored approval compares equal.
-        assert_eq!(Key::from_text(key_kind, &item.key.text()), item.key);
+        assert_eq!(
+            Key::from_text(KeyOrder::Here(key_kind), &item.key.text()),
+            item.key
+        );
         for (column, value) in item.guards.iter() {
             assert!(shape.columns.contains_key(column), "{column:?}");
             assert!(
-                ![
-                    shape.key.column(),
-                    &shape.tenant_column,
-                    shape.guard.field()
-                ]
-                .contains(&column.as_str()),
+                !shape.roles().any(|r| r == column),
                 "{column:?} became a guard"
             );
             if any_float && value.is_f64() {
@@ -490,9 +484,13 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
         let item = items
             .iter()
             .find(|i| {
-                object[shape.key.column()] == json!(i.key.text())
-                    || object[shape.key.column()].as_i64().map(Key::Int).as_ref() == Some(&i.key)
-                    || object[shape.key.column()]
+                object[shape.key.columns()[0].as_str()] == json!(i.key.text())
+                    || object[shape.key.columns()[0].as_str()]
+                        .as_i64()
+                        .map(Key::Int)
+                        .as_ref()
+                        == Some(&i.key)
+                    || object[shape.key.columns()[0].as_str()]
                         .as_str()
                         .and_then(parse_uuid)
                         .map(Key::Uuid)
@@ -504,10 +502,16 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             sources.insert(item.key.clone(), object).is_none(),
             "two items, one key"
         );
-        assert_eq!(Some(item.revision), object[shape.guard.field()].as_i64());
+        assert_eq!(
+            Some(item.revision),
+            object[shape.guard.column().unwrap()].as_i64()
+        );
         let fields: Guards = object
             .iter()
-            .filter(|(k, _)| k.as_str() != shape.key.column() && k.as_str() != shape.guard.field())
+            .filter(|(k, _)| {
+                k.as_str() != shape.key.columns()[0].as_str()
+                    && k.as_str() != shape.guard.column().unwrap()
+            })
             .map(|(k, v)| (k.clone(), canon(v)))
             .collect();
         assert_eq!(item.guards, fields);
@@ -528,7 +532,7 @@ fn as_stored(key_kind: Kind, items: &[Item]) -> Vec<Item> {
     items
         .iter()
         .map(|i| Item {
-            key: Key::from_text(key_kind, &i.key.text()),
+            key: Key::from_text(KeyOrder::Here(key_kind), &i.key.text()),
             revision: i.revision,
             guards: match serde_json::from_str(&i.guards.canonical()).unwrap() {
                 Value::Object(m) => m.into_iter().collect(),
@@ -628,7 +632,7 @@ proptest! {
         let items = shape.normalize(&input).unwrap_or_else(|e| panic!("{e:?} for {input}"));
         assert_normal_form(&shape, &input, &items, false);
         let again = shape.normalize(&Value::Array(shuffled)).unwrap();
-        let key_kind = shape.columns[shape.key.column()].kind;
+        let key_kind = shape.columns[shape.key.columns()[0].as_str()].kind;
         let stored = approval(as_stored(key_kind, &items));
         let (a, b) = (approval(items), approval(again));
         prop_assert_eq!(a.fingerprint(), b.fingerprint());
@@ -858,7 +862,13 @@ fn one_column_in_two_roles_is_refused() {
         ),
     ] {
         let mut s = shape("int4", "int4");
-        (s.key, s.tenant_column, s.guard) = (JobKey::of(key), tenant.into(), Guard::of(revision));
+        (s.key, s.tenant_column, s.guard) = (
+            JobKey::one(key),
+            Some(tenant.into()),
+            Guard::Revision {
+                column: revision.into(),
+            },
+        );
         let e = s.check_roles().unwrap_err();
         assert_eq!(e.message(), message);
         assert_clear_error(&s, &e, &json!([key, tenant, revision]));
@@ -877,17 +887,19 @@ proptest! {
     ) {
         let mut shape = shape;
         let [key, tenant, revision] = names;
-        (shape.key, shape.tenant_column, shape.guard) = (JobKey::of(&key), tenant, Guard::of(&revision));
+        (shape.key, shape.tenant_column, shape.guard) = (
+            JobKey::one(&key),
+            Some(tenant.clone()),
+            Guard::Revision { column: revision.clone() },
+        );
         match shape.check_roles() {
             Ok(()) => {
-                let (key, revision) = (shape.key.column(), shape.guard.field());
-                prop_assert!(key != shape.tenant_column);
+                prop_assert!(key != tenant);
                 prop_assert!(key != revision);
-                prop_assert!(shape.tenant_column != revision);
-                let kind = |c: &str| shape.columns[c].kind;
-                assert!(matches!(kind(key), Kind::Int { .. } | Kind::Text | Kind::Uuid));
-                prop_assert!(shape.columns.contains_key(&shape.tenant_column));
-                assert!(matches!(kind(revision), Kind::Int { .. }));
+                prop_assert!(tenant != revision);
+                prop_assert!(shape.columns.contains_key(&key));
+                prop_assert!(shape.columns.contains_key(&tenant));
+                assert!(matches!(shape.columns[&revision].kind, Kind::Int { .. }));
             }
             Err(BatchError::Unsupported { message, .. }) => {
                 prop_assert!(message.starts_with("key column"), "{}", message);

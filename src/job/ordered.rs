@@ -1,0 +1,171 @@
+//! Approvals PostgreSQL puts in order: those whose key is of several columns or of a type
+//! this library does not order itself (numeric, dates and times, any type with a btree
+//! order, domains over them), and those guarded by a digest of the row, which only
+//! PostgreSQL can take.
+//!
+//! The items, given as a jsonb list (bound as arrays) or by an items query, are read by
+//! one statement that casts each key's columns to their types, orders them in the types'
+//! own order (text by its bytes, the "C" collation's, so that the order never depends on
+//! a locale), ranks them (equal keys have equal ranks: 1.0 and 1.00 are one numeric, a
+//! duplicate), prints each key as the frozen list keeps it, and, for a job guarded by a
+//! digest, takes each item's row's digest. Its rows come through a cursor, a batch at a
+//! time, under settings that print every value the same way in every session.
+
+use super::approval::Item;
+use super::freeze::ItemCursor;
+use super::items_query::ItemsQuery;
+use super::tables::JobTables;
+use super::target::Target;
+use crate::error::Result;
+use pgrx::datum::DatumWithOid;
+use pgrx::spi::quote_identifier;
+
+/// Where the approved items come from.
+pub enum Given<'a> {
+    /// A jsonb approval, checked and normalized, each item's key the texts of its
+    /// columns (approval::Key::Given).
+    Items(&'a [Item]),
+    /// An items query.
+    Query(&'a ItemsQuery),
+}
+
+/// The statements that read an approval in PostgreSQL's order, for one target.
+pub struct SqlOrder<'a> {
+    pub target: &'a Target,
+}
+
+impl SqlOrder<'_> {
+    /// The given items as rows `s(k, r, g)`: the key's text as given (a JSON array of its
+    /// columns' texts, for a key of several), the revision, the guards; and what to bind.
+    fn source(&self, given: &Given) -> (String, Vec<DatumWithOid<'static>>) {
+        match given {
+            Given::Items(items) => {
+                let keys: Vec<String> = items.iter().map(|i| i.key.text()).collect();
+                let revisions: Vec<i64> = items.iter().map(|i| i.revision).collect();
+                let guards: Vec<String> = items.iter().map(|i| i.guards.canonical()).collect();
+                (
+                    "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+                     pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.text[])) \
+                     AS s(k, r, g)"
+                        .into(),
+                    vec![keys.into(), revisions.into(), guards.into()],
+                )
+            }
+            Given::Query(query) => (format!("({}) AS s(k, r, g)", query.rows_sql()), Vec::new()),
+        }
+    }
+
+    /// SQL: the key's columns of the key text `k`, typed, as the frozen list orders them.
+    fn order_by(&self, k: &str) -> String {
+        let s = &self.target.shape;
+        s.key
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let column = &s.columns[c];
+                let part = s.key.typed_part(k, i, &column.sql_type);
+                if column.collatable {
+                    format!("{part} COLLATE pg_catalog.\"C\"")
+                } else {
+                    part
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// SQL: the key text `k` as the frozen list keeps it: each column as its type prints it.
+    fn canonical(&self, k: &str) -> String {
+        let s = &self.target.shape;
+        let parts: Vec<String> = s
+            .key
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                format!(
+                    "({})::pg_catalog.text",
+                    s.key.typed_part(k, i, &s.columns[c].sql_type)
+                )
+            })
+            .collect();
+        match parts.as_slice() {
+            [one] => one.clone(),
+            more => format!(
+                "pg_catalog.jsonb_build_array({})::pg_catalog.text",
+                more.join(", ")
+            ),
+        }
+    }
+
+    /// The given items in order, to be frozen: each with its key as the frozen list keeps
+    /// it, its revision (a job guarded by the row: the digest of the row it names, which
+    /// must exist; by named columns: 0), its guards and its rank. `tenant`: the job's, as
+    /// it binds it.
+    pub fn frozen(&self, given: &Given, tenant: Option<&str>) -> Result<ItemCursor> {
+        let t = self.target;
+        let s = &t.shape;
+        let (source, mut args) = self.source(given);
+        let order = self.order_by("s.k");
+        let by_digest = s.guard.reads_the_row_as_text();
+        let sql = if by_digest {
+            let tenant_param = args.len() + 1;
+            args.push(tenant.into());
+            let mut joins: Vec<String> = s
+                .tenant_column
+                .iter()
+                .map(|c| {
+                    format!(
+                        "t.{} OPERATOR(pg_catalog.=) (${tenant_param}::pg_catalog.text)::{}",
+                        quote_identifier(c),
+                        s.columns[c].sql_type
+                    )
+                })
+                .collect();
+            joins.push(s.key.matches("s.k", &s.columns));
+            format!(
+                "SELECT {}, {}, s.g, pg_catalog.dense_rank() OVER (ORDER BY {order}), t IS NULL\n  \
+                 FROM {source}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
+                self.canonical("s.k"),
+                s.guard.now(),
+                t.sql_name,
+                joins.join(" AND "),
+            )
+        } else {
+            format!(
+                "SELECT {}, s.r, s.g, pg_catalog.dense_rank() OVER (ORDER BY {order}), false\n  \
+                 FROM {source}\n ORDER BY {order}",
+                self.canonical("s.k"),
+            )
+        };
+        ItemCursor::ranked(&sql, &args, true)
+    }
+
+    /// The frozen list of a job (`stored`) and the given items, each in order, ranked in
+    /// one order so that a walk side by side compares them: a registration of the same
+    /// job id again. The stored list keeps the revisions frozen; the given items theirs
+    /// as given (a digest is not taken again: it is not part of the request).
+    pub fn compared(&self, given: &Given, stored: &JobTables) -> Result<(ItemCursor, ItemCursor)> {
+        let (source, args) = self.source(given);
+        let order = self.order_by("u.k");
+        let side = |which: i32| {
+            format!(
+                "SELECT r.k, r.r, r.g, r.rank, false FROM (\n\
+                   SELECT {canonical} AS k, u.r, u.g, u.side,\n\
+                          pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank\n\
+                     FROM (SELECT i.item_key, i.revision, i.guards::pg_catalog.text, 0\n\
+                             FROM {items} i\n\
+                           UNION ALL\n\
+                           SELECT s.k, s.r, s.g, 1 FROM {source}) AS u(k, r, g, side)) r\n \
+                 WHERE r.side OPERATOR(pg_catalog.=) {which}\n ORDER BY r.rank",
+                canonical = self.canonical("u.k"),
+                items = stored.items(),
+            )
+        };
+        Ok((
+            ItemCursor::ranked(&side(0), &args, true)?,
+            ItemCursor::ranked(&side(1), &args, true)?,
+        ))
+    }
+}

@@ -1,0 +1,223 @@
+//! register_remainder: what a job did not change, approved again as a new job in one
+//! call, with the same change and chunking unless told otherwise; the job itself ends,
+//! continued as the new one.
+//!
+//! Its items are the job's items without an audit row (unprocessed) and those it skipped
+//! (on_drift => skip), each read against its row now: one that still matches its
+//! approval is approved again as it was; one whose row drifted is left out, or, with
+//! include_drifted, approved again at its row's current state (its revision and the
+//! values of its guard columns now); one whose row is gone is left out.
+
+use super::approval::Action;
+use super::claim;
+use super::definition::Definition;
+use super::register::{self, Items, Registered, Request};
+use super::sql;
+use super::target::{Constants, Target};
+use crate::error::{BatchError, Result};
+use crate::installed;
+use crate::query::{self, Cursor};
+use crate::roles::{as_role, current_user};
+use crate::status::JobStatus;
+use pgrx::datum::DatumWithOid;
+use pgrx::spi::quote_literal;
+use serde_json::Value;
+
+/// How many items are read against their rows at once.
+const AT_ONCE: i64 = 1000;
+
+pub struct Remainder {
+    pub job_id: String,
+    pub new_job_id: String,
+    pub chunk_size: Option<i32>,
+    pub include_drifted: bool,
+    pub parallel: Option<bool>,
+}
+
+pub fn register_remainder(req: Remainder) -> Result<Registered> {
+    let owner = installed::owner()?;
+    let def = as_role(owner, || Definition::require(&req.job_id))?;
+    let caller = current_user();
+    if !as_role(owner, || {
+        query::one::<bool>(sql::MAY_ACT_FOR, &[caller.into(), def.registered_by.into()])
+    })?
+    .unwrap_or(false)
+    {
+        return Err(BatchError::PermissionDenied {
+            message: format!("permission denied to continue job \"{}\"", req.job_id),
+            detail: "What a job did not change is approved again by the role that registered it (or a member of it), whose approval the items were.".into(),
+        });
+    }
+    def.require_tables()?;
+    // the job's drainers finish their chunk first, and none starts another
+    let status = as_role(owner, || {
+        if def.parallel {
+            claim::stop(&def.tables)?;
+        }
+        query::one::<String>(sql::LOCK_JOB_STATUS, &[req.job_id.as_str().into()])
+    })?
+    .ok_or_else(|| BatchError::UnknownJob {
+        job: req.job_id.clone(),
+    })?;
+    match JobStatus::parse(&status)? {
+        JobStatus::Pending | JobStatus::Conflict | JobStatus::Aborted => {}
+        JobStatus::Done => return Err(BatchError::JobFinished { job: req.job_id }),
+        JobStatus::Continued => {
+            return Err(BatchError::JobContinued {
+                job: req.job_id,
+                successor: None,
+            })
+        }
+        JobStatus::Corrupt => {
+            return Err(BatchError::JobCorrupt {
+                job: req.job_id,
+                detail: "Its records cannot be trusted to tell what it changed.".into(),
+            })
+        }
+    }
+    let target = def.target()?;
+    let items = remaining_items(&def, &target, req.include_drifted)?;
+    if items.is_empty() {
+        return Err(BatchError::invalid_because(
+            format!("nothing of job \"{}\" remains to approve again", req.job_id),
+            if req.include_drifted {
+                "Every item it did not change names a row that is gone."
+            } else {
+                "Every item it did not change names a row that drifted or is gone; include_drifted => true approves the drifted ones at their state now."
+            },
+        ));
+    }
+    let (set_values, handler) = match def.terms().action {
+        Action::Set(values) => (Some(Value::Object(values.into_iter().collect())), None),
+        Action::Handler(_) => (None, def.handler_oid),
+    };
+    let registered = register::register(Request {
+        job_id: req.new_job_id.clone(),
+        tenant: def.tenant_value().map(str::to_string),
+        target: def.target,
+        items: Items::Json(format!("[{}]", items.join(",\n"))),
+        chunk_size: req.chunk_size.unwrap_or(def.chunk_size),
+        set_values,
+        expect: Value::Object(def.expect.clone().into_iter().collect()),
+        key_column: None,
+        key_columns: Some(def.key.columns().to_vec()),
+        tenant_column: def.tenant.as_ref().map(|(_, c)| c.clone()),
+        revision_column: def.guard.column().map(str::to_string),
+        guard: Some(def.guard.kind().to_string()),
+        handler,
+        parallel: req.parallel.unwrap_or(def.parallel),
+        on_drift: def.on_drift,
+    })?;
+    as_role(owner, || {
+        query::run(
+            sql::CONTINUE_JOB,
+            &[req.job_id.as_str().into(), req.new_job_id.as_str().into()],
+        )
+    })?;
+    Ok(registered)
+}
+
+/// The items the job did not change that are to be approved again, as JSON objects of
+/// register_job's items, in position order.
+fn remaining_items(
+    def: &Definition,
+    target: &Target,
+    include_drifted: bool,
+) -> Result<Vec<String>> {
+    let owner = installed::owner()?;
+    let sql = against_rows_sql(def, target);
+    let constants = Constants::new(def.set_values.as_ref(), &def.expect);
+    let constants = constants.args(target)?;
+    let cursor = as_role(owner, || {
+        Cursor::open(&def.tables.sql(sql::REMAINING_ITEMS), &[])
+    })?;
+    let mut out = Vec::new();
+    loop {
+        let batch = as_role(owner, || {
+            cursor.fetch(AT_ONCE, |r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<i64>(2)?.unwrap_or_default(),
+                    r.get::<String>(3)?.unwrap_or_else(|| "{}".into()),
+                ))
+            })
+        })?;
+        if batch.is_empty() {
+            break;
+        }
+        let mut args: Vec<DatumWithOid> = vec![
+            DatumWithOid::null::<i32>(),
+            DatumWithOid::null::<i32>(),
+            def.tenant_value().into(),
+        ];
+        args.extend(constants.iter().map(query::Opaque::arg));
+        let keys: Vec<String> = batch.iter().map(|b| b.0.clone()).collect();
+        let revisions: Vec<i64> = batch.iter().map(|b| b.1).collect();
+        let guards: Vec<String> = batch.iter().map(|b| b.2.clone()).collect();
+        args.push(keys.into());
+        args.push(revisions.into());
+        args.push(guards.into());
+        args.push(include_drifted.into());
+        let stable = def.guard.reads_the_row_as_text();
+        let rows = crate::settings::with(
+            if stable {
+                crate::settings::STABLE_OUTPUT
+            } else {
+                &[]
+            },
+            || query::rows(&sql, &args, 0, |r| r.get::<String>(1)),
+        )?;
+        out.extend(rows.into_iter().flatten());
+    }
+    cursor.close();
+    Ok(out)
+}
+
+/// SQL: the items of a batch (bound as arrays after the job's constants) against their
+/// rows now, as the caller: each one's item object to approve again, or NULL to leave it
+/// out. Its parameters are the chunk's ($3 the tenant, the constants), then the keys,
+/// revisions and guards of the batch, and whether drifted items are approved again.
+fn against_rows_sql(def: &Definition, target: &Target) -> String {
+    let s = &target.shape;
+    let constants = Constants::new(def.set_values.as_ref(), &def.expect);
+    let first = constants.after();
+    let (keys, revisions, guards, drifted) = (first, first + 1, first + 2, first + 3);
+    let key_object = format!(
+        "pg_catalog.jsonb_build_object({})",
+        s.key
+            .columns()
+            .iter()
+            .map(|c| format!("{}, t.{}", quote_literal(c), pgrx::spi::quote_identifier(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let revision = |from: &str| match s.guard.column() {
+        Some(column) => format!(
+            " OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({}, {from})",
+            quote_literal(column)
+        ),
+        None => String::new(),
+    };
+    let current_guards = "COALESCE((SELECT pg_catalog.jsonb_object_agg(g.k, pg_catalog.to_jsonb(t) OPERATOR(pg_catalog.->) g.k) \
+         FROM pg_catalog.jsonb_object_keys(it.guards) AS g(k)), '{}'::pg_catalog.jsonb)";
+    let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
+    names.push(s.key.matches("it.item_key", &s.columns));
+    format!(
+        "SELECT (CASE WHEN {present} IS NULL THEN NULL
+             WHEN {matches} THEN {key_object}{approved} OPERATOR(pg_catalog.||) it.guards
+             WHEN ${drifted} THEN {key_object}{now} OPERATOR(pg_catalog.||) {current_guards}
+        END)::pg_catalog.text
+  FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
+                  pg_catalog.unnest(${revisions}::pg_catalog.int8[]),
+                  pg_catalog.unnest(${guards}::pg_catalog.text[]::pg_catalog.jsonb[]))
+       WITH ORDINALITY AS it(item_key, revision, guards, n)
+  LEFT JOIN {name} AS t ON {names}
+ ORDER BY it.n",
+        present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0])),
+        matches = target.matches_item(&def.guard_columns, &constants),
+        approved = revision("it.revision"),
+        now = revision(&s.guard.now()),
+        name = target.sql_name,
+        names = names.join(" AND "),
+    )
+}
