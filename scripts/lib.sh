@@ -200,8 +200,9 @@ cluster_start() {
         echo "fsync = off"
         printf '%s\n' "$@"
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
-    # The server must not inherit RUST_BACKTRACE: it would add backtraces to error details.
-    as_pg env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    # Started with RUST_BACKTRACE set, as a DBA's server may be: an error's DETAIL must
+    # stay for the DBA all the same (test_security.py reads the server's environment).
+    as_pg env RUST_BACKTRACE=1 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 }
 
 # A streaming standby NAME on PORT of the cluster on PRIMARY_PORT: pg_basebackup -R over
@@ -220,7 +221,7 @@ standby_start() {
         echo "cluster_name = '$name'"
         printf '%s\n' "$@"
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
-    as_pg env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    as_pg env RUST_BACKTRACE=1 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 }
 
 cluster_stop() {

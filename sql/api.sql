@@ -1,6 +1,7 @@
 -- Loaded last, after the functions declared in Rust (src/api): their comments and
 -- privileges. Who may change and run chains, register and drain jobs, and hold leases
--- is the administrator's decision, as with pg_cron: nothing here is granted to PUBLIC.
+-- is the administrator's decision, as with pg_cron: nothing that acts is granted to
+-- PUBLIC.
 
 -- Chains
 COMMENT ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) IS
@@ -28,17 +29,18 @@ COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, b
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
 REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
-    'Every approved item of a job: unprocessed, or committed and now matching, drifted or missing.';
+    'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS
-    'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict.';
+    'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 COMMENT ON FUNCTION etc_batch.verify_job(text) IS
     'Compares every audit row of a job with its approved list; a pending job that fails becomes corrupt.';
 COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
     'Stops a job for good, keeping its approval, audit and checkpoint.';
 REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.job_report(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
+-- job_report and job_summary stay executable by PUBLIC: each shows a job only to the
+-- roles with the privileges of the one that registered it and to readers of
+-- etc_batch.job (42501 for anyone else), as job_progress shows its rows.
 REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.pause_job(text) IS
     'Pauses a job: its drainers stop before their next chunk and return with status paused, until resume_job. Not part of the approval.';

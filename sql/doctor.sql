@@ -152,16 +152,25 @@ BEGIN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
                p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by,
                p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
-               p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last
+               p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last,
+               j.target_name, NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target) AS target_gone
           FROM etc_batch.job_progress p
+          JOIN etc_batch.job j ON j.job_id = p.job_id
          WHERE p.status IN ('conflict', 'corrupt')
             OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL
-                                          OR p.failed_at IS NOT NULL))
+                                          OR p.failed_at IS NOT NULL
+                                          OR NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target)))
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
                 format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
                 'It will not go on: register a new approval for what remains, and abort this one.';
+        ELSIF r.target_gone THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
+                format('Its target, table %s, does not exist any more (dropped, or dropped and created again): %s of %s items committed, and no more can be.',
+                       r.target_name, r.committed, r.approved),
+                format('SELECT etc_batch.abort_job(%L, %L), and register what is left against the table as it is now.',
+                       r.job_id, 'target dropped');
         ELSIF r.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
                 format('The job is paused, by %s since %s: %s of %s items committed.',
@@ -259,5 +268,5 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict or whose last drain failed, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

@@ -137,14 +137,68 @@ RETURNS TABLE (status text, approved integer, committed integer, unprocessed int
 STABLE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'job_summary_wrapper';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS
-    'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict.';
-REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
+    'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 $ddl$;
     FOREACH grant_sql IN ARRAY grants LOOP
         EXECUTE grant_sql;
     END LOOP;
 END
 $remake$;
+
+-- The role that registered a job reads it in job_progress, job_summary and job_report
+-- with no further grant: its job's partitions are granted to it, and the reports show
+-- a job to its registrant and to readers of etc_batch.job, so PUBLIC may call them.
+CREATE OR REPLACE FUNCTION etc_batch.create_job_tables(job_number bigint, job_id text, registrant regrole,
+                                            parallel boolean)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    items text := 'job_item_' || job_number;
+    audit text := 'job_audit_' || job_number;
+BEGIN
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit INCLUDING CONSTRAINTS
+                        INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (position))', audit, job_id);
+    EXECUTE format('CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
+                   items, 'item_changes', job_id);
+    EXECUTE format('CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
+                   audit, 'audit_changes', job_id);
+    EXECUTE format('GRANT SELECT ON etc_batch.%I, etc_batch.%I TO %s', items, audit, registrant);
+    IF parallel THEN
+        -- half of each page left free: a chunk's row is changed once, as a HOT update
+        EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_chunk INCLUDING CONSTRAINTS
+                            INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (chunk))
+                            WITH (fillfactor = 50)', 'job_chunk_' || job_number, job_id);
+        EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_chunk_' || job_number, registrant);
+    END IF;
+END
+$$;
+
+DO $grants$
+DECLARE
+    j record;
+BEGIN
+    FOR j IN
+        SELECT j.job_number, j.registered_by, j.parallel
+          FROM etc_batch.job j
+          JOIN pg_catalog.pg_roles r ON r.oid = j.registered_by
+    LOOP
+        IF pg_catalog.to_regclass(format('etc_batch.%I', 'job_audit_' || j.job_number)) IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_audit_' || j.job_number, j.registered_by::regrole);
+        END IF;
+        IF j.parallel AND pg_catalog.to_regclass(format('etc_batch.%I', 'job_chunk_' || j.job_number)) IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_chunk_' || j.job_number, j.registered_by::regrole);
+        END IF;
+    END LOOP;
+END
+$grants$;
+COMMENT ON FUNCTION etc_batch.job_report(text) IS
+    'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
+GRANT EXECUTE ON FUNCTION etc_batch.job_report(text), etc_batch.job_summary(text) TO PUBLIC;
 
 -- The new columns, as a fresh install comments them.
 COMMENT ON COLUMN etc_batch.job.key_columns IS
@@ -164,7 +218,10 @@ COMMENT ON TABLE etc_batch.job_audit IS
 
 -- A drainer at work shows while it waits between chunks; the rate and the estimated
 -- finish count only time at work; a failed drain, a skipped item, a continued job.
-CREATE OR REPLACE VIEW etc_batch.job_progress AS
+-- job_progress shows a job to the roles with the privileges of the one that registered
+-- it, and every job to readers of etc_batch.job; it is a security barrier, so that no
+-- function in a caller's WHERE sees the rows it hides.
+CREATE OR REPLACE VIEW etc_batch.job_progress WITH (security_barrier) AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
     -- its committed chunks, in job_chunk (its row says nothing of it until it is done).
@@ -203,7 +260,9 @@ WITH p AS (
                AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                        WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
                AND x.classid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.>>) 32)::pg_catalog.oid
-               AND x.objid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) d ON true)
+               AND x.objid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) d ON true
+     WHERE pg_catalog.has_table_privilege('etc_batch.job', 'SELECT')
+        OR pg_catalog.pg_has_role(j.registered_by::pg_catalog.oid, 'USAGE'))
 SELECT p.job_id, p.status,
        p.committed_items AS committed,
        p.item_count AS approved,
@@ -259,7 +318,9 @@ SELECT p.job_id, p.status,
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
+
+GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 
 -- Jobs continued as another end too.
 CREATE OR REPLACE FUNCTION etc_batch.prune_history(older_than interval)
@@ -464,16 +525,25 @@ BEGIN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
                p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by,
                p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
-               p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last
+               p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last,
+               j.target_name, NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target) AS target_gone
           FROM etc_batch.job_progress p
+          JOIN etc_batch.job j ON j.job_id = p.job_id
          WHERE p.status IN ('conflict', 'corrupt')
             OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL
-                                          OR p.failed_at IS NOT NULL))
+                                          OR p.failed_at IS NOT NULL
+                                          OR NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target)))
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
                 format('The job is %s: %s', CASE r.status WHEN 'conflict' THEN 'in conflict' ELSE 'corrupt' END, r.status_reason),
                 'It will not go on: register a new approval for what remains, and abort this one.';
+        ELSIF r.target_gone THEN
+            RETURN QUERY SELECT format('job %s', r.job_id), 'fail',
+                format('Its target, table %s, does not exist any more (dropped, or dropped and created again): %s of %s items committed, and no more can be.',
+                       r.target_name, r.committed, r.approved),
+                format('SELECT etc_batch.abort_job(%L, %L), and register what is left against the table as it is now.',
+                       r.job_id, 'target dropped');
         ELSIF r.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
                 format('The job is paused, by %s since %s: %s of %s items committed.',
@@ -571,7 +641,7 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict or whose last drain failed, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 
 -- What a job did not change, approved again in one call.
 CREATE FUNCTION etc_batch.register_remainder(

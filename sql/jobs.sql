@@ -155,8 +155,9 @@ CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item
 -- attached when it is done: attaching takes a SHARE UPDATE EXCLUSIVE lock on the
 -- parents, which readers never wait for, and only for the end of the registering
 -- transaction; a CHECK on the job id spares it the scan of the rows. The registering
--- role may read its job's frozen list (a chunk's change reads it, as that role) and
--- nothing else of etc_batch's.
+-- role may read its job's partitions (a chunk's change reads the frozen list as that
+-- role; job_report and job_summary read the audit and chunks for it) and nothing else
+-- of etc_batch's tables.
 CREATE FUNCTION etc_batch.create_job_tables(job_number bigint, job_id text, registrant regrole,
                                             parallel boolean)
 RETURNS void
@@ -168,20 +169,21 @@ DECLARE
 BEGIN
     EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
                         CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
-    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit INCLUDING CONSTRAINTS,
-                        CHECK (job_id = %L), PRIMARY KEY (position))', audit, job_id);
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit INCLUDING CONSTRAINTS
+                        INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (position))', audit, job_id);
     EXECUTE format('CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.%I
                         FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
                    items, 'item_changes', job_id);
     EXECUTE format('CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.%I
                         FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
                    audit, 'audit_changes', job_id);
-    EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', items, registrant);
+    EXECUTE format('GRANT SELECT ON etc_batch.%I, etc_batch.%I TO %s', items, audit, registrant);
     IF parallel THEN
         -- half of each page left free: a chunk's row is changed once, as a HOT update
         EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_chunk INCLUDING CONSTRAINTS
                             INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (chunk))
                             WITH (fillfactor = 50)', 'job_chunk_' || job_number, job_id);
+        EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_chunk_' || job_number, registrant);
     END IF;
 END
 $$;

@@ -2,7 +2,10 @@
 -- checkpoint and the step statuses (what is committed) and from pg_locks (who is at
 -- work on it right now).
 
-CREATE VIEW etc_batch.job_progress AS
+-- job_progress shows a job to the roles with the privileges of the one that registered
+-- it, and every job to readers of etc_batch.job; it is a security barrier, so that no
+-- function in a caller's WHERE sees the rows it hides.
+CREATE VIEW etc_batch.job_progress WITH (security_barrier) AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
     -- its committed chunks, in job_chunk (its row says nothing of it until it is done).
@@ -41,7 +44,9 @@ WITH p AS (
                AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                        WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
                AND x.classid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.>>) 32)::pg_catalog.oid
-               AND x.objid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) d ON true)
+               AND x.objid OPERATOR(pg_catalog.=) (j.job_number OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.oid) d ON true
+     WHERE pg_catalog.has_table_privilege('etc_batch.job', 'SELECT')
+        OR pg_catalog.pg_has_role(j.registered_by::pg_catalog.oid, 'USAGE'))
 SELECT p.job_id, p.status,
        p.committed_items AS committed,
        p.item_count AS approved,
@@ -97,7 +102,7 @@ SELECT p.job_id, p.status,
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job: status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -128,6 +133,7 @@ COMMENT ON VIEW etc_batch.chain_progress IS
     'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there.';
 
 REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
+GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 
 -- Pruning history. step_audit and job_audit only grow; pg_dump keeps them. A DBA who
 -- wants them shorter asks for it, by age, and never for work that is still open. A job

@@ -1,7 +1,8 @@
 //! The statements etc_batch sends for itself, and how their rows are read.
 //!
 //! Each call connects SPI, runs one statement read-write (so SPI takes a fresh snapshot
-//! for it, which matters right after a COMMIT, when no snapshot is active), copies out
+//! for it, which matters right after a COMMIT, when no snapshot is active; a reader that
+//! needs several statements to see one state runs them in_callers_snapshot), copies out
 //! what it needs and disconnects: nothing from SPI outlives the call, so a COMMIT may
 //! follow.
 //!
@@ -276,6 +277,26 @@ unsafe fn read_result<R>(mut read: impl FnMut(&Row) -> Result<R>) -> Result<Vec<
         .collect()
 }
 
+thread_local! {
+    /// Whether statements run read-only, in the snapshot of the query that called
+    /// etc_batch, rather than each in a fresh one (see in_callers_snapshot).
+    static IN_CALLERS_SNAPSHOT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `work` with etc_batch's statements read-only, in the snapshot of the query that
+/// called it (SPI's read_only), so that several of them see one state, as one statement
+/// would: for a function called from a query, which reads and writes nothing else.
+pub fn in_callers_snapshot<R>(work: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_CALLERS_SNAPSHOT.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_CALLERS_SNAPSHOT.with(|r| r.replace(true)));
+    work()
+}
+
 /// Runs `sql` and reads every row it returns with `read` (at most `limit`, 0 = all).
 pub fn rows<R>(
     sql: &str,
@@ -301,7 +322,7 @@ pub fn rows<R>(
             plan,
             args.values.as_mut_ptr(),
             args.nulls.as_ptr(),
-            false,
+            IN_CALLERS_SNAPSHOT.with(|r| r.get()),
             limit,
         );
         drop(running);

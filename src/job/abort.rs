@@ -23,7 +23,7 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
             JobStatus::Done => Err(BatchError::JobFinished { job: job_id.into() }),
             JobStatus::Continued => Err(BatchError::JobContinued {
                 job: job_id.into(),
-                successor: None,
+                successor: query::one::<String>(sql::JOB_STATUS_REASON, &[job_id.into()])?,
             }),
             JobStatus::Aborted => {
                 notice!("job \"{job_id}\" was already aborted; nothing changed");

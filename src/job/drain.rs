@@ -738,6 +738,11 @@ impl Job {
 
     /// Whether the frozen list holds every position of the chunk `range`.
     fn items_all_there(&self, range: &Range<i32>) -> Result<bool> {
+        Ok(self.items_found(range)? == range.len() as i32)
+    }
+
+    /// How many approved items the frozen list holds at the positions of `range`.
+    fn items_found(&self, range: &Range<i32>) -> Result<i32> {
         let found = self.owner(|| {
             query::by_index(|| {
                 query::one::<i32>(
@@ -746,7 +751,7 @@ impl Job {
                 )
             })
         })?;
-        Ok(found == Some(range.len() as i32))
+        Ok(found.unwrap_or(0))
     }
 
     /// The approved item at `position`: its key, revision and guards.
@@ -804,9 +809,10 @@ impl Job {
     /// it was rolled back: the frozen list is short (corrupt), or the first item that no
     /// longer matches its row (`known`, or found now) is a conflict.
     fn record_mismatch(&self, range: &Range<i32>, known: Option<i32>) -> Result<Round> {
-        if !self.items_all_there(range)? {
+        let found = self.items_found(range)?;
+        if found != range.len() as i32 {
             let reason = format!(
-                "Positions {} to {} should hold {} approved items, but fewer were found.",
+                "Positions {} to {} should hold {} approved items, but {found} were found.",
                 range.start,
                 range.end - 1,
                 range.len(),

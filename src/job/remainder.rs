@@ -63,10 +63,13 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
         JobStatus::Pending | JobStatus::Conflict | JobStatus::Aborted => {}
         JobStatus::Done => return Err(BatchError::JobFinished { job: req.job_id }),
         JobStatus::Continued => {
+            let successor = as_role(owner, || {
+                query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
+            })?;
             return Err(BatchError::JobContinued {
                 job: req.job_id,
-                successor: None,
-            })
+                successor,
+            });
         }
         JobStatus::Corrupt => {
             return Err(BatchError::JobCorrupt {

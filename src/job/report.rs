@@ -10,6 +10,7 @@ use super::key::KeyOrder;
 use super::progress::Progress;
 use super::sql;
 use super::tables::JobTables;
+use super::target::Through;
 use crate::error::{BatchError, OrRaise, Result};
 use crate::query::{self, Cursor};
 use crate::roles::as_owner;
@@ -30,12 +31,12 @@ pub struct ReportRow {
 /// the caller's privileges, a batch at a time as the rows are asked for: a report of ten
 /// million items takes the memory of one batch.
 pub fn report(job_id: &str) -> Result<Report> {
-    let def = Definition::require(job_id)?;
+    let (def, through) = readable(job_id)?;
     let target = def.target()?;
     let stable_output = def.guard.reads_the_row_as_text();
     let cursor = output(stable_output, || {
         Cursor::open(
-            &target.report_sql(def.set_values.as_ref()),
+            &target.report_sql(def.set_values.as_ref(), &through),
             &[job_id.into(), def.tenant_value().into()],
         )
     })?;
@@ -44,6 +45,39 @@ pub fn report(job_id: &str) -> Result<Report> {
         batch: VecDeque::new(),
         stable_output,
     })
+}
+
+/// A job's definition, read as the owner, once the caller is found to be one who may
+/// read the job: a reader of etc_batch.job, or a role with the privileges of the one
+/// that registered it (which sees its own jobs with no further grant); and the tables
+/// the caller reads its items and audit through.
+fn readable(job_id: &str) -> Result<(Definition, Through)> {
+    let def = as_owner(|| Definition::require(job_id))?;
+    let (may, parents) = query::row(sql::MAY_READ_JOB, &[def.registered_by.into()], |r| {
+        Ok((
+            r.get::<bool>(1)?.unwrap_or(false),
+            r.get::<bool>(2)?.unwrap_or(false),
+        ))
+    })?
+    .unwrap_or_default();
+    if !may {
+        return Err(BatchError::PermissionDenied {
+            message: format!("permission denied for job \"{job_id}\""),
+            detail: "A job is shown to the role that registered it (and its members), and to roles granted SELECT on etc_batch.job.".into(),
+        });
+    }
+    let through = if parents {
+        Through {
+            items: "etc_batch.job_item".into(),
+            audit: "etc_batch.job_audit".into(),
+        }
+    } else {
+        Through {
+            items: def.tables.sql("{items}"),
+            audit: def.tables.sql("{audit}"),
+        }
+    };
+    Ok((def, through))
 }
 
 /// The rows of job_report, fetched as they are read.
@@ -94,6 +128,7 @@ impl Iterator for Report {
     }
 }
 
+#[derive(Default)]
 pub struct Summary {
     pub status: String,
     pub approved: i32,
@@ -111,34 +146,46 @@ pub struct Summary {
     pub failure_message: Option<String>,
 }
 
-/// The job's status and its items counted by state, in one statement: the report's,
-/// counted where it runs.
+/// The job's status and its items counted by state: the report's rows counted where
+/// they are read, and what the job's row says, read as the owner. Both statements run
+/// in the snapshot of the query that called job_summary, so they see one state.
 pub fn summary(job_id: &str) -> Result<Summary> {
-    let def = Definition::require(job_id)?;
+    let (def, through) = readable(job_id)?;
     let target = def.target()?;
-    output(def.guard.reads_the_row_as_text(), || {
-        query::row(
-            &target.summary_sql(def.set_values.as_ref()),
-            &[job_id.into(), def.tenant_value().into()],
-            |r| {
+    query::in_callers_snapshot(|| {
+        let job = as_owner(|| {
+            query::row(sql::JOB_SUMMARY, &[job_id.into()], |r| {
                 Ok(Summary {
                     status: r.get::<String>(1)?.unwrap_or_default(),
                     approved: r.get::<i32>(2)?.unwrap_or(0),
                     committed: r.get::<i32>(3)?.unwrap_or(0),
-                    unprocessed: r.get::<i32>(4)?.unwrap_or(0),
-                    matching: r.get::<i32>(5)?.unwrap_or(0),
-                    drifted: r.get::<i32>(6)?.unwrap_or(0),
-                    missing: r.get::<i32>(7)?.unwrap_or(0),
-                    parallel: r.get::<bool>(8)?.unwrap_or(false),
-                    skipped: r.get::<i32>(9)?.unwrap_or(0),
-                    failed_at: r.get::<TimestampWithTimeZone>(10)?,
-                    failure_sqlstate: r.get::<String>(11)?,
-                    failure_message: r.get::<String>(12)?,
+                    parallel: r.get::<bool>(4)?.unwrap_or(false),
+                    failed_at: r.get::<TimestampWithTimeZone>(5)?,
+                    failure_sqlstate: r.get::<String>(6)?,
+                    failure_message: r.get::<String>(7)?,
+                    ..Summary::default()
                 })
-            },
-        )
-    })?
-    .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })
+            })
+        })?
+        .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+        output(def.guard.reads_the_row_as_text(), || {
+            query::row(
+                &target.counts_sql(def.set_values.as_ref(), &through),
+                &[job_id.into(), def.tenant_value().into()],
+                |r| {
+                    Ok(Summary {
+                        unprocessed: r.get::<i32>(1)?.unwrap_or(0),
+                        matching: r.get::<i32>(2)?.unwrap_or(0),
+                        drifted: r.get::<i32>(3)?.unwrap_or(0),
+                        missing: r.get::<i32>(4)?.unwrap_or(0),
+                        skipped: r.get::<i32>(5)?.unwrap_or(0),
+                        ..job
+                    })
+                },
+            )
+        })?
+        .ok_or_else(|| BatchError::Internal("the counts of a job did not come back".into()))
+    })
 }
 
 pub struct Check {

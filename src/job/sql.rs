@@ -340,10 +340,29 @@ SELECT EXISTS (
                                            AND a.attnum OPERATOR(pg_catalog.=) k.attnum
             WHERE a.attname::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ($2::pg_catalog.text[])))";
 
-/// A job's status and counts, for job_summary. $1 job.
-pub const JOB_COUNTS: &str = "\
-SELECT j.status, j.item_count, j.next_index
+/// What job_summary says of a job from its row (and a parallel job's committed chunks),
+/// read as the owner. $1 job.
+pub const JOB_SUMMARY: &str = "\
+SELECT j.status, j.item_count,
+       -- a parallel job's committed items are those of its committed chunks
+       CASE WHEN j.parallel THEN (
+            SELECT COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-)
+                       ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size))), 0)::pg_catalog.int4
+              FROM etc_batch.job_chunk c
+             WHERE c.job_id OPERATOR(pg_catalog.=) $1 AND c.committed)
+            ELSE j.next_index END,
+       j.parallel, j.failed_at, j.failure_sqlstate, j.failure_message
   FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
+
+/// Whether the caller may read a job: a reader of etc_batch.job, or a role with the
+/// privileges of the one that registered it; and whether it may read the parents of
+/// the job's partitions (else it reads the partitions, granted to the registrant).
+/// $1 the registering role.
+pub const MAY_READ_JOB: &str = "\
+SELECT pg_catalog.has_table_privilege('etc_batch.job', 'SELECT')
+       OR pg_catalog.pg_has_role($1, 'USAGE'),
+       pg_catalog.has_table_privilege('etc_batch.job_item', 'SELECT')
+       AND pg_catalog.has_table_privilege('etc_batch.job_audit', 'SELECT')";
 
 /// A job's checkpoint and the counters of changes made outside etc_batch, for the full
 /// check. $1 job.

@@ -323,36 +323,25 @@ impl Target {
     }
 
     /// Every approved item with what the job committed for it and what its row holds
-    /// now, in one statement and so in one snapshot, with the caller's privileges: read
-    /// through the parents etc_batch.job_item and etc_batch.job_audit, which is where a
-    /// reader is granted SELECT. Planned afresh each time with the job id known, so that
-    /// only the job's own partitions are read or locked. $1 job, $2 tenant. `set`: what
-    /// the job sets, which a job guarded by named columns reads as its state.
-    pub fn report_sql(&self, set: Option<&BTreeMap<String, Value>>) -> String {
-        format!("{}\n ORDER BY i.position", self.report_rows(set))
+    /// now, in one statement and so in one snapshot, with the caller's privileges, read
+    /// through `through` (the parents, or the job's own partitions). Planned afresh each
+    /// time with the job id known, so that only the job's own partitions are read or
+    /// locked. $1 job, $2 tenant. `set`: what the job sets, which a job guarded by named
+    /// columns reads as its state.
+    pub fn report_sql(&self, set: Option<&BTreeMap<String, Value>>, through: &Through) -> String {
+        format!("{}\n ORDER BY i.position", self.report_rows(set, through))
     }
 
-    /// The job's status and its items counted by state, in one statement. $1, $2 as
-    /// report_sql.
-    pub fn summary_sql(&self, set: Option<&BTreeMap<String, Value>>) -> String {
+    /// The job's items counted by state, in one statement. $1, $2 as report_sql.
+    pub fn counts_sql(&self, set: Option<&BTreeMap<String, Value>>, through: &Through) -> String {
         let count = |state: &str| {
             format!(
                 "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4"
             )
         };
-        // a parallel job's committed items are those of its committed chunks
-        let committed = "CASE WHEN j.parallel THEN (\
-             SELECT COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-) \
-                    ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size))), 0)::pg_catalog.int4 \
-               FROM etc_batch.job_chunk c \
-              WHERE c.job_id OPERATOR(pg_catalog.=) $1 AND c.committed) \
-             ELSE j.next_index END";
         format!(
-            "WITH r AS ({})\nSELECT j.status, j.item_count, {committed}, {}, {}, {}, {}, j.parallel, {},\n       \
-             j.failed_at, j.failure_sqlstate, j.failure_message\n  \
-             FROM etc_batch.job j LEFT JOIN r ON true\n WHERE j.job_id OPERATOR(pg_catalog.=) $1\n \
-             GROUP BY j.job_id",
-            self.report_rows(set),
+            "WITH r AS ({})\nSELECT {}, {}, {}, {}, {} FROM r",
+            self.report_rows(set, through),
             count("unprocessed"),
             count("matching"),
             count("drifted"),
@@ -361,7 +350,7 @@ impl Target {
         )
     }
 
-    fn report_rows(&self, set: Option<&BTreeMap<String, Value>>) -> String {
+    fn report_rows(&self, set: Option<&BTreeMap<String, Value>>, through: &Through) -> String {
         let s = &self.shape;
         let present = format!("t.{}", self.col(&s.key.columns()[0]));
         // what the job left the row at: its guard value then, or (named columns) what it set
@@ -395,17 +384,27 @@ impl Target {
             WHEN {matching} THEN 'matching'
             ELSE 'drifted' END AS state,
        a.revision_after, CASE WHEN {present} IS NOT NULL THEN {} END
-  FROM etc_batch.job_item i
-  LEFT JOIN etc_batch.job_audit a
+  FROM {} i
+  LEFT JOIN {} a
     ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
   LEFT JOIN {} AS t
     ON {}
  WHERE i.job_id OPERATOR(pg_catalog.=) $1",
             s.guard.now(),
+            through.items,
+            through.audit,
             self.sql_name,
             joins.join(" AND "),
         )
     }
+}
+
+/// The tables a report reads a job's items and audit through: the parents
+/// etc_batch.job_item and etc_batch.job_audit, where a reader of every job is granted
+/// SELECT, or the job's own partitions, which the role that registered it may read.
+pub struct Through {
+    pub items: String,
+    pub audit: String,
 }
 
 /// The values a job's change sets and those it expects, bound from $4 on in that order,

@@ -948,6 +948,61 @@ def test_client_min_messages_warning_suppresses_the_notices(direct, tables):
     assert run_and_collect(quiet, pg, "quiet") == []
 
 
+@pytest.mark.parametrize("check_interval", ["0", "250ms"])
+def test_a_quiet_drain_whose_client_dies(direct, tables, tmp_path, check_interval):
+    """A psql that calls drain_job with client_min_messages = warning is killed while the
+    drain runs. Nothing is sent to the client until the call ends, so by default the
+    server learns of it only then: the drain goes on to the end. With
+    client_connection_check_interval set, the server checks the connection while the
+    call runs and ends the session within the interval: the chunk in flight rolls back,
+    the committed ones stay (docs/live-systems.md, "A client that goes away")."""
+    pg = direct.pg
+    orders = Orders(pg, "orphan", 300)
+    job = tag("orphan")
+    conn = direct.connect()
+    assert register(conn, job, orders, 10) == (job, True, 300, 30)
+    conn.execute("SELECT etc_batch.pace_job(%s, 100)", (job,))  # three seconds in all
+    app = tag("orphan_client")
+    script = tmp_path / "orphan.sql"
+    script.write_text(
+        "SET client_min_messages = warning;\n"
+        f"SET client_connection_check_interval = '{check_interval}';\n"
+        f"CALL etc_batch.drain_job('{job}');\n")
+    client = subprocess.Popen(
+        ["psql", "-X", *direct.psql_args(), "-U", "postgres", "-f", str(script)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin", "PGAPPNAME": app})
+
+    def backend():
+        row = pg.admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                               (app,)).fetchone()
+        return row[0] if row else None
+
+    def committed():
+        return pg.admin.execute("SELECT committed FROM etc_batch.job_progress WHERE job_id = %s",
+                                (job,)).fetchone()[0]
+
+    wait_until(lambda: backend() is not None and committed() > 0, "the drain to commit a chunk")
+    client.kill()  # the client process dies: its socket is closed by the kernel
+    client.wait(10)
+    killed_at = committed()
+    assert killed_at < 300
+    if check_interval == "0":
+        # nobody tells the server: the drain goes on to the end, then finds no client
+        wait_until(lambda: job_state(pg, job)[0] == "done", "the orphaned drain to finish")
+        wait_until(lambda: backend() is None, "the session to end once the call returns")
+        assert committed() == 300
+    else:
+        wait_until(lambda: backend() is None, "the server to notice the client is gone",
+                   timeout=5)
+        left = committed()
+        assert left < 300, "the drain went on to the end"
+        time.sleep(1)
+        assert committed() == left, "a chunk committed after the session ended"
+        assert job_state(pg, job)[0] == "pending"
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, committed() + 1)})
+
+
 def test_role_setting_suppresses_the_notices_through_pgbouncer(pg, bouncer, app_role, tables):
     """Through a transaction-mode pooler a plain SET does not stay with the client;
     ALTER ROLE ... IN DATABASE ... SET does, since every server connection of the role

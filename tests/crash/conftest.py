@@ -8,8 +8,8 @@ other sessions live on, so it needs a cluster nobody else uses. fsync is on, or 
 crash would prove nothing about what reached the disk.
 
 The cluster is started with scripts/lib.sh's cluster_start, restarted after each crash
-the same way cluster_start starts it (pg_ctl as the postgres OS user, without
-RUST_BACKTRACE), and stopped at the end of the module, whatever happened.
+the same way cluster_start starts it (pg_ctl as the postgres OS user, with
+RUST_BACKTRACE set), and stopped at the end of the module, whatever happened.
 
 The random moments come from one seed, printed in the summary and in every failure;
 ETC_BATCH_CRASH_SEED=<seed> makes the same random choices again: chunk sizes, approved
@@ -81,11 +81,11 @@ class CrashCluster(OwnCluster):
         self.crashes += 1
 
     def start(self):
-        # As cluster_start starts it: the server must not inherit RUST_BACKTRACE.
+        # As cluster_start starts it, with RUST_BACKTRACE set.
         done = subprocess.run(
             _as_pg(
                 [
-                    "env", "-u", "RUST_BACKTRACE",
+                    "env", "RUST_BACKTRACE=1",
                     str(PG_BIN / "pg_ctl"), "-D", str(DATA_DIR), "-l", str(SERVER_LOG),
                     "-w", "-t", "120", "start",
                 ]

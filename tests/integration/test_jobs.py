@@ -800,7 +800,7 @@ BAD_REGISTRATIONS = {
     "set_values_assigns_id": ({"set_values": {"status": "cancelled", "id": 9}}, "22023", '"id"'),
     "set_values_assigns_tenant": ({"set_values": {"tenant": "B"}}, "22023", '"tenant"'),
     "set_values_assigns_revision": ({"set_values": {"revision": 7}}, "22023", '"revision"'),
-    "no_unique_index": ({"target": "nounique"}, "22023", "unique index"),
+    "no_unique_index": ({"target": "nounique"}, "42P10", "does not name one row"),
     "null_items": ({"items": None}, "22004", '"items"'),
 }
 
@@ -1022,7 +1022,7 @@ def test_unknown_job_and_transaction_block_are_refused(db):
 
 REGISTER_SIGNATURE = (
     "etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, "
-    "name, regprocedure, boolean)"
+    "name, regprocedure, boolean, name[], text, text)"
 )
 DRAIN_SIGNATURE = ("etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, "
                    "text, text)")

@@ -1036,10 +1036,10 @@ def test_odd_identifiers_and_values_reach_exactly_the_approved_rows(db):
                          expect=Jsonb({STATUS: "pending"}))
     assert got == {"job_id": job, "created": True, "items": 8, "chunks": 3}
     stored = db.admin.execute(
-        "SELECT key_column::text AS k, tenant_column::text AS t, revision_column::text AS r, "
+        "SELECT key_columns::text[] AS k, tenant_column::text AS t, revision_column::text AS r, "
         "guard_columns, set_values, expect, tenant FROM etc_batch.job WHERE job_id = %s",
         (job,)).fetchone()
-    assert (stored["k"], stored["t"], stored["r"], stored["tenant"]) == (KEY, TENANT, REV, TENANT_1)
+    assert (stored["k"], stored["t"], stored["r"], stored["tenant"]) == ([KEY], TENANT, REV, TENANT_1)
     assert stored["guard_columns"] == sorted([QTY, NOTE, COMMA, PLAIN_ID, PLAIN_REVISION],
                                              key=lambda c: c.encode())
     assert (stored["set_values"], stored["expect"]) == (set_values, {STATUS: "pending"})
@@ -1245,12 +1245,13 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
     db.admin.execute(sql.SQL("INSERT INTO {} VALUES ('A', 1, 1, 'p', 1), ('A', 1, 1, 'p', 2), "
                              "('A', 1, 1, 'p', 3)").format(ident(bad)))
     job = f"commas {bad}"
-    with pytest.raises(errors.InvalidParameterValue) as refused:
+    with pytest.raises(errors.InvalidColumnReference) as refused:
         conn.execute(
             "SELECT * FROM etc_batch.register_job(%s, 'A', %s::regclass, %s, 1, %s, "
             "key_column => 'k', tenant_column => 't')",
             (job, bad, Jsonb([{"k": 1, "revision": 1}]), Jsonb({"st": "x"})))
-    assert "has no unique index" in refused.value.diag.message_primary
+    assert refused.value.diag.message_primary == (
+        f'key k within tenant column "t" of table {bad} does not name one row')
     assert job_state(db, job) is None
     still = db.admin.execute(sql.SQL("SELECT st FROM {}").format(ident(bad))).fetchall()
     assert {r["st"] for r in still} == {"p"}
@@ -1258,9 +1259,13 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
 
 # 3. privileges --------------------------------------------------------------------------
 
-# What PUBLIC may execute, as docs/security.md documents it.
+# What PUBLIC may execute, as docs/security.md documents it: the lock helpers, and the
+# reports, which show a job only to its registrant and to readers of etc_batch.job.
 PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(text,text)",
-                   "etc_batch.xact_lock(text,text)"}
+                   "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
+                   "etc_batch.job_summary(text)"}
+# What PUBLIC may read: job_progress, whose rows are those jobs.
+PUBLIC_RELATIONS = {"job_progress"}
 
 MEMBERS = """
     SELECT p.oid, p.oid::regprocedure::text AS signature, p.proname, p.prokind, p.prosecdef,
@@ -1292,7 +1297,7 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
                      "count_job_changes", "create_job_tables", "doctor", "drain_job",
                      "exec_batch_from_id", "job_report", "job_summary", "lock_key",
                      "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
-                     "register_job_from_query", "release_lease", "reset_batch",
+                     "register_job_from_query", "register_remainder", "release_lease", "reset_batch",
                      "resume_batch", "resume_job", "retry_step", "try_xact_lock",
                      "verify_job", "xact_lock"}, (
         "a routine was added or removed: decide who may run it, then update this list")
@@ -1338,7 +1343,9 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
                                                  "job_audit", "job_audit_items", "lease",
                                                  "leases", "locks", "job_progress",
                                                  "chain_progress"}
-    assert [r["relname"] for r in relations if r["public"]] == []
+    assert {r["relname"] for r in relations if r["public"]} == PUBLIC_RELATIONS
+    assert {r["relname"]: r["public"] for r in relations if r["public"]} == {
+        "job_progress": ["SELECT"]}
 
 
 def null_call(r, arg_types):
@@ -1417,7 +1424,12 @@ def test_a_role_granted_nothing_can_run_only_the_lock_helpers(db, roles, usage):
         for privilege in privileges:
             may = db.admin.execute(f"SELECT {check}(%s, %s, %s) AS may",
                                    (nobody, name, privilege)).fetchone()["may"]
-            assert may is False, (name, privilege)
+            public = name.removeprefix("etc_batch.") in PUBLIC_RELATIONS and privilege == "SELECT"
+            assert may is public, (name, privilege)
+        if name.removeprefix("etc_batch.") in PUBLIC_RELATIONS and usage:
+            # readable, and showing none of the jobs there are
+            assert conn.execute(f"SELECT * FROM {name}").fetchall() == []
+            continue
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute(f"SELECT * FROM {name} LIMIT 0")
     with pytest.raises(errors.InsufficientPrivilege):
@@ -1426,6 +1438,82 @@ def test_a_role_granted_nothing_can_run_only_the_lock_helpers(db, roles, usage):
         conn.execute("INSERT INTO etc_batch.batch_log (id, batch, command, added_by) "
                      "VALUES (999999, 'forged', 'SELECT 1', 'postgres')")
     assert etc_batch_rows(db) == before
+    conn.close()
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["in_order", "parallel"])
+def test_a_registrant_sees_its_own_jobs_and_no_one_elses(db, roles, parallel):
+    """The role that registered a job reads it in job_progress, job_summary and
+    job_report with no grant but the one to register; so do its members. Another role
+    with the same grants sees nothing of it (42501 from the functions, no row in the
+    view); a reader granted SELECT on etc_batch's tables sees every job."""
+    clerk, other, member, dashboard = (roles(n) for n in ("clerk", "other", "member", "dash"))
+    db.admin.execute(sql.SQL("GRANT {} TO {}").format(ident(clerk), ident(member)))
+    tag = secrets.token_hex(3)
+    table = f"seen_{tag}"
+    db.admin.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, st text)").format(ident(table)))
+    db.admin.execute(sql.SQL("INSERT INTO {} SELECT g, 'p' FROM generate_series(1, 6) g")
+                     .format(ident(table)))
+    for role in (clerk, other):
+        db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(ident(table), ident(role)))
+        db.admin.execute(sql.SQL(
+            "GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, "
+            "jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) TO {}")
+            .format(ident(role)))
+        db.admin.execute(sql.SQL(
+            "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
+            "integer, bigint, text, text, text) TO {}").format(ident(role)))
+    db.admin.execute(sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(ident(table), ident(dashboard)))
+    for role in (clerk, other, member, dashboard):
+        db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(ident(role)))
+    db.admin.execute(sql.SQL("GRANT SELECT ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit, "
+                             "etc_batch.job_chunk TO {}").format(ident(dashboard)))
+
+    def session(role):
+        conn = db.connect()
+        conn.execute(sql.SQL("SET ROLE {}").format(ident(role)))
+        return conn
+
+    job = {clerk: f"clerk's {tag}", other: f"other's {tag}"}
+    for role in (clerk, other):
+        conn = session(role)
+        conn.execute("SELECT * FROM etc_batch.register_job(%s, NULL, %s::regclass, %s, 2, %s, "
+                     "tenant_column => NULL, revision_column => NULL, parallel => %s)",
+                     (job[role], table, Jsonb([{"id": i} for i in (1, 2, 3)] if role == clerk
+                                              else [{"id": i} for i in (4, 5, 6)]),
+                      Jsonb({"st": role[:5]}), parallel))
+        assert drain(conn, job[role], 1)["committed_items"] == 2
+        conn.close()
+
+    def summary(conn, j):
+        return conn.execute("SELECT status, approved, committed, unprocessed, matching "
+                            "FROM etc_batch.job_summary(%s)", (j,)).fetchone()
+
+    def report(conn, j):
+        return [tuple(r) for r in conn.execute(
+            "SELECT item_key, state FROM etc_batch.job_report(%s)", (j,)).fetchall()]
+
+    def progress(conn):
+        return {r[0]: r[1:] for r in conn.execute(
+            "SELECT job_id, status, committed, approved FROM etc_batch.job_progress "
+            "WHERE job_id IN (%s, %s)", (job[clerk], job[other])).fetchall()}
+
+    for role in (clerk, member):
+        conn = session(role)
+        assert summary(conn, job[clerk]) == ("pending", 3, 2, 1, 2), role
+        assert report(conn, job[clerk]) == [("1", "matching"), ("2", "matching"),
+                                            ("3", "unprocessed")], role
+        assert progress(conn) == {job[clerk]: ("pending", 2, 3)}, role
+        for read in (summary, report):
+            with pytest.raises(errors.InsufficientPrivilege,
+                               match=f'permission denied for job "{job[other]}"'):
+                read(conn, job[other])
+        conn.close()
+
+    conn = session(dashboard)
+    assert summary(conn, job[other]) == ("pending", 3, 2, 1, 2)
+    assert report(conn, job[other]) == [("4", "matching"), ("5", "matching"), ("6", "unprocessed")]
+    assert progress(conn) == {job[clerk]: ("pending", 2, 3), job[other]: ("pending", 2, 3)}
     conn.close()
 
 
@@ -1461,6 +1549,63 @@ def test_crash_aid_cannot_be_set_by_a_role_that_is_not_superuser(db, roles):
         conn.execute("SET etc_batch.crash_at = 'after_change'")
     assert drain(conn, job)["status"] == "done"
     assert not conn.closed and conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_an_errors_detail_is_for_the_dba_with_rust_backtrace_set(db, roles):
+    """The test servers run with RUST_BACKTRACE=1 in their environment (scripts/lib.sh),
+    as a DBA's may. A permission error etc_batch raises, and one PostgreSQL raises under
+    a chunk, still carry only what a DBA reads: no Rust backtrace in the DETAIL."""
+    # what a program the server starts finds in its environment
+    db.admin.execute("CREATE TEMP TABLE server_env (value text)")
+    db.admin.execute("""COPY server_env FROM PROGRAM 'printf "%s\\n" "$RUST_BACKTRACE"'""")
+    assert db.admin.execute("SELECT value FROM server_env").fetchone()["value"] == "1"
+    clerk = roles("clerk")
+    table = f"bt_{secrets.token_hex(3)}"
+    db.admin.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, st text)").format(ident(table)))
+    db.admin.execute(sql.SQL("INSERT INTO {} SELECT g, 'p' FROM generate_series(1, 4) g")
+                     .format(ident(table)))
+    r = ident(clerk)
+    db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(r))
+    db.admin.execute(sql.SQL("GRANT EXECUTE ON ALL ROUTINES IN SCHEMA etc_batch TO {}").format(r))
+    db.admin.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(ident(table), r))
+    conn = db.connect()
+    conn.execute(sql.SQL("SET ROLE {}").format(r))
+    register = ("SELECT * FROM etc_batch.register_job(%s, NULL, %s::regclass, %s, 2, %s, "
+                "tenant_column => NULL, revision_column => NULL)")
+    items = Jsonb([{"id": i} for i in (1, 2, 3, 4)])
+
+    # etc_batch's own: no UPDATE on the target
+    with pytest.raises(errors.InsufficientPrivilege) as refused:
+        conn.execute(register, ("bt-1", table, items, Jsonb({"st": "x"})))
+    diag = refused.value.diag
+    assert diag.message_primary == f'permission denied to update column "st" of table {table}'
+    assert diag.message_detail == (
+        "A job changes rows with the privileges of the role that registers it, which needs "
+        "UPDATE on every column the job assigns (and on the revision column, which it "
+        "increments).")
+    assert diag.message_hint is None
+
+    # PostgreSQL's, under a chunk: UPDATE granted for the registration, then taken away
+    db.admin.execute(sql.SQL("GRANT UPDATE ON {} TO {}").format(ident(table), r))
+    conn.execute(register, ("bt-2", table, items, Jsonb({"st": "x"})))
+    db.admin.execute(sql.SQL("REVOKE UPDATE ON {} FROM {}").format(ident(table), r))
+    with pytest.raises(errors.InsufficientPrivilege) as failed:
+        drain(conn, "bt-2")
+    diag = failed.value.diag
+    assert diag.message_primary == f"permission denied for table {table}"
+    assert diag.message_detail == 'Chunk 1 of job "bt-2" was rolled back; the job is still pending.'
+    assert diag.message_hint == "Fix the cause and call etc_batch.drain_job('bt-2') again."
+
+    # PostgreSQL's, passed on as it was raised: a report read without SELECT on the target
+    db.admin.execute(sql.SQL("REVOKE SELECT ON {} FROM {}").format(ident(table), r))
+    for report in ("job_summary", "job_report"):
+        with pytest.raises(errors.InsufficientPrivilege) as failed:
+            conn.execute(f"SELECT * FROM etc_batch.{report}('bt-2')")
+        diag = failed.value.diag
+        assert diag.message_primary == f"permission denied for table {table}"
+        assert diag.message_detail is None
+        assert diag.message_hint is None
+    conn.close()
 
 
 def test_the_registering_role_privileges_bound_the_change_whoever_drains(db, roles):

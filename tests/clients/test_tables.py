@@ -1,0 +1,443 @@
+"""Jobs on the tables a DBA has, driven by real clients (psycopg, straight to PostgreSQL
+and through PgBouncer) while other clients work on the same rows.
+
+- A table with no tenant and no revision column, changed by the application while a
+  drain runs: the row digest catches every change, with on_drift => 'stop' (the job
+  stops at the first) and 'skip' (each is left as the application made it, recorded,
+  and the job goes on); the job never overwrites a row the application changed.
+- A partitioned table, items in three partitions, drained in parallel by three clients
+  while their backends are killed at random moments: every approved row changed once.
+- register_remainder after a conflict: what was not changed, approved again in one
+  call, drained to the end.
+- A table loaded and never analyzed, chunks of 5,000: no chunk reads the table whole.
+- A drainer pacing itself is at work: job_progress shows it, the doctor says nothing
+  of a job stopped half-way; the rate and the estimated finish leave paused time out.
+- A drain that fails for another reason than a conflict is recorded where job_summary,
+  job_progress and the doctor show it.
+
+ETC_BATCH_TABLES_SEED=<seed> repeats the random choices of a run (printed on failure).
+"""
+
+import json
+import os
+import random
+import secrets
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support import wait_until  # noqa: E402
+
+SEED = int(os.environ.get("ETC_BATCH_TABLES_SEED", secrets.randbits(32)))
+
+
+def tag(label):
+    return f"{label}_{secrets.token_hex(3)}"
+
+
+def audit_counts(pg, job):
+    """How many audit rows each approved item has, by key text, and how many of them
+    say skipped."""
+    rows = pg.admin.execute(
+        "SELECT item_key, count(*), count(*) FILTER (WHERE outcome = 'skipped') "
+        "FROM etc_batch.job_audit_items WHERE job_id = %s GROUP BY item_key", (job,)).fetchall()
+    return Counter({k: n for k, n, _ in rows}), {k for k, _, s in rows if s}
+
+
+def doctor_rows(pg, job):
+    return pg.admin.execute(
+        "SELECT status, detail FROM etc_batch.doctor() WHERE check_name = %s",
+        (f"job {job}",)).fetchall()
+
+
+class Accounts:
+    """accounts_<tag>(id bigint PRIMARY KEY, plan text, balance numeric): no tenant, no
+    revision column, ids 1..n on plan 'basic'."""
+
+    def __init__(self, pg, n):
+        self.pg = pg
+        self.name = tag("accounts")
+        self.ident = sql.Identifier(self.name)
+        pg.admin.execute(sql.SQL(
+            "CREATE TABLE {} (id bigint PRIMARY KEY, plan text NOT NULL, balance numeric NOT NULL)"
+        ).format(self.ident))
+        pg.admin.execute(sql.SQL(
+            "INSERT INTO {} SELECT g, 'basic', g * 10 FROM generate_series(1, %s) g"
+        ).format(self.ident), (n,))
+
+    def register(self, conn, job, ids, chunk_size, on_drift="stop"):
+        return conn.execute(
+            "SELECT job_id, created, items, chunks FROM etc_batch.register_job("
+            "%s, NULL, %s::regclass, %s::jsonb, %s, '{\"plan\": \"standard\"}', "
+            "tenant_column => NULL, revision_column => NULL, on_drift => %s)",
+            (job, self.name, json.dumps([{"id": i} for i in ids]), chunk_size, on_drift),
+        ).fetchone()
+
+    def rows(self):
+        return {r[0]: (r[1], r[2]) for r in self.pg.admin.execute(
+            sql.SQL("SELECT id, plan, balance FROM {}").format(self.ident))}
+
+
+@pytest.mark.parametrize("on_drift", ["stop", "skip"])
+def test_an_application_changing_a_table_without_tenant_or_revision_during_a_drain(
+        client, on_drift):
+    """The application pays into accounts just ahead of the drain, on a table with
+    neither a tenant nor a revision column: each of its changes is caught by the row
+    digest. With 'stop' the job stops in conflict at the first changed item it reaches;
+    with 'skip' every changed item is left as the application made it, audited as
+    skipped with the row found, and the rest is changed, each item once."""
+    pg = client.pg
+    rng = random.Random(SEED)
+    accounts = Accounts(pg, 600)
+    approved = list(range(1, 501))
+    job = tag(f"app_{on_drift}")
+    conn = client.connect()
+    assert accounts.register(conn, job, approved, 20, on_drift) == (job, True, 500, 25)
+    # a slow drain, so that the application has time to act ahead of it
+    conn.execute("SELECT etc_batch.pace_job(%s, 1000)", (job,))
+
+    result, failure = {}, {}
+
+    def drain():
+        try:
+            result["row"] = client.connect().execute(
+                "CALL etc_batch.drain_job(%s)", (job,)).fetchone()
+        except psycopg.Error as e:
+            failure["error"] = e
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    app = client.connect()
+    changed = set()
+    while thread.is_alive():
+        committed = app.execute("SELECT committed FROM etc_batch.job_progress WHERE job_id = %s",
+                                (job,)).fetchone()[0]
+        # a row well ahead of the drain, approved or not; a payment changes only a row
+        # still on the plan approved (the drain may have changed it meanwhile)
+        target = committed + rng.randint(60, 140)
+        if target <= 600:
+            row = app.execute(sql.SQL(
+                "UPDATE {} SET balance = balance + 1 WHERE id = %s AND plan = 'basic' RETURNING id"
+            ).format(accounts.ident), (target,)).fetchone()
+            if row:
+                changed.add(row[0])
+        time.sleep(0.02)
+    thread.join(60)
+    changed_approved = changed & set(approved)
+    assert changed_approved, f"the application changed no approved row (seed {SEED})"
+
+    rows = accounts.rows()
+    # the job never overwrote a row the application changed, nor touched a row not approved
+    assert all(rows[i][0] == "basic" for i in changed), (SEED, changed)
+    assert all(rows[i][0] == "basic" for i in range(501, 601))
+    counts, skipped = audit_counts(pg, job)
+    assert set(counts.values()) <= {1}, counts
+    standard = {i for i, (plan, _) in rows.items() if plan == "standard"}
+    if on_drift == "stop":
+        assert isinstance(failure.get("error"), errors.IntegrityConstraintViolation), (SEED, result)
+        first = min(changed_approved)
+        assert failure["error"].diag.message_detail.startswith(f"Item {first} ("), failure["error"]
+        # everything before the changed item's chunk committed, nothing from it on
+        assert standard == set(range(1, (first - 1) // 20 * 20 + 1)), (SEED, first)
+        assert skipped == set()
+        status = pg.admin.execute("SELECT status FROM etc_batch.job WHERE job_id = %s",
+                                  (job,)).fetchone()[0]
+        assert status == "conflict"
+    else:
+        assert failure == {} and result["row"][4] == "done", (SEED, failure)
+        assert standard == set(approved) - changed_approved, SEED
+        assert {int(k) for k in skipped} == changed_approved, SEED
+        assert counts == Counter({str(i): 1 for i in approved})
+        summary = pg.admin.execute(
+            "SELECT status, committed, matching, skipped FROM etc_batch.job_summary(%s)",
+            (job,)).fetchone()
+        assert summary == ("done", 500, 500 - len(changed_approved), len(changed_approved))
+        # what was found is the row as the application left it
+        found = dict(pg.admin.execute(
+            "SELECT item_key::bigint, (found ->> 'balance')::numeric FROM etc_batch.job_audit_items "
+            "WHERE job_id = %s AND outcome = 'skipped'", (job,)).fetchall())
+        assert found == {i: rows[i][1] for i in changed_approved}
+
+
+def test_a_partitioned_table_drained_in_parallel_while_drainers_are_killed(pg):
+    """events is partitioned by month into three partitions; 2,000 approved events lie
+    in all three. Three clients drain the parallel job while their backends are killed
+    at random moments (mostly inside a chunk, whose statement lingers before its commit)
+    and they reconnect: in the end every approved row was updated exactly once (a
+    trigger counts the updates that committed), and no other row."""
+    rng = random.Random(SEED)
+    name = tag("events")
+    t = sql.Identifier(name)
+    counted = sql.Identifier(f"{name}_updates")
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (at timestamptz, id bigint, state text NOT NULL DEFAULT 'new', "
+        "PRIMARY KEY (at, id)) PARTITION BY RANGE (at)").format(t))
+    for month in (1, 2, 3):
+        pg.admin.execute(sql.SQL(
+            "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(f"{name}_{month}"), t,
+                sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
+    pg.admin.execute(sql.SQL(
+        "INSERT INTO {} (at, id) SELECT timestamptz '2026-01-01 00:00+00' "
+        "+ (g * interval '1 second' * 2500), g FROM generate_series(1, 3000) g").format(t))
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, n int NOT NULL DEFAULT 1)").format(counted))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {c} (id) VALUES (NEW.id); RETURN NEW; END $$").format(
+            fn=sql.Identifier(f"{name}_count"), c=counted))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER counted AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_count")))
+    # each chunk's statement lingers before its commit, where most kills land
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER linger AFTER UPDATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_linger")))
+    partitions = pg.admin.execute(sql.SQL(
+        "SELECT count(DISTINCT tableoid) FROM {} WHERE id % 3 <> 0").format(t)).fetchone()[0]
+    assert partitions == 3
+    job = tag("events_job")
+    row = pg.admin.execute(
+        "SELECT items, chunks FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, "
+        "format('SELECT at, id FROM %%I WHERE id %%%% 3 <> 0', %s::text), 25, "
+        "'{\"state\": \"archived\"}', tenant_column => NULL, revision_column => NULL, "
+        "parallel => true)", (job, name, name)).fetchone()
+    assert row == (2000, 80)
+
+    pids, done, failures = {}, threading.Event(), []
+    killed = Counter()
+
+    def drainer(n):
+        while not done.is_set():
+            try:
+                conn = pg.direct()
+                pids[n] = conn.info.backend_pid
+                while not done.is_set():
+                    r = conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,)).fetchone()
+                    if r[4] == "done":
+                        done.set()
+            except psycopg.OperationalError:
+                killed[n] += 1  # its backend was terminated: a new connection goes on
+            except BaseException as e:  # kept for the assertion below
+                failures.append(e)
+                done.set()
+
+    threads = [threading.Thread(target=drainer, args=(n,), daemon=True) for n in range(3)]
+    for th in threads:
+        th.start()
+    kills = 0
+    deadline = time.monotonic() + 120
+    while not done.is_set() and time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.05, 0.4))
+        victim = pids.get(rng.randrange(3))
+        if victim and not done.is_set():
+            if pg.admin.execute("SELECT pg_terminate_backend(%s)", (victim,)).fetchone()[0]:
+                kills += 1
+    for th in threads:
+        th.join(60)
+        assert not th.is_alive()
+    assert failures == [], (SEED, failures)
+    assert done.is_set(), f"the job did not finish (seed {SEED})"
+    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
+    print(f"{kills} drainers killed (seed {SEED})")
+
+    updates = dict(pg.admin.execute(sql.SQL("SELECT id, sum(n) FROM {} GROUP BY id").format(counted)))
+    assert updates == {i: 1 for i in range(1, 3001) if i % 3 != 0}, SEED
+    states = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT state FROM {}").format(t)))
+    assert states == Counter({"archived": 2000, "new": 1000})
+    counts, _ = audit_counts(pg, job)
+    assert len(counts) == 2000 and set(counts.values()) == {1}
+    checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks and all(ok for _, ok in checks), checks
+
+
+@pytest.mark.parametrize("include_drifted", [False, True])
+def test_register_remainder_after_a_conflict(client, include_drifted):
+    """A job stopped in conflict by a changed row: register_remainder approves, in one
+    call, what it did not change (the drifted row too, at its state now, when asked);
+    the job ends continued as the new one, which drains to the end."""
+    pg = client.pg
+    accounts = Accounts(pg, 100)
+    job, rest = tag("conflicted"), tag("remainder")
+    conn = client.connect()
+    assert accounts.register(conn, job, range(1, 101), 10) == (job, True, 100, 10)
+    assert conn.execute("CALL etc_batch.drain_job(%s, 3)", (job,)).fetchone()[1] == 30
+    pg.admin.execute(sql.SQL("UPDATE {} SET balance = 0 WHERE id = 45").format(accounts.ident))
+    with pytest.raises(errors.IntegrityConstraintViolation):
+        conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+    got = conn.execute(
+        "SELECT job_id, created, items, chunks FROM etc_batch.register_remainder(%s, %s, "
+        "include_drifted => %s)", (job, rest, include_drifted)).fetchone()
+    # chunk 4 committed before the drain met the changed row in chunk 5
+    expected = 60 if include_drifted else 59
+    assert got == (rest, True, expected, 6)
+    assert pg.admin.execute(
+        "SELECT status, continued_as FROM etc_batch.job_progress WHERE job_id = %s",
+        (job,)).fetchone() == ("continued", rest)
+    with pytest.raises(errors.ObjectNotInPrerequisiteState, match="was continued as another job"):
+        conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (rest,)).fetchone()[4] == "done"
+    rows = accounts.rows()
+    assert rows[45] == (("standard" if include_drifted else "basic"), 0)
+    assert all(rows[i][0] == "standard" for i in range(1, 101) if i != 45)
+    items = [int(k) for (k,) in pg.admin.execute(
+        "SELECT item_key FROM etc_batch.job_item WHERE job_id = %s ORDER BY position", (rest,))]
+    assert items == [i for i in range(41, 101) if include_drifted or i != 45]
+
+
+def test_a_never_analyzed_table_is_not_read_whole_by_a_chunk(pg):
+    """Half a million rows loaded into a table autovacuum leaves alone, never analyzed:
+    a job of 20,000 integer keys in chunks of 5,000 reads it through its primary key,
+    never whole (pg_stat_user_tables counts no row read by a sequential scan), and
+    neither once the table is analyzed. The speed, with and without statistics, is
+    bench/run's ("chunks without statistics")."""
+    name = tag("loaded")
+    t = sql.Identifier(name)
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (id int PRIMARY KEY, v int NOT NULL, st text NOT NULL) "
+        "WITH (autovacuum_enabled = false)").format(t))
+    pg.admin.execute(sql.SQL(
+        "INSERT INTO {} SELECT g, g, 'new' FROM generate_series(1, 500000) g").format(t))
+
+    def reltuples():
+        return pg.admin.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+                                (name,)).fetchone()[0]
+
+    assert reltuples() == -1, "the table was analyzed"
+    job = tag("unanalyzed")
+    conn = pg.direct()
+    conn.execute(
+        "SELECT etc_batch.register_job_from_query(%s, NULL, %s::regclass, "
+        "format('SELECT id FROM %%I WHERE id %%%% 25 = 0', %s::text), 5000, '{\"st\": \"done\"}', "
+        "tenant_column => NULL, revision_column => NULL)", (job, name, name))
+
+    def scans():
+        # the drainer's counters, flushed at its next statement; then read afresh
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT 1")
+        pg.admin.execute("SELECT pg_stat_clear_snapshot()")
+        return pg.admin.execute(
+            "SELECT coalesce(seq_tup_read, 0), coalesce(idx_scan, 0) FROM pg_stat_user_tables "
+            "WHERE relid = %s::regclass", (name,)).fetchone()
+
+    for analyzed in (False, True):
+        if analyzed:
+            pg.admin.execute(sql.SQL("ANALYZE {}").format(t))
+            assert reltuples() > 0
+        seq_before, idx_before = scans()
+        row = conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,)).fetchone()
+        assert row[:2] == (2, 10000)
+        wait_until(lambda: scans()[1] > idx_before, "the drain's statistics to be flushed")
+        seq_after, _ = scans()
+        assert seq_after == seq_before, (
+            f"analyzed={analyzed}: the drain read {seq_after - seq_before} rows sequentially")
+    assert row[4] == "done"
+    assert pg.admin.execute(sql.SQL("SELECT count(*) FROM {} WHERE st = 'done'").format(t)
+                            ).fetchone()[0] == 20000
+
+
+def test_a_pacing_drainer_is_at_work_and_paused_time_is_not_work(pg):
+    """While a drain sleeps between chunks for its pace, job_progress shows its drainer
+    (and what it waits for), and the doctor says nothing of a job stopped half-way.
+    Paused with nobody draining for a while, then finished: the seconds at work leave
+    the pause out, the rate is the items over them, and no finish is estimated while
+    the job is paused."""
+    accounts = Accounts(pg, 200)
+    job = tag("paced")
+    conn = pg.direct()
+    accounts.register(conn, job, range(1, 201), 10)
+    conn.execute("SELECT etc_batch.pace_job(%s, 20)", (job,))  # a chunk every half second
+    drainer = pg.direct()
+    pid = drainer.info.backend_pid
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(row=drainer.execute(
+        "CALL etc_batch.drain_job(%s, 4)", (job,)).fetchone()), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    wait_until(lambda: "paced" in (pg.admin.execute(
+        "SELECT waiting FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()[0] or ""),
+        "the drain to sleep for its pace")
+    progress = pg.admin.execute(
+        "SELECT drainers, drainer_pids, committed FROM etc_batch.job_progress WHERE job_id = %s",
+        (job,)).fetchone()
+    assert progress[0] == 1 and progress[1] == [pid] and progress[2] > 0, progress
+    assert doctor_rows(pg, job) == []
+    thread.join(30)
+    assert result["row"][:2] == (4, 40)
+    worked_before = time.monotonic() - started
+
+    # stopped half-way with nobody draining: now the doctor says so
+    assert [s for s, _ in doctor_rows(pg, job)] == ["warn"]
+    # paused for three seconds, nobody at work
+    conn.execute("SELECT etc_batch.pace_job(%s, NULL)", (job,))
+    conn.execute("SELECT etc_batch.pause_job(%s)", (job,))
+    assert pg.admin.execute("SELECT estimated_finish FROM etc_batch.job_progress WHERE job_id = %s",
+                            (job,)).fetchone()[0] is None
+    time.sleep(3)
+    conn.execute("SELECT etc_batch.resume_job(%s)", (job,))
+    wall_start = pg.admin.execute("SELECT started_at FROM etc_batch.job_progress WHERE job_id = %s",
+                                  (job,)).fetchone()[0]
+    assert drainer.execute("CALL etc_batch.drain_job(%s, 4)", (job,)).fetchone()[:2] == (4, 40)
+    seconds, rate, committed, last, estimated = pg.admin.execute(
+        "SELECT seconds_at_work, items_per_second, committed, last_commit_at, estimated_finish "
+        "FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()
+    wall = (last - wall_start).total_seconds()
+    assert committed == 80
+    assert wall > 3 + float(seconds), (wall, seconds)  # the pause is not at work
+    assert 0 < float(seconds) < worked_before + 1.0, (seconds, worked_before)
+    # both are rounded to a tenth
+    assert abs(float(rate) * float(seconds) / 80 - 1) < 0.06, (rate, seconds)
+    # 120 items to go at that rate, from the last commit
+    expected = 120 / (80 / float(seconds))
+    assert abs((estimated - last).total_seconds() - expected) < 0.5, (estimated, last, expected)
+
+
+def test_a_failed_drain_is_recorded_where_a_dba_looks(client):
+    """A trigger refuses some rows: the drain fails with the trigger's SQLSTATE, the
+    chunk rolled back, the job pending; job_summary, job_progress and the doctor show
+    when, with what, in which chunk. The cause removed, the next drain finishes and the
+    doctor goes quiet."""
+    pg = client.pg
+    accounts = Accounts(pg, 40)
+    fn = sql.Identifier(tag("refuse"))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.id = 25 THEN RAISE EXCEPTION 'account % is frozen', NEW.id "
+        "USING ERRCODE = 'P0042'; END IF; RETURN NEW; END $$").format(fn))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER frozen BEFORE UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            accounts.ident, fn))
+    job = tag("frozen")
+    conn = client.connect()
+    accounts.register(conn, job, range(1, 41), 10)
+    with pytest.raises(psycopg.Error) as failed:
+        conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+    assert failed.value.sqlstate == "P0042"
+    assert failed.value.diag.message_primary == "account 25 is frozen"
+    summary = pg.admin.execute(
+        "SELECT status, committed, failure_sqlstate, failure_message, failed_at IS NOT NULL "
+        "FROM etc_batch.job_summary(%s)", (job,)).fetchone()
+    assert summary == ("pending", 20, "P0042", "account 25 is frozen", True)
+    progress = pg.admin.execute(
+        "SELECT status, committed, failure_sqlstate, failure_chunk, drainers "
+        "FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()
+    assert progress == ("pending", 20, "P0042", 3, 0)
+    [(status, detail)] = doctor_rows(pg, job)
+    assert status == "warn" and "in chunk 3 with P0042: account 25 is frozen" in detail, detail
+    assert {r[0] for r in accounts.rows().values()} == {"standard", "basic"}
+    assert sum(1 for plan, _ in accounts.rows().values() if plan == "standard") == 20
+
+    pg.admin.execute(sql.SQL("DROP TRIGGER frozen ON {}").format(accounts.ident))
+    assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[4] == "done"
+    assert doctor_rows(pg, job) == []
+    assert all(plan == "standard" for plan, _ in accounts.rows().values())
