@@ -15,7 +15,9 @@ list, cancelled chunk by chunk with an audit row per order and a checkpoint per 
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
 PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
 10,000,000-item job registered from a query and drained by one call
-(bench/big_job.py). The application's update latency, p50 and p99, without a drain, next to
+(bench/big_job.py). Jobs on other tables: a row-digest job against the same job with a
+revision column, and chunks on a never-analyzed table against the analyzed one
+(bench/table_kinds.py). The application's update latency, p50 and p99, without a drain, next to
 an unpaced drain and next to a paced one (bench/app_latency.py). Concurrency, at chunk 100: 1, 2, 4, 8 drainers on a sequential job
 each, 1 and 8 on one sequential job, 1, 2, 4, 8 on one parallel job, and the hand-written
 loop C on a job of its own each for 1 and 2 sessions (what the machine allows several
@@ -351,6 +353,12 @@ TARGETS = [
      lambda r: r["concurrency"]["ratios"]["parallel 8 / 2"]["median"], 1.0, "≥"),
     ("parallel job, chunk 100, one drainer: time per chunk ≤ 1.1 × a sequential job's",
      lambda r: r["concurrency"]["ratios"]["sequential 1 / parallel 1"]["median"], 1.1, "≤"),
+    ("row-digest job ≥ 0.9 × the same job with a revision column, chunk 100",
+     lambda r: r["tables"]["digest"]["100"]["ratio"]["median"], 0.9, "≥"),
+    ("row-digest job ≥ 0.9 × the same job with a revision column, chunk 1,000",
+     lambda r: r["tables"]["digest"]["1000"]["ratio"]["median"], 0.9, "≥"),
+    ("chunk of 5,000 on a never-analyzed table ≤ 1.2 × on the analyzed table",
+     lambda r: r["tables"]["statistics"]["ratio"]["median"], 1.2, "≤"),
     ("big job: per-chunk time at the end ≤ 1.2 × the start",
      lambda r: r["scale"]["end_over_start"], 1.2, "≤"),
     ("big job: registration time per item over a tenth-size job's",
@@ -502,6 +510,35 @@ def markdown(r):
             f"{name} {v['median']:.2f} ({v['min']:.2f} to {v['max']:.2f})" for name, v in co["ratios"].items()
         ) + ".")
         lines.append("")
+    tb = r.get("tables")
+    if tb:
+        lines += [
+            f"**Jobs on other tables**, {tb['reps']} repetitions, the two kinds back to back in a turning "
+            f"order. The same {tb['orders']:,} orders of one tenant among as many of another, in a table "
+            "with a revision column and in one without (the job guards each row by a digest of it, "
+            "taken at registration and again for every row a chunk changes): rows per second, median "
+            "(min to max):",
+            "",
+            "| chunk | revision column | row digest | digest / revision |",
+            "|---|---|---|---|",
+        ]
+        for chunk, d in tb["digest"].items():
+            lines.append(
+                f"| {int(chunk):,} | {d['revision']['median']:,.0f} ({d['revision']['min']:,.0f} to "
+                f"{d['revision']['max']:,.0f}) | {d['row']['median']:,.0f} ({d['row']['min']:,.0f} to "
+                f"{d['row']['max']:,.0f}) | {d['ratio']['median']:.2f} ({d['ratio']['min']:.2f} to "
+                f"{d['ratio']['max']:.2f}) |")
+        st = tb["statistics"]
+        lines += [
+            "",
+            f"A table of {st['rows']:,} rows loaded and never analyzed, and the same analyzed: a job of "
+            f"{st['items']:,} of its rows in chunks of {st['chunk']:,}, milliseconds per chunk, median "
+            f"(min to max): never analyzed {st['never_ms']['median']:.1f} ({st['never_ms']['min']:.1f} to "
+            f"{st['never_ms']['max']:.1f}), analyzed {st['analyzed_ms']['median']:.1f} "
+            f"({st['analyzed_ms']['min']:.1f} to {st['analyzed_ms']['max']:.1f}); ratio "
+            f"{st['ratio']['median']:.2f} ({st['ratio']['min']:.2f} to {st['ratio']['max']:.2f}).",
+            "",
+        ]
     al = r.get("app_latency")
     if al:
         lines += [
@@ -561,6 +598,8 @@ def main():
     ap.add_argument("--big", type=int, default=10_000_000, help="items of the big job; 0 to skip")
     ap.add_argument("--concurrency", type=int, default=1, help="0 to skip the concurrency runs")
     ap.add_argument("--concurrency-reps", type=int, default=5)
+    ap.add_argument("--tables", type=int, default=1,
+                    help="0 to skip the runs on other kinds of table (row digests, statistics)")
     ap.add_argument("--app-seconds", type=int, default=5,
                     help="the application's latency without a drain is measured this long; 0 to skip")
     ap.add_argument("--db", default="bench")
@@ -630,6 +669,12 @@ def main():
             "C separate 2 / 1": paired(conc["C separate"]["2"], conc["C separate"]["1"]),
         }
         result["concurrency"] = conc
+
+    if a.tables:
+        import table_kinds
+
+        result["tables"] = table_kinds.measure(a.db, a.orders, a.reps)
+        print("tables:", json.dumps({k: v for k, v in result["tables"].items()}, default=str)[:2000], flush=True)
 
     if a.app_seconds:
         import app_latency

@@ -38,9 +38,11 @@ COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
     'Stops a job for good, keeping its approval, audit and checkpoint.';
 REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
--- job_report and job_summary stay executable by PUBLIC: each shows a job only to the
--- roles with the privileges of the one that registered it and to readers of
--- etc_batch.job (42501 for anyone else), as job_progress shows its rows.
+-- job_report and job_summary are executable by PUBLIC, said explicitly: each shows a
+-- job only to the roles with the privileges of the one that registered it and to
+-- readers of etc_batch.job (42501 for anyone else), as job_progress shows its rows.
+REVOKE ALL ON FUNCTION etc_batch.job_report(text), etc_batch.job_summary(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION etc_batch.job_report(text), etc_batch.job_summary(text) TO PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.pause_job(text) IS
     'Pauses a job: its drainers stop before their next chunk and return with status paused, until resume_job. Not part of the approval.';

@@ -29,6 +29,13 @@ ALTER DOMAIN etc_batch.job_status DROP CONSTRAINT job_status_check;
 ALTER DOMAIN etc_batch.job_status ADD CONSTRAINT job_status_check
     CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted', 'continued'));
 
+-- job_progress reads every column of job: made again below, with the grants it has now
+-- (kept meanwhile in a setting of this transaction).
+SELECT pg_catalog.set_config('etc_batch_update.job_progress_acl',
+                             COALESCE((SELECT c.relacl::text FROM pg_catalog.pg_class c
+                                        WHERE c.oid = 'etc_batch.job_progress'::regclass), '{}'), true);
+DROP VIEW etc_batch.job_progress;
+
 ALTER TABLE etc_batch.job
     ALTER COLUMN tenant DROP NOT NULL,
     ALTER COLUMN tenant_column DROP NOT NULL,
@@ -138,6 +145,7 @@ STABLE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'job_summary_wrapper';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS
     'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
+REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
 $ddl$;
     FOREACH grant_sql IN ARRAY grants LOOP
         EXECUTE grant_sql;
@@ -180,18 +188,21 @@ $$;
 
 DO $grants$
 DECLARE
-    j record;
+    existing record;
 BEGIN
-    FOR j IN
-        SELECT j.job_number, j.registered_by, j.parallel
-          FROM etc_batch.job j
-          JOIN pg_catalog.pg_roles r ON r.oid = j.registered_by
+    FOR existing IN
+        SELECT x.job_number, x.registered_by, x.parallel
+          FROM etc_batch.job x
+          JOIN pg_catalog.pg_roles r ON r.oid = x.registered_by
     LOOP
-        IF pg_catalog.to_regclass(format('etc_batch.%I', 'job_audit_' || j.job_number)) IS NOT NULL THEN
-            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_audit_' || j.job_number, j.registered_by::regrole);
+        IF pg_catalog.to_regclass(format('etc_batch.%I', 'job_audit_' || existing.job_number)) IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_audit_' || existing.job_number,
+                           existing.registered_by::regrole);
         END IF;
-        IF j.parallel AND pg_catalog.to_regclass(format('etc_batch.%I', 'job_chunk_' || j.job_number)) IS NOT NULL THEN
-            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_chunk_' || j.job_number, j.registered_by::regrole);
+        IF existing.parallel
+           AND pg_catalog.to_regclass(format('etc_batch.%I', 'job_chunk_' || existing.job_number)) IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', 'job_chunk_' || existing.job_number,
+                           existing.registered_by::regrole);
         END IF;
     END LOOP;
 END
@@ -221,7 +232,7 @@ COMMENT ON TABLE etc_batch.job_audit IS
 -- job_progress shows a job to the roles with the privileges of the one that registered
 -- it, and every job to readers of etc_batch.job; it is a security barrier, so that no
 -- function in a caller's WHERE sees the rows it hides.
-CREATE OR REPLACE VIEW etc_batch.job_progress WITH (security_barrier) AS
+CREATE VIEW etc_batch.job_progress WITH (security_barrier) AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
     -- its committed chunks, in job_chunk (its row says nothing of it until it is done).
@@ -321,6 +332,22 @@ COMMENT ON VIEW etc_batch.job_progress IS
     'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
 
 GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
+DO $grants$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT a.grantee::regrole AS grantee, a.privilege_type, a.is_grantable
+          FROM pg_catalog.aclexplode(pg_catalog.current_setting('etc_batch_update.job_progress_acl')::aclitem[]) a
+         WHERE a.grantee <> 0
+           AND a.grantee <> (SELECT c.relowner FROM pg_catalog.pg_class c
+                              WHERE c.oid = 'etc_batch.job_progress'::regclass)
+    LOOP
+        EXECUTE format('GRANT %s ON etc_batch.job_progress TO %s%s', g.privilege_type, g.grantee,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$grants$;
 
 -- Jobs continued as another end too.
 CREATE OR REPLACE FUNCTION etc_batch.prune_history(older_than interval)

@@ -100,8 +100,11 @@ thread_local! {
     /// Plans of the statements etc_batch sends, prepared once per backend and kept.
     /// PostgreSQL revalidates a kept plan before each use, so a dropped and recreated
     /// table or a changed search_path never runs a stale one.
-    static PLANS: RefCell<HashMap<String, Vec<(Vec<pg_sys::Oid>, SendPlan)>>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<String, Vec<KeptPlan>>> = RefCell::new(HashMap::new());
 }
+
+/// A kept plan, with the types of the parameters it was prepared for.
+type KeptPlan = (Vec<pg_sys::Oid>, SendPlan);
 
 /// A kept SPI plan; only ever used by the backend's one thread.
 #[derive(Clone, Copy)]

@@ -133,8 +133,10 @@ fn jsonb_arg(arg: Option<Jsonb>, what: &str) -> Result<Option<serde_json::Value>
         .transpose()
 }
 
-/// Every approved item of a job: unprocessed, or committed and now matching, drifted
-/// or missing; read in one snapshot with the caller's privileges.
+/// Every approved item of a job: unprocessed, skipped, or committed and now matching,
+/// drifted or missing; read in one snapshot, the target with the caller's privileges.
+/// (Its result's columns are named in the signature, as pgrx declares them.)
+#[allow(clippy::type_complexity)]
 #[pg_extern(stable, parallel_unsafe)]
 fn job_report(
     job_id: Option<String>,
@@ -162,6 +164,7 @@ fn job_report(
 }
 
 /// A job's status and counts of its items by state.
+#[allow(clippy::type_complexity)]
 #[pg_extern(stable, parallel_unsafe)]
 fn job_summary(
     job_id: Option<String>,

@@ -265,7 +265,9 @@ impl Iterator for ItemCursor {
             let read = self.read;
             match read.settings(|| cursor.fetch(BATCH as i64, |r| read.item(r))) {
                 Ok(rows) if rows.is_empty() => {
-                    self.cursor.take().map(Cursor::close);
+                    if let Some(cursor) = self.cursor.take() {
+                        cursor.close();
+                    }
                     return None;
                 }
                 Ok(rows) => self.batch.extend(rows),

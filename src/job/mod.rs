@@ -12,8 +12,8 @@
 //! - `register`   register_job and register_job_from_query.
 //! - `items_query` the SELECT register_job_from_query reads the items from.
 //! - `freeze`     the frozen list written and read back a batch at a time, fingerprinted.
-//! - `ordered`    approvals PostgreSQL puts in order (keys of several columns or of any
-//!                type, digests of rows).
+//! - `ordered`    approvals PostgreSQL puts in order (keys of several columns or of
+//!   any type, digests of rows).
 //! - `tables`     the job's own partitions of job_item and job_audit.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `drain`      the commit loop: lock, verify, change, audit, checkpoint, COMMIT.

@@ -27,6 +27,9 @@ use pgrx::prelude::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+/// Approved items read one at a time, from wherever they come.
+type ItemStream<'a> = Box<dyn Iterator<Item = Result<Item>> + 'a>;
+
 /// Where the approved items come from.
 pub enum Items {
     /// register_job: a jsonb array of item objects, as JSON text.
@@ -113,10 +116,7 @@ impl Source {
         target: &Target,
         stored: &JobTables,
         owner: pg_sys::Oid,
-    ) -> Result<(
-        Box<dyn Iterator<Item = Result<Item>> + 'a>,
-        Box<dyn Iterator<Item = Result<Item>> + 'a>,
-    )> {
+    ) -> Result<(ItemStream<'a>, ItemStream<'a>)> {
         if let Some(order) = self.by_sql(target)? {
             // the stored list is read as the owner, the items (a query's) as the registrant
             let (old, new) = as_role(owner, || order.compared(&self.given(), stored))?;

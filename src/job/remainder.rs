@@ -205,6 +205,7 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
          FROM pg_catalog.jsonb_object_keys(it.guards) AS g(k)), '{}'::pg_catalog.jsonb)";
     let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
     names.push(s.key.matches("it.item_key", &s.columns));
+    let present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0]));
     format!(
         "SELECT (CASE WHEN {present} IS NULL THEN NULL
              WHEN {matches} THEN {key_object}{approved} OPERATOR(pg_catalog.||) it.guards
@@ -216,7 +217,6 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
        WITH ORDINALITY AS it(item_key, revision, guards, n)
   LEFT JOIN {name} AS t ON {names}
  ORDER BY it.n",
-        present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0])),
         matches = target.matches_item(&def.guard_columns, &constants),
         approved = revision("it.revision"),
         now = revision(&s.guard.now()),

@@ -119,7 +119,9 @@ impl Iterator for Report {
             })
             .or_raise();
             if rows.is_empty() {
-                self.cursor.take().map(Cursor::close);
+                if let Some(cursor) = self.cursor.take() {
+                    cursor.close();
+                }
                 return None;
             }
             self.batch.extend(rows);

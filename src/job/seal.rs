@@ -26,7 +26,7 @@ fn hash(text: &str) -> i64 {
     unsafe {
         let datum = pg_sys::OidFunctionCall2Coll(
             pg_sys::Oid::from(pg_sys::F_HASHTEXTEXTENDED),
-            pg_sys::Oid::from(pg_sys::DEFAULT_COLLATION_OID),
+            pg_sys::DEFAULT_COLLATION_OID,
             text.into_datum().expect("text is never NULL"),
             pg_sys::Datum::from(7919_i64),
         );

@@ -111,6 +111,7 @@ impl Transactions for CallLoop {
     ///   non-atomic one may roll back;
     /// - their active snapshots are still pushed above the CALL's own (its portal's),
     ///   which SPI_rollback counts on being the only ones: they are popped.
+    ///
     /// The abort then releases everything else the failed statement held: its locks,
     /// buffer pins, registered snapshots and executor state.
     fn rollback_after_error(&mut self) {

@@ -107,11 +107,13 @@ pub fn subtransaction_unless<R, E>(
         pg_sys::MemoryContextSwitchTo(memory);
 
         let mut work = Some(work);
+        // The caught error is as large as pgrx makes it; it becomes a Failure below.
+        #[allow(clippy::result_large_err)]
         let outcome =
             PgTryBuilder::new(std::panic::AssertUnwindSafe(
                 || Ok((work.take().unwrap())()),
             ))
-            .catch_others(|caught| Err(caught))
+            .catch_others(Err)
             .execute();
 
         let keep = matches!(outcome, Ok(Ok(_)));

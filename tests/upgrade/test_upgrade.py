@@ -423,7 +423,10 @@ ADDED = {
     # been continued; its time at work is what 0.3.0 knew, its first to its last commit;
     # no audit row is a skipped one
     "0.4.0": {"job": {"guard": "revision", "on_drift": "stop",
-                      "target_name": OfRow(lambda got, row: got == row["target"]),
+                      # schema-qualified, as registration writes it (the snapshot reads
+                      # the regclass under a search_path that has public)
+                      "target_name": OfRow(lambda got, row: got == (
+                          row["target"] if "." in row["target"] else f"public.{row['target']}")),
                       "continued_as": None, "failed_at": None, "failure_sqlstate": None,
                       "failure_message": None, "failure_chunk": None,
                       "seconds_at_work": OfRow(lambda got, row: abs(
