@@ -72,6 +72,11 @@ pub struct Column {
     pub byte_ordered: bool,
     /// A generated column, which only PostgreSQL writes.
     pub generated: bool,
+    /// Its place among the table's columns, from 0.
+    pub position: usize,
+    /// Of a type with an extended hash function, which a row's digest hashes it by
+    /// (guard.rs); else the digest hashes its text.
+    pub hashable: bool,
 }
 
 impl Column {
@@ -88,6 +93,8 @@ impl Column {
             collatable: kind == Kind::Text,
             byte_ordered: false,
             generated: false,
+            position: 0,
+            hashable: true,
         }
     }
 }

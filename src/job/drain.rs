@@ -97,6 +97,8 @@ enum Round {
         number: i32,
         total: i32,
         items: i64,
+        /// Of those, the items left unchanged for their rows had drifted (on_drift skip).
+        skipped: usize,
         first_key: String,
         last_key: String,
         /// The job is done with it.
@@ -188,6 +190,7 @@ pub fn drain<T: Transactions>(
                 number,
                 total,
                 items,
+                skipped,
                 first_key,
                 last_key,
                 last,
@@ -197,7 +200,7 @@ pub fn drain<T: Transactions>(
                 job.at_work_since = clock_timestamp();
                 // only now: a client told of a chunk finds it committed, whatever happens
                 // to the server next
-                job.committed_notice(number, total, items, &first_key, &last_key);
+                job.committed_notice(number, total, items, skipped, &first_key, &last_key);
                 drained.chunks += 1;
                 drained.items += items;
                 drained.first_key.get_or_insert(first_key);
@@ -314,7 +317,7 @@ impl Job {
             row_sql: target.current_row_sql(),
             constants: constants.args(&target)?,
             bounds,
-            stable_output: def.guard.reads_the_row_as_text(),
+            stable_output: target.shape.reads_rows_as_text(),
             at_work_since: clock_timestamp(),
             order: Order::of(&def),
             def,
@@ -563,6 +566,7 @@ impl Job {
             number: chunk.number,
             total: chunk.total,
             items: chunk.range.len() as i64,
+            skipped: skipped.len(),
             first_key: chunk.first_key,
             last_key: chunk.last_key,
             last,
@@ -575,13 +579,19 @@ impl Job {
         number: i32,
         total: i32,
         items: i64,
+        skipped: usize,
         first_key: &str,
         last_key: &str,
     ) {
         if crate::activity::notices_are_sent() {
             notice!(
-                "chunk {number} of {total} committed: {items} item{}, keys {first_key} to {last_key}",
+                "chunk {number} of {total} committed: {items} item{}, keys {first_key} to {last_key}{}",
                 if items == 1 { "" } else { "s" },
+                if skipped == 0 {
+                    String::new()
+                } else {
+                    format!(", {skipped} of them skipped (their rows had drifted)")
+                },
             );
         }
     }

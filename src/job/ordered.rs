@@ -108,7 +108,7 @@ impl SqlOrder<'_> {
         let s = &t.shape;
         let (source, mut args) = self.source(given);
         let order = self.order_by("s.k");
-        let by_digest = s.guard.reads_the_row_as_text();
+        let by_digest = s.guard.is_digest();
         let sql = if by_digest {
             let tenant_param = args.len() + 1;
             args.push(tenant.into());
@@ -128,7 +128,7 @@ impl SqlOrder<'_> {
                 "SELECT {}, {}, s.g, pg_catalog.dense_rank() OVER (ORDER BY {order}), t IS NULL\n  \
                  FROM {source}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
                 self.canonical("s.k"),
-                s.guard.now(),
+                s.guard_now(),
                 t.sql_name,
                 joins.join(" AND "),
             )

@@ -100,7 +100,7 @@ impl Source {
     fn by_sql<'t>(&self, target: &'t Target) -> Result<Option<SqlOrder<'t>>> {
         let s = &target.shape;
         let here = matches!(s.key.order(&s.columns)?, KeyOrder::Here(_));
-        Ok((!here || s.guard.reads_the_row_as_text()).then_some(SqlOrder { target }))
+        Ok((!here || s.guard.is_digest()).then_some(SqlOrder { target }))
     }
 
     fn given(&self) -> Given<'_> {

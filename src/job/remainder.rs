@@ -161,7 +161,7 @@ fn remaining_items(
         args.push(revisions.into());
         args.push(guards.into());
         args.push(include_drifted.into());
-        let stable = def.guard.reads_the_row_as_text();
+        let stable = target.shape.reads_rows_as_text();
         let rows = crate::settings::with(
             if stable {
                 crate::settings::STABLE_OUTPUT
@@ -219,7 +219,7 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
  ORDER BY it.n",
         matches = target.matches_item(&def.guard_columns, &constants),
         approved = revision("it.revision"),
-        now = revision(&s.guard.now()),
+        now = revision(&s.guard_now()),
         name = target.sql_name,
         names = names.join(" AND "),
     )

@@ -33,7 +33,7 @@ pub struct ReportRow {
 pub fn report(job_id: &str) -> Result<Report> {
     let (def, through) = readable(job_id)?;
     let target = def.target()?;
-    let stable_output = def.guard.reads_the_row_as_text();
+    let stable_output = target.shape.reads_rows_as_text();
     let cursor = output(stable_output, || {
         Cursor::open(
             &target.report_sql(def.set_values.as_ref(), &through),
@@ -170,7 +170,7 @@ pub fn summary(job_id: &str) -> Result<Summary> {
             })
         })?
         .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-        output(def.guard.reads_the_row_as_text(), || {
+        output(target.shape.reads_rows_as_text(), || {
             query::row(
                 &target.counts_sql(def.set_values.as_ref(), &through),
                 &[job_id.into(), def.tenant_value().into()],

@@ -23,6 +23,17 @@ impl Shape {
         self.columns.column(name)
     }
 
+    /// SQL: the guard value of the target's row `t` (guard.rs, `Guard::now`).
+    pub fn guard_now(&self) -> String {
+        self.guard.now(&self.columns)
+    }
+
+    /// Whether the job's statements print a column of a row as text, under
+    /// settings::STABLE_OUTPUT (guard.rs, `Guard::reads_the_row_as_text`).
+    pub fn reads_rows_as_text(&self) -> bool {
+        self.guard.reads_the_row_as_text(&self.columns)
+    }
+
     /// Checks a value meant for `column` (a guard, an expectation, a value to set)
     /// against what the column accepts.
     pub fn check_value(&self, column: &str, value: &Value, context: &str) -> Result<()> {

@@ -44,9 +44,12 @@ pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
             "A job changes rows of a table or a partitioned table.",
         ));
     }
+    let mut position = 0;
     let columns = query::rows(COLUMNS, &[oid.into()], 0, |r| {
         let name = r.get::<String>(1)?.unwrap_or_default();
         let type_name = r.get::<String>(2)?.unwrap_or_default();
+        let type_oid = r.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::Oid::INVALID);
+        position += 1;
         Ok((
             name.clone(),
             Column {
@@ -54,14 +57,28 @@ pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
                 name,
                 type_name,
                 sql_type: r.get::<String>(3)?.unwrap_or_default(),
-                type_oid: r.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::Oid::INVALID),
+                type_oid,
                 collatable: r.get::<bool>(5)?.unwrap_or(false),
                 byte_ordered: r.get::<bool>(6)?.unwrap_or(false),
                 generated: r.get::<bool>(7)?.unwrap_or(false),
+                position: position - 1,
+                hashable: has_extended_hash(type_oid),
             },
         ))
     })?;
     Ok((sql_name, display, columns.into_iter().collect()))
+}
+
+/// Whether values of a type hash by a function of their own, as hash_record_extended
+/// hashes a row's fields: the type cache says so for containers too (an array, a
+/// composite or a range whose elements have none has none).
+fn has_extended_hash(type_oid: pg_sys::Oid) -> bool {
+    // SAFETY: a type cache lookup, which raises an ERROR only for a type that does not
+    // exist (the catalog just gave this one)
+    unsafe {
+        let entry = pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_HASH_EXTENDED_PROC as i32);
+        !entry.is_null() && (*entry).hash_extended_proc != pg_sys::Oid::INVALID
+    }
 }
 
 /// The columns of the target's primary key, in its order; empty when it has none.
@@ -151,7 +168,7 @@ impl Target {
         let s = &self.shape;
         let mut conditions: Vec<String> = self.tenant_condition("$3").into_iter().collect();
         conditions.push(s.key.matches("it.item_key", &s.columns));
-        conditions.extend(s.guard.matches());
+        conditions.extend(s.guard.matches(&s.columns));
         for g in guard_columns {
             // One lookup where the guard holds: equal, or both NULL (a JSON null), or an
             // item without this guard.
@@ -242,7 +259,7 @@ impl Target {
             assignments.join(", "),
             Self::chunk_items(items, chunk_size),
             conditions,
-            s.guard.now(),
+            s.guard_now(),
         )
     }
 
@@ -355,9 +372,9 @@ impl Target {
         let present = format!("t.{}", self.col(&s.key.columns()[0]));
         // what the job left the row at: its guard value then, or (named columns) what it set
         let matching = match s.guard.column() {
-            Some(_) => format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard.now()),
+            Some(_) => format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard_now()),
             None if s.guard == Guard::Row => {
-                format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard.now())
+                format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard_now())
             }
             None => set
                 .into_iter()
@@ -390,7 +407,7 @@ impl Target {
   LEFT JOIN {} AS t
     ON {}
  WHERE i.job_id OPERATOR(pg_catalog.=) $1",
-            s.guard.now(),
+            s.guard_now(),
             through.items,
             through.audit,
             self.sql_name,

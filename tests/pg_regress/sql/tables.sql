@@ -46,6 +46,24 @@ SELECT * FROM etc_batch.register_remainder('move-plans', 'move-plans-3');
 SELECT etc_batch.abort_job('move-plans', 'done with it');
 \echo :LAST_ERROR_SQLSTATE
 
+-- A digest hashes each column by its type's own hash function: an update that leaves
+-- every value equal (a numeric's scale, a timestamptz written in another time zone) is
+-- no change; a column whose type has none (json) is hashed by its text.
+CREATE TABLE prices (
+    sku    text PRIMARY KEY,
+    price  numeric NOT NULL,
+    valid  timestamptz NOT NULL,
+    specs  json,
+    state  text NOT NULL DEFAULT 'draft');
+INSERT INTO prices VALUES ('A', 1.5, '2026-01-01 00:00+00', '{"w": 1}'),
+    ('B', 2.5, '2026-01-01 00:00+00', '{"w": 2}'), ('C', 3.5, '2026-01-01 00:00+00', '{"w": 3}');
+SELECT * FROM etc_batch.register_job_from_query('publish', NULL, 'prices', $$SELECT sku FROM prices$$,
+    1, '{"state": "live"}', tenant_column => NULL, revision_column => NULL, on_drift => 'skip');
+UPDATE prices SET price = 1.50, valid = '2026-01-01 01:00+01' WHERE sku = 'A';   -- equal values
+UPDATE prices SET specs = '{"w":  2}' WHERE sku = 'B';                            -- other json text
+CALL etc_batch.drain_job('publish');
+SELECT sku, price, state FROM prices ORDER BY sku;
+
 -- 2. Only the columns the approval names guard the rows: a change to another column
 -- is not drift. The items name the guard columns with the values approved.
 CREATE TABLE tickets (
