@@ -17,7 +17,9 @@ PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
 10,000,000-item job registered from a query and drained by one call
 (bench/big_job.py). Jobs on other tables: a row-digest job against the same job with a
 revision column, and chunks on a never-analyzed table against the analyzed one
-(bench/table_kinds.py). The application's update latency, p50 and p99, without a drain, next to
+(bench/table_kinds.py). Launched workers against client sessions on a parallel job, and a
+launch's time to its first chunk (bench/launches.py). The application's update latency, p50
+and p99, without a drain, next to
 an unpaced drain and next to a paced one (bench/app_latency.py). Concurrency, at chunk 100: 1, 2, 4, 8 drainers on a sequential job
 each, 1 and 8 on one sequential job, 1, 2, 4, 8 on one parallel job, and the hand-written
 loop C on a job of its own each for 1 and 2 sessions (what the machine allows several
@@ -359,6 +361,10 @@ TARGETS = [
      lambda r: r["tables"]["digest"]["1000"]["ratio"]["median"], 0.9, "≥"),
     ("chunk of 5,000 on a never-analyzed table ≤ 1.2 × on the analyzed table",
      lambda r: r["tables"]["statistics"]["ratio"]["median"], 1.2, "≤"),
+    *[(f"{n} launched worker{'s' if n > 1 else ''} ≥ 0.95 × {n} client session{'s' if n > 1 else ''}, "
+       f"parallel job, chunk {chunk:,}",
+       (lambda key: lambda r: r["launches"]["ratios"][key]["median"])(f"{chunk}/{n}"), 0.95, "≥")
+      for chunk in (100, 1000) for n in (1, 2, 4)],
     ("big job: per-chunk time at the end ≤ 1.2 × the start",
      lambda r: r["scale"]["end_over_start"], 1.2, "≤"),
     ("big job: registration time per item over a tenth-size job's",
@@ -539,6 +545,30 @@ def markdown(r):
             f"{st['ratio']['median']:.2f} ({st['ratio']['min']:.2f} to {st['ratio']['max']:.2f}).",
             "",
         ]
+    la = r.get("launches")
+    if la:
+        lines += [
+            f"**Launched workers against client sessions**, {la['orders']:,} orders of one tenant, one "
+            f"parallel job, {la['reps']} repetitions, the two back to back in a turning order: rows per "
+            "second, median (the launch's by the server's clock, from launch_job returning, its workers "
+            "connected, to the launch done; the sessions' by the client's, from all of them released at "
+            "once to the last call returning):",
+            "",
+            "| chunk | drainers | client sessions | launched workers | workers / sessions |",
+            "|---|---|---|---|---|",
+        ]
+        for key, ratio in la["ratios"].items():
+            chunk, n = key.split("/")
+            lines.append(
+                f"| {int(chunk):,} | {n} | {la['sessions'][key]['median']:,.0f} | {la['workers'][key]['median']:,.0f} "
+                f"| {ratio['median']:.2f} ({ratio['min']:.2f} to {ratio['max']:.2f}) |")
+        fc = la["first_chunk_ms"]
+        lines += [
+            "",
+            f"From launch_job returning to the launch's first chunk committed: median {fc['median']} ms, "
+            f"p99 {fc['p99']} ms ({fc['launches']} launches).",
+            "",
+        ]
     al = r.get("app_latency")
     if al:
         lines += [
@@ -598,6 +628,9 @@ def main():
     ap.add_argument("--big", type=int, default=10_000_000, help="items of the big job; 0 to skip")
     ap.add_argument("--concurrency", type=int, default=1, help="0 to skip the concurrency runs")
     ap.add_argument("--concurrency-reps", type=int, default=5)
+    ap.add_argument("--launches", type=int, default=1,
+                    help="0 to skip launched workers against client sessions")
+    ap.add_argument("--launch-reps", type=int, default=5)
     ap.add_argument("--tables", type=int, default=1,
                     help="0 to skip the runs on other kinds of table (row digests, statistics)")
     ap.add_argument("--app-seconds", type=int, default=5,
@@ -675,6 +708,12 @@ def main():
 
         result["tables"] = table_kinds.measure(a.db, a.orders, a.reps)
         print("tables:", json.dumps({k: v for k, v in result["tables"].items()}, default=str)[:2000], flush=True)
+
+    if a.launches:
+        import launches
+
+        result["launches"] = launches.measure(a.db, a.orders, a.launch_reps)
+        print("launches:", json.dumps(result["launches"]["first_chunk_ms"]), flush=True)
 
     if a.app_seconds:
         import app_latency

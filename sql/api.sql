@@ -44,6 +44,20 @@ REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, t
 REVOKE ALL ON FUNCTION etc_batch.job_report(text), etc_batch.job_summary(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION etc_batch.job_report(text), etc_batch.job_summary(text) TO PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.verify_job(text) FROM PUBLIC;
+-- Launches
+COMMENT ON FUNCTION etc_batch.launch_job(text, integer) IS
+    'Starts background workers that drain a job to the end with no client session held (one for a sequential job, any number for a parallel one); they act once the calling transaction commits. Returns the launch id and the workers'' pids.';
+COMMENT ON FUNCTION etc_batch.launch_batch(bigint) IS
+    'Starts a background worker that runs a chain from a step to its end, as exec_batch_from_id would, with no client session held; it acts once the calling transaction commits.';
+COMMENT ON FUNCTION etc_batch.stop_launch(bigint) IS
+    'Stops a launch: its workers end after the chunk or step in flight. Returns whether it was running.';
+COMMENT ON FUNCTION etc_batch.resume_launches() IS
+    'Starts again the workers of this database''s running launches that are not at work, and its supervisor if none runs: what the launcher does after a restart when etc_batch is preloaded.';
+REVOKE ALL ON FUNCTION etc_batch.launch_job(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.launch_batch(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.stop_launch(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.resume_launches() FROM PUBLIC;
+
 COMMENT ON FUNCTION etc_batch.pause_job(text) IS
     'Pauses a job: its drainers stop before their next chunk and return with status paused, until resume_job. Not part of the approval.';
 COMMENT ON FUNCTION etc_batch.resume_job(text) IS

@@ -195,6 +195,40 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- Launches with workers not at work: the supervisor starts them again as the limits
+    -- allow; with no supervisor in this database (a restart, without the library
+    -- preloaded), nobody does. A launch of the last ten seconds may still be starting.
+    FOR r IN
+        SELECT l.launch_id, l.job_id, l.step_id, l.workers,
+               (SELECT count(*) FROM pg_locks x
+                 WHERE x.locktype = 'advisory' AND x.granted AND x.objsubid = 5
+                   AND x.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                   AND ((x.classid::int8 << 32) | x.objid::int8) >> 16 = l.launch_id) AS at_work,
+               EXISTS (SELECT FROM pg_locks x
+                        WHERE x.locktype = 'advisory' AND x.granted AND x.objsubid = 7
+                          AND x.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) AS supervised
+          FROM etc_batch.launch l
+         WHERE l.status = 'running' AND l.launched_at < now() - interval '10 seconds'
+         ORDER BY l.launch_id
+    LOOP
+        CONTINUE WHEN r.at_work >= r.workers;
+        IF NOT r.supervised THEN
+            RETURN QUERY SELECT format('launch %s', r.launch_id), 'fail',
+                format('%s of the %s workers of %s are at work, and no supervisor runs in this database: a restart left it unfinished.',
+                       r.at_work, r.workers,
+                       CASE WHEN r.job_id IS NOT NULL THEN format('job %s', r.job_id) ELSE format('the chain from step %s', r.step_id) END),
+                CASE WHEN current_setting('shared_preload_libraries') ~ '(^|[ ,"])etc_batch([ ,"]|$)'
+                     THEN 'The launcher starts a supervisor after every start; until then, SELECT * FROM etc_batch.resume_launches();'
+                     ELSE 'SELECT * FROM etc_batch.resume_launches(); (or add etc_batch to shared_preload_libraries, or schedule resume_launches with pg_cron, so that the server resumes launches by itself).' END;
+        ELSE
+            RETURN QUERY SELECT format('launch %s', r.launch_id), 'warn',
+                format('%s of the %s workers of %s are at work; the supervisor starts the others again as etc_batch.max_workers and max_worker_processes let it.',
+                       r.at_work, r.workers,
+                       CASE WHEN r.job_id IS NOT NULL THEN format('job %s', r.job_id) ELSE format('the chain from step %s', r.step_id) END),
+                'See etc_batch.launches for how its workers ended, and the server log for a worker that ended before it began its run.';
+        END IF;
+    END LOOP;
+
     -- Replication slots nobody reads: they retain WAL, and a job paced by replica lag
     -- waits for them as for a standby.
     FOR r IN
@@ -250,7 +284,8 @@ BEGIN
          WHERE p.pronamespace = 'etc_batch'::regnamespace
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
-                             'pause_batch', 'resume_batch', 'pace_job')
+                             'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'launch_job',
+                             'launch_batch', 'stop_launch', 'resume_launches')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),
@@ -268,5 +303,5 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

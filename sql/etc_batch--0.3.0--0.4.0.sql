@@ -66,6 +66,107 @@ ALTER TABLE etc_batch.job_audit
     ADD COLUMN found jsonb;
 ALTER TABLE etc_batch.job_chunk ADD COLUMN started_at timestamptz;
 
+-- Launches (new): work the server finishes by itself. launch_job and launch_batch start
+-- background workers that drain a job or run a chain to the end with no client session
+-- held (src/launch). A launch is a row here, written in the launching transaction: its
+-- workers act only once that transaction has committed, and a launch rolled back runs
+-- nothing. Every start of a worker is a run, with its outcome, in the shape of pg_cron's
+-- job_run_details.
+
+CREATE TABLE etc_batch.launch (
+    launch_id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id              text,
+    step_id             bigint,
+    workers             integer     NOT NULL CHECK (workers > 0),
+    launched_by         regrole     NOT NULL,
+    launched_at         timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- the launching transaction, which its workers wait for before they act
+    launching_xid       xid8        NOT NULL,
+    -- what a NOTICE of the work would have reached the launching client at, and so
+    -- reaches the server log at
+    client_min_messages text        NOT NULL,
+    status              text        NOT NULL DEFAULT 'running'
+        CHECK (status IN ('running', 'done', 'paused', 'conflict', 'failed', 'stopped')),
+    stopped_by          regrole,
+    ended_at            timestamptz,
+    CHECK ((job_id IS NULL) <> (step_id IS NULL))
+);
+
+COMMENT ON TABLE etc_batch.launch IS
+    'Work launched to run in background workers: a job''s drain (job_id) or a chain from a step (step_id), by how many workers, by whom and when; running until its work ends (done, paused, in conflict, failed) or stop_launch stops it. Its workers act only once the launching transaction (launching_xid) has committed.';
+
+CREATE TABLE etc_batch.launch_run (
+    launch_id  bigint      NOT NULL REFERENCES etc_batch.launch ON DELETE CASCADE,
+    worker     integer     NOT NULL,
+    run        integer     NOT NULL,
+    pid        integer     NOT NULL,
+    -- who started this run: the launch itself, the postmaster restarting a worker that
+    -- was terminated, or resume_launches (the launcher after a restart or a promotion)
+    started_by text        NOT NULL CHECK (started_by IN ('launch', 'restart', 'resume')),
+    started_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    ended_at   timestamptz,
+    outcome    text CHECK (outcome IN ('done', 'pending', 'paused', 'conflict', 'failed', 'stopped',
+                                       'interrupted')),
+    sqlstate   text,
+    message    text,
+    PRIMARY KEY (launch_id, worker, run)
+);
+
+COMMENT ON TABLE etc_batch.launch_run IS
+    'Every start of a launch''s worker: which of its workers, the how-many-th start of it, the pid, who started it and when, when it ended and how: done, pending (the chunks left were all held by its fellow workers), paused, conflict, failed (with the SQLSTATE and message), stopped, or interrupted (its process ended without saying: terminated, a crash, a restart).';
+
+-- A launch and its runs as pg_cron's job_run_details shows them. Each role sees the
+-- launches of roles whose privileges it has; a reader of etc_batch.launch sees all.
+CREATE VIEW etc_batch.launches WITH (security_barrier) AS
+SELECT l.launch_id, r.worker, r.run, l.job_id, l.step_id,
+       l.launched_by AS role, pg_catalog.current_database() AS database,
+       r.pid, r.started_by, r.started_at, r.ended_at, r.outcome, r.sqlstate, r.message,
+       l.status AS launch_status, l.workers
+  FROM etc_batch.launch l
+  LEFT JOIN etc_batch.launch_run r ON r.launch_id OPERATOR(pg_catalog.=) l.launch_id
+ WHERE pg_catalog.has_table_privilege('etc_batch.launch', 'SELECT')
+    OR pg_catalog.pg_has_role(l.launched_by::pg_catalog.oid, 'USAGE');
+
+COMMENT ON VIEW etc_batch.launches IS
+    'Every run of every launch''s workers, in the shape of pg_cron''s job_run_details: launch, worker, run, job or chain, role, database, pid, who started it, when it started and ended, its outcome, SQLSTATE and message, and the launch''s status. Shows the launches of roles whose privileges the reader has, or all of them to a reader of etc_batch.launch.';
+
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.launch', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.launch_run', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.launch_launch_id_seq', '');
+REVOKE ALL ON etc_batch.launch, etc_batch.launch_run, etc_batch.launches FROM PUBLIC;
+GRANT SELECT ON etc_batch.launches TO PUBLIC;
+
+CREATE FUNCTION etc_batch.launch_job(
+    job_id text, workers integer DEFAULT 1)
+RETURNS TABLE (launch_id bigint, workers integer, pids integer[])
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'launch_job_wrapper';
+CREATE FUNCTION etc_batch.launch_batch(step_id bigint)
+RETURNS TABLE (launch_id bigint, workers integer, pids integer[])
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'launch_batch_wrapper';
+CREATE FUNCTION etc_batch.stop_launch(launch_id bigint)
+RETURNS boolean
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'stop_launch_wrapper';
+CREATE FUNCTION etc_batch.resume_launches()
+RETURNS TABLE (launch_id bigint, worker integer, pid integer)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'resume_launches_wrapper';
+-- Launches
+COMMENT ON FUNCTION etc_batch.launch_job(text, integer) IS
+    'Starts background workers that drain a job to the end with no client session held (one for a sequential job, any number for a parallel one); they act once the calling transaction commits. Returns the launch id and the workers'' pids.';
+COMMENT ON FUNCTION etc_batch.launch_batch(bigint) IS
+    'Starts a background worker that runs a chain from a step to its end, as exec_batch_from_id would, with no client session held; it acts once the calling transaction commits.';
+COMMENT ON FUNCTION etc_batch.stop_launch(bigint) IS
+    'Stops a launch: its workers end after the chunk or step in flight. Returns whether it was running.';
+COMMENT ON FUNCTION etc_batch.resume_launches() IS
+    'Starts again the workers of this database''s running launches that are not at work, and its supervisor if none runs: what the launcher does after a restart when etc_batch is preloaded.';
+REVOKE ALL ON FUNCTION etc_batch.launch_job(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.launch_batch(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.stop_launch(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.resume_launches() FROM PUBLIC;
+
 CREATE OR REPLACE VIEW etc_batch.job_audit_items AS
 SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
        i.guards, a.chunk, a.txid, a.committed_at,
@@ -323,13 +424,30 @@ SELECT p.job_id, p.status,
        p.failure_message,
        p.failure_chunk,
        p.on_drift,
-       p.continued_as
+       p.continued_as,
+       w.launch_id,
+       COALESCE(w.at_work, 0) AS launched_workers
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
-  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
+  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
+  -- the job's launch that runs, and how many of its workers are at work: each holds the
+  -- lock of its worker (advisory, objsubid 5, the launch's id shifted left 16 bits and
+  -- the worker's number) while it lives (src/launch)
+  LEFT JOIN LATERAL (
+        SELECT l.launch_id,
+               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks x
+                 WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
+                   AND x.objsubid OPERATOR(pg_catalog.=) 5
+                   AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                   AND ((x.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) x.objid::pg_catalog.int8)
+                       OPERATOR(pg_catalog.>>) 16 OPERATOR(pg_catalog.=) l.launch_id)::pg_catalog.int4 AS at_work
+          FROM etc_batch.launch l
+         WHERE l.job_id OPERATOR(pg_catalog.=) p.job_id AND l.status OPERATOR(pg_catalog.=) 'running'
+         ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
 
 GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 DO $grants$
@@ -348,6 +466,38 @@ BEGIN
     END LOOP;
 END
 $grants$;
+
+-- chain_progress names the chain's launch that runs.
+CREATE OR REPLACE VIEW etc_batch.chain_progress AS
+WITH running AS (
+    SELECT b.id, x.pid
+      FROM etc_batch.batch_log b
+      JOIN pg_catalog.pg_locks x
+        ON x.locktype OPERATOR(pg_catalog.=) 'transactionid' AND x.granted
+       AND x.transactionid OPERATOR(pg_catalog.=) b.xmax)
+SELECT b.batch,
+       pg_catalog.count(*)::pg_catalog.int4 AS steps,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'done'))::pg_catalog.int4 AS done,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))::pg_catalog.int4 AS failed,
+       (pg_catalog.count(*) FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'pending'))::pg_catalog.int4 AS pending,
+       pg_catalog.min(r.id) AS current_step,
+       pg_catalog.min(r.pid) AS current_pid,
+       pg_catalog.max(b.finished_at) AS last_finished_at,
+       (pg_catalog.array_agg(pg_catalog.format('step %s: %s', b.id, b.last_error)
+                             ORDER BY b.finished_at DESC NULLS LAST)
+            FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
+       pg_catalog.min(b.paused_at) AS paused_at,
+       (pg_catalog.array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by,
+       pg_catalog.pg_is_in_recovery() AS on_standby,
+       (SELECT pg_catalog.max(l.launch_id) FROM etc_batch.launch l
+         WHERE l.status OPERATOR(pg_catalog.=) 'running'
+           AND l.step_id OPERATOR(pg_catalog.=) ANY (pg_catalog.array_agg(b.id))) AS launch_id
+  FROM etc_batch.batch_log b
+  LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
+ GROUP BY b.batch;
+
+COMMENT ON VIEW etc_batch.chain_progress IS
+    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there; the chain''s launch that runs, whose worker runs it.';
 
 -- Jobs continued as another end too.
 CREATE OR REPLACE FUNCTION etc_batch.prune_history(older_than interval)
@@ -595,6 +745,40 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- Launches with workers not at work: the supervisor starts them again as the limits
+    -- allow; with no supervisor in this database (a restart, without the library
+    -- preloaded), nobody does. A launch of the last ten seconds may still be starting.
+    FOR r IN
+        SELECT l.launch_id, l.job_id, l.step_id, l.workers,
+               (SELECT count(*) FROM pg_locks x
+                 WHERE x.locktype = 'advisory' AND x.granted AND x.objsubid = 5
+                   AND x.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                   AND ((x.classid::int8 << 32) | x.objid::int8) >> 16 = l.launch_id) AS at_work,
+               EXISTS (SELECT FROM pg_locks x
+                        WHERE x.locktype = 'advisory' AND x.granted AND x.objsubid = 7
+                          AND x.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())) AS supervised
+          FROM etc_batch.launch l
+         WHERE l.status = 'running' AND l.launched_at < now() - interval '10 seconds'
+         ORDER BY l.launch_id
+    LOOP
+        CONTINUE WHEN r.at_work >= r.workers;
+        IF NOT r.supervised THEN
+            RETURN QUERY SELECT format('launch %s', r.launch_id), 'fail',
+                format('%s of the %s workers of %s are at work, and no supervisor runs in this database: a restart left it unfinished.',
+                       r.at_work, r.workers,
+                       CASE WHEN r.job_id IS NOT NULL THEN format('job %s', r.job_id) ELSE format('the chain from step %s', r.step_id) END),
+                CASE WHEN current_setting('shared_preload_libraries') ~ '(^|[ ,"])etc_batch([ ,"]|$)'
+                     THEN 'The launcher starts a supervisor after every start; until then, SELECT * FROM etc_batch.resume_launches();'
+                     ELSE 'SELECT * FROM etc_batch.resume_launches(); (or add etc_batch to shared_preload_libraries, or schedule resume_launches with pg_cron, so that the server resumes launches by itself).' END;
+        ELSE
+            RETURN QUERY SELECT format('launch %s', r.launch_id), 'warn',
+                format('%s of the %s workers of %s are at work; the supervisor starts the others again as etc_batch.max_workers and max_worker_processes let it.',
+                       r.at_work, r.workers,
+                       CASE WHEN r.job_id IS NOT NULL THEN format('job %s', r.job_id) ELSE format('the chain from step %s', r.step_id) END),
+                'See etc_batch.launches for how its workers ended, and the server log for a worker that ended before it began its run.';
+        END IF;
+    END LOOP;
+
     -- Replication slots nobody reads: they retain WAL, and a job paced by replica lag
     -- waits for them as for a standby.
     FOR r IN
@@ -650,7 +834,8 @@ BEGIN
          WHERE p.pronamespace = 'etc_batch'::regnamespace
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
-                             'pause_batch', 'resume_batch', 'pace_job')
+                             'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'launch_job',
+                             'launch_batch', 'stop_launch', 'resume_launches')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),
@@ -668,7 +853,7 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 
 -- What a job did not change, approved again in one call.
 CREATE FUNCTION etc_batch.register_remainder(

@@ -96,13 +96,30 @@ SELECT p.job_id, p.status,
        p.failure_message,
        p.failure_chunk,
        p.on_drift,
-       p.continued_as
+       p.continued_as,
+       w.launch_id,
+       COALESCE(w.at_work, 0) AS launched_workers
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
-  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id;
+  LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
+  -- the job's launch that runs, and how many of its workers are at work: each holds the
+  -- lock of its worker (advisory, objsubid 5, the launch's id shifted left 16 bits and
+  -- the worker's number) while it lives (src/launch)
+  LEFT JOIN LATERAL (
+        SELECT l.launch_id,
+               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks x
+                 WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
+                   AND x.objsubid OPERATOR(pg_catalog.=) 5
+                   AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                   AND ((x.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) x.objid::pg_catalog.int8)
+                       OPERATOR(pg_catalog.>>) 16 OPERATOR(pg_catalog.=) l.launch_id)::pg_catalog.int4 AS at_work
+          FROM etc_batch.launch l
+         WHERE l.job_id OPERATOR(pg_catalog.=) p.job_id AND l.status OPERATOR(pg_catalog.=) 'running'
+         ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (
@@ -124,13 +141,16 @@ SELECT b.batch,
             FILTER (WHERE b.status OPERATOR(pg_catalog.=) 'failed'))[1] AS last_error,
        pg_catalog.min(b.paused_at) AS paused_at,
        (pg_catalog.array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by,
-       pg_catalog.pg_is_in_recovery() AS on_standby
+       pg_catalog.pg_is_in_recovery() AS on_standby,
+       (SELECT pg_catalog.max(l.launch_id) FROM etc_batch.launch l
+         WHERE l.status OPERATOR(pg_catalog.=) 'running'
+           AND l.step_id OPERATOR(pg_catalog.=) ANY (pg_catalog.array_agg(b.id))) AS launch_id
   FROM etc_batch.batch_log b
   LEFT JOIN running r ON r.id OPERATOR(pg_catalog.=) b.id
  GROUP BY b.batch;
 
 COMMENT ON VIEW etc_batch.chain_progress IS
-    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there.';
+    'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there; the chain''s launch that runs, whose worker runs it.';
 
 REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
 GRANT SELECT ON etc_batch.job_progress TO PUBLIC;

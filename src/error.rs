@@ -30,10 +30,12 @@ pub enum BatchError {
         /// From the batch to itself: "a (step 3) → b (step 9) → a".
         path: String,
     },
-    /// A step that commits, run by a role other than the one that added it.
-    CommittingStepRole {
+    /// A step that commits, added by another role than the runner, for which no
+    /// background worker connected as its author can be had.
+    NoStepWorker {
         id: i64,
         batch: String,
+        reason: String,
     },
     /// A required argument was NULL.
     NullArgument {
@@ -191,6 +193,31 @@ pub enum BatchError {
         code: Code,
         message: String,
     },
+    /// A launch that would run more of etc_batch's workers than etc_batch.max_workers.
+    TooManyWorkers {
+        asked: i32,
+        running: i32,
+        max: i32,
+    },
+    /// A launch for which max_worker_processes has no free slot: none of its workers start.
+    NoWorkerSlot {
+        asked: i32,
+        started: i32,
+        max_worker_processes: i32,
+        in_use: i32,
+    },
+    /// A launch by a role that cannot log in, as its workers would.
+    LaunchRoleCannotLogIn {
+        role: String,
+    },
+    /// A sequential job launched with more than one worker.
+    SequentialWorkers {
+        job: String,
+        workers: i32,
+    },
+    UnknownLaunch {
+        id: i64,
+    },
     /// Something etc_batch itself did not expect; a bug, never a user error.
     Internal(String),
 }
@@ -305,16 +332,14 @@ impl BatchError {
                 "Its steps that commit run exec_batch_from_id in turn: {path}. Nothing was run."
             ))
             .hint("Remove or change the step that runs the chain again (etc_batch.batch_log)."),
-            CommittingStepRole { id, batch } => report(
-                Code::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                format!("step {id} of batch \"{batch}\" commits, and only the role that added it may run it"),
+            NoStepWorker { id, batch, reason } => report(
+                Code::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                format!("step {id} of batch \"{batch}\" commits and was added by another role, and no background worker can run it as that role"),
             )
-            .detail(
-                "A step that commits runs in the runner's own session, whose role cannot be \
-                 switched across a COMMIT without letting the step's procedure act as the \
-                 runner's role.",
-            )
-            .hint("Run the chain as the role that added the step (for pg_cron, schedule it as that role), or add the step as the role that runs the chain."),
+            .detail(format!(
+                "A step that commits runs as the role that added it, in a background worker connected as that role, when another role runs the chain: {reason}."
+            ))
+            .hint("Run the chain as the role that added the step, or make a worker available (see the detail)."),
             NullArgument { argument } => report(
                 Code::ERRCODE_NULL_VALUE_NOT_ALLOWED,
                 format!("argument \"{argument}\" must not be null"),
@@ -477,6 +502,43 @@ impl BatchError {
                 format!("job \"{job}\" was aborted"),
             )
             .maybe_detail(reason.as_ref().map(|r| format!("The reason given was \"{r}\"."))),
+            TooManyWorkers { asked, running, max } => report(
+                Code::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                format!("a launch of {asked} workers would exceed etc_batch.max_workers"),
+            )
+            .detail(format!(
+                "etc_batch.max_workers is {max}, and {running} of etc_batch's workers run now in this cluster; no worker was started."
+            ))
+            .hint("Launch fewer workers, wait for a launch to end, or raise etc_batch.max_workers (and max_worker_processes with it)."),
+            NoWorkerSlot {
+                asked,
+                started,
+                max_worker_processes,
+                in_use,
+            } => report(
+                Code::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                "no background worker slot is free for the launch",
+            )
+            .detail(format!(
+                "max_worker_processes is {max_worker_processes}, and {in_use} background workers run now; {started} of the {asked} workers asked for could start, and the launch starts none of them."
+            ))
+            .hint("Raise max_worker_processes (it takes a restart), or wait for background workers to end."),
+            LaunchRoleCannotLogIn { role } => report(
+                Code::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+                format!("role \"{role}\" cannot log in, and a launch's workers connect as the role that launches them"),
+            )
+            .detail("On PostgreSQL 15 and 16 a background worker connects only as a role with LOGIN; from 17 on, any role.")
+            .hint(format!("ALTER ROLE {} LOGIN, or launch as a role that may log in.", pgrx::spi::quote_identifier(role))),
+            SequentialWorkers { job, workers } => report(
+                Code::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("job \"{job}\" is sequential, and {workers} workers cannot drain it at once"),
+            )
+            .detail("A sequential job's chunks commit in order, one after another: one worker drains it.")
+            .hint("Launch it with one worker, or register the approval with parallel => true, whose chunks any number of workers drain at once."),
+            UnknownLaunch { id } => report(
+                Code::ERRCODE_UNDEFINED_OBJECT,
+                format!("launch {id} does not exist"),
+            ),
             JobContinued { job, successor } => report(
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("job \"{job}\" was continued as another job"),
@@ -688,9 +750,10 @@ mod tests {
                 batch: "a".into(),
                 path: "a (step 3) → b (step 9) → a".into(),
             },
-            CommittingStepRole {
+            NoStepWorker {
                 id: 3,
                 batch: "a".into(),
+                reason: "its author, role \"etl_owner\", cannot log in".into(),
             },
             NullArgument { argument: "batch" },
             BatchError::invalid("chunk size 0 is out of range"),
@@ -797,6 +860,25 @@ mod tests {
                 job: "festival".into(),
                 successor: Some("festival-2".into()),
             },
+            TooManyWorkers {
+                asked: 4,
+                running: 6,
+                max: 8,
+            },
+            NoWorkerSlot {
+                asked: 4,
+                started: 2,
+                max_worker_processes: 8,
+                in_use: 8,
+            },
+            LaunchRoleCannotLogIn {
+                role: "etl_owner".into(),
+            },
+            SequentialWorkers {
+                job: "festival".into(),
+                workers: 4,
+            },
+            UnknownLaunch { id: 12 },
             LeaseLost {
                 name: "leader".into(),
                 holder: "w1".into(),
@@ -853,14 +935,19 @@ mod tests {
                 Internal(_) => 28,
                 OnStandby { .. } => 32,
                 ChainRunsItself { .. } => 33,
-                CommittingStepRole { .. } => 34,
+                NoStepWorker { .. } => 34,
                 TargetGone { .. } => 35,
                 KeyNotUnique { .. } => 36,
                 GeneratedColumn { .. } => 37,
                 JobContinued { .. } => 38,
+                TooManyWorkers { .. } => 39,
+                NoWorkerSlot { .. } => 40,
+                LaunchRoleCannotLogIn { .. } => 41,
+                SequentialWorkers { .. } => 42,
+                UnknownLaunch { .. } => 43,
             })
             .collect();
-        assert_eq!(covered, (0..=38).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=43).collect(), "every variant has an example");
         all
     }
 

@@ -11,6 +11,8 @@
 //! job/       checkpointed jobs behind drain_job: the approval, its key and its guard,
 //!            the checkpoint's rules, a chunk opened in order or claimed (chunk), the
 //!            seals, registration, the drain loop, reports.
+//! launch/    launches: background workers that drain a job or run a chain with no
+//!            client session held, their supervisor per database and the launcher.
 //! lease/     leases and the fence that stops a holder who lost one.
 //! procedure  a C-language procedure that commits: arguments by name, INOUT results.
 //! txn/       the one place that ends transactions: the loop's `Transactions` and the
@@ -40,6 +42,7 @@ pub mod chain;
 pub mod error;
 pub mod installed;
 pub mod job;
+pub mod launch;
 pub mod lease;
 pub mod memory;
 pub mod own_rows;
@@ -85,16 +88,21 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/progress.sql",
     name = "progress",
-    requires = ["chains", "jobs", "pacing"]
+    requires = ["chains", "jobs", "pacing", "launches"]
 );
 extension_sql_file!(
     "../sql/doctor.sql",
     name = "doctor",
-    requires = ["chains", "jobs", "leases"]
+    requires = ["chains", "jobs", "leases", "launches"]
 );
 extension_sql_file!(
     "../sql/procedures.sql",
     name = "procedures",
+    requires = ["chains", "jobs"]
+);
+extension_sql_file!(
+    "../sql/launches.sql",
+    name = "launches",
     requires = ["chains", "jobs"]
 );
 extension_sql_file!("../sql/api.sql", name = "api", finalize);
@@ -107,6 +115,7 @@ pub extern "C-unwind" fn _PG_init() {
     unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     job::crash::register();
     retries::register();
+    launch::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
     // aid of a test build, set against the release build) is refused, not kept silently.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"etc_batch".as_ptr()) };

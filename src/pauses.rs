@@ -16,11 +16,14 @@ use crate::roles::{as_owner, current_user};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 
-/// Who paused a job or a batch, and when.
+/// Who paused a job or a batch, and when; or, for a worker of a launch, the launch that
+/// no longer runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Paused {
     pub by: String,
     pub at: String,
+    /// The worker's launch and its status, when that is what stops the work.
+    pub launch: Option<(i64, String)>,
 }
 
 impl Paused {
@@ -29,19 +32,54 @@ impl Paused {
         at.map(|at| Paused {
             by: by.map(role_name).unwrap_or_default(),
             at: at.to_string(),
+            launch: None,
         })
+    }
+
+    /// A worker's launch that ended, with its status, who stopped it (if stop_launch
+    /// did), and when.
+    pub fn launch_ended(
+        launch_id: i64,
+        status: &str,
+        by: Option<pg_sys::Oid>,
+        at: Option<TimestampWithTimeZone>,
+    ) -> Paused {
+        Paused {
+            by: by.map(role_name).unwrap_or_default(),
+            at: at.map(|at| at.to_string()).unwrap_or_default(),
+            launch: Some((launch_id, status.to_string())),
+        }
+    }
+
+    /// Whether it is a pause, and not a worker's launch that ended.
+    pub fn is_pause(&self) -> bool {
+        self.launch.is_none()
     }
 
     /// The NOTICE a call that stops for it sends: `what` is paused, by whom and when.
     pub fn notice(&self, what: &str, resume: &str) {
+        let (message, detail) = match &self.launch {
+            None => (
+                format!("{what} is paused; this call stops here"),
+                format!(
+                    "It was paused by {} at {}. {resume} lets it go on.",
+                    self.by, self.at
+                ),
+            ),
+            Some((launch_id, status)) => (
+                format!("launch {launch_id} is {status}; its worker stops before {what} goes on"),
+                if self.by.is_empty() {
+                    format!("It ended at {}.", self.at)
+                } else {
+                    format!("It was stopped by {} at {}.", self.by, self.at)
+                },
+            ),
+        };
         pgrx::ereport!(
             NOTICE,
             pgrx::PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-            format!("{what} is paused; this call stops here"),
-            format!(
-                "It was paused by {} at {}. {resume} lets it go on.",
-                self.by, self.at
-            )
+            message,
+            detail
         );
     }
 }
@@ -63,7 +101,8 @@ fn read(table: &str, column: &str, name: &str) -> Result<Option<Paused>> {
     Ok(found.flatten())
 }
 
-fn role_name(oid: pg_sys::Oid) -> String {
+/// A role's name, or what it was when the role is gone.
+pub fn role_name(oid: pg_sys::Oid) -> String {
     // SAFETY: a catalog lookup; a role dropped since gives NULL (noerr)
     let name = unsafe { pg_sys::GetUserNameFromId(oid, true) };
     if name.is_null() {

@@ -15,6 +15,15 @@ pub enum Space {
     /// A job, held shared by every call draining it, for as long as the call lasts:
     /// what job_progress counts as its drainers, even while one waits between chunks.
     Drainer = 4,
+    /// One worker of a launch (launch id and worker number, `launch::slot`), held by the
+    /// process that is that worker for as long as it lives: no two processes are ever
+    /// the same worker, and a worker whose lock is free is not running.
+    Worker = 5,
+    /// Launches, cluster-wide and for the span of the launching transaction: launches
+    /// count etc_batch's workers one after another (src/launch/start.rs).
+    Launches = 6,
+    /// A database's supervisor of launches (id 0), held while it lives: one per database.
+    Supervisor = 7,
 }
 
 /// A session lock, held until dropped.
@@ -24,9 +33,14 @@ pub struct SessionLock {
 }
 
 fn tag(space: Space, id: i64) -> pg_sys::LOCKTAG {
-    pg_sys::LOCKTAG {
+    // a lock of every database is one of database 0, as a shared catalog's are
+    let database = match space {
+        Space::Launches => pg_sys::Oid::INVALID,
         // SAFETY: reads the backend's database
-        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        _ => unsafe { pg_sys::MyDatabaseId },
+    };
+    pg_sys::LOCKTAG {
+        locktag_field1: database.to_u32(),
         locktag_field2: (id >> 32) as u32,
         locktag_field3: id as u32,
         locktag_field4: space as u16,
@@ -64,6 +78,21 @@ impl SessionLock {
             false,
         ));
     }
+}
+
+/// The exclusive lock of `id` for the rest of the current transaction, waiting for it.
+pub fn transaction_lock(space: Space, id: i64) {
+    let tag = tag(space, id);
+    // SAFETY: a transaction-level lock in the user lock method, as pg_advisory_xact_lock
+    // takes it; released by the transaction's end
+    unsafe {
+        pg_sys::LockAcquire(
+            &tag,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+            false,
+            false,
+        )
+    };
 }
 
 impl Drop for SessionLock {

@@ -34,17 +34,35 @@ pub fn with<R>(settings: &[(&CStr, &str)], work: impl FnOnce() -> R) -> R {
 /// for work that commits on its way, across which a setting of `with` would not last
 /// (a commit ends every nesting level). The caller sets the old value back afterwards.
 pub fn set_in_session(name: &CStr, value: &str) -> String {
-    // SAFETY: GetConfigOptionByName copies the value into the current memory context.
-    let old = unsafe {
-        let value = pg_sys::GetConfigOptionByName(name.as_ptr(), std::ptr::null_mut(), false);
-        if value.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(value).to_string_lossy().into_owned()
-        }
-    };
+    let old = current(name).unwrap_or_default();
     set(name, value, pg_sys::GucAction::GUC_ACTION_SET);
     old
+}
+
+/// A setting's value as SHOW prints it, or None for a setting that does not exist.
+pub fn current(name: &CStr) -> Option<String> {
+    // SAFETY: GetConfigOptionByName copies the value into the current memory context; a
+    // setting that does not exist gives NULL (missing_ok).
+    unsafe {
+        let value = pg_sys::GetConfigOptionByName(name.as_ptr(), std::ptr::null_mut(), true);
+        (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
+    }
+}
+
+/// Sets a setting as the server's configuration would (a superuser's setting, such as
+/// log_min_messages, in a process of etc_batch's own), for the rest of the session.
+pub fn set_for_process(name: &CStr, value: &str) {
+    let value = CString::new(value).unwrap_or_default();
+    // SAFETY: both strings are NUL-terminated and live across the call; an invalid value
+    // raises an ERROR.
+    unsafe {
+        pg_sys::SetConfigOption(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+        )
+    };
 }
 
 /// Sets one setting as SET does (GUC_ACTION_SET) or as a function's SET clause does

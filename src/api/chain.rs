@@ -64,6 +64,7 @@ fn resume_batch(batch: Option<String>) {
     if !pauses::resume_batch(&batch).or_raise() {
         notice!("batch \"{batch}\" was not paused; nothing changed");
     }
+    crate::launch::start::resume_paused(None, Some(&batch)).or_raise();
 }
 
 // `CALL etc_batch.exec_batch_from_id(...)`, declared in sql/procedures.sql.

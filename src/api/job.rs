@@ -274,6 +274,7 @@ fn resume_job(job_id: Option<String>) {
     if !pauses::resume_job(&job_id).or_raise() {
         notice!("job \"{job_id}\" was not paused; nothing changed");
     }
+    crate::launch::start::resume_paused(Some(&job_id), None).or_raise();
 }
 
 results! {

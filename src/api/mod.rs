@@ -5,6 +5,7 @@
 
 pub mod chain;
 pub mod job;
+pub mod launch;
 pub mod lease;
 pub mod types;
 

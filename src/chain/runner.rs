@@ -110,6 +110,9 @@ struct Runner {
     bookkeeper: pg_sys::Oid,
     wait: bool,
     audit: RefCell<StepAuditWriter>,
+    /// The step a worker connected as its author ran for this runner just now
+    /// (run_committing), whose done mark is this runner's to go on from.
+    delegated: std::cell::Cell<Option<i64>>,
 }
 
 /// When the runner asked for a step's lock and got it: what every audit row of the step
@@ -152,6 +155,23 @@ pub fn exec_batch_from_id<T: Transactions>(
     wait: bool,
     fence: Option<Fence>,
 ) -> Result<()> {
+    run(tx, first, wait, fence, false)
+}
+
+/// Runs step `id` alone, as a runner of its chain would run it, and no step after it:
+/// what a background worker connected as a step's author does for a runner that may
+/// not run it itself (a step that commits, added by another role).
+pub fn run_step_alone<T: Transactions>(tx: &mut T, id: i64) -> Result<()> {
+    run(tx, id, true, None, true)
+}
+
+fn run<T: Transactions>(
+    tx: &mut T,
+    first: i64,
+    wait: bool,
+    fence: Option<Fence>,
+    alone: bool,
+) -> Result<()> {
     let bookkeeper = installed::owner()?;
     let batch = as_role(bookkeeper, || {
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
@@ -170,6 +190,7 @@ pub fn exec_batch_from_id<T: Transactions>(
         bookkeeper,
         wait,
         audit: RefCell::new(as_role(bookkeeper, StepAuditWriter::new)?),
+        delegated: std::cell::Cell::new(None),
     };
 
     let mut next = Some(first);
@@ -192,12 +213,12 @@ pub fn exec_batch_from_id<T: Transactions>(
                     notice!("step {id} of batch \"{}\" committed", runner.batch);
                 }
                 failed_before = 0;
-                next
+                next.filter(|_| !alone)
             }
             Flow::Skipped(next) => {
                 tx.commit();
                 failed_before = 0;
-                next
+                next.filter(|_| !alone)
             }
             Flow::Again(backoff, retried) => {
                 tx.commit();
@@ -236,7 +257,12 @@ impl Runner {
             self.report_holder(id)?;
             return Ok(Flow::Yielded);
         };
-        if let Some(paused) = &step.paused {
+        // a worker's launch that no longer runs stops it as a pause would
+        let stopped = match step.paused.clone() {
+            Some(paused) => Some(paused),
+            None => crate::launch::stopped()?,
+        };
+        if let Some(paused) = &stopped {
             paused.notice(
                 &format!("batch \"{}\" (at step {id})", self.batch),
                 &format!(
@@ -252,7 +278,15 @@ impl Runner {
             lock_acquired: now(),
         };
 
+        let delegated = self.delegated.take() == Some(id);
         match action_for(step.status) {
+            // done by the worker this runner handed the step to: the chain goes on from it
+            Action::Skip if delegated => {
+                let next = self
+                    .owner(|| query::row(sql::STEP_SKIPPED, &[id.into()], |r| r.get::<i64>(4)))?
+                    .flatten();
+                Ok(Flow::Ran(next))
+            }
             Action::Skip => {
                 let next = self.owner(|| {
                     let (batch, attempt, added_by, next) =
@@ -348,12 +382,13 @@ impl Runner {
         step: &LockedStep,
     ) -> Result<std::result::Result<Ran, Flow>> {
         // A role switch cannot outlast a COMMIT (see roles.rs), and a step that switched
-        // without the restrictions as_author puts on it could SET ROLE to the caller's.
+        // without the restrictions as_author puts on it could SET ROLE to the caller's:
+        // a worker connected as its author runs it, as a runner of that one step would.
         if step.added_by != self.caller {
-            return Err(BatchError::CommittingStepRole {
-                id,
-                batch: self.batch.clone(),
-            });
+            tx.commit();
+            crate::launch::start::run_step_as_author(tx, id, step.added_by, &self.batch)?;
+            self.delegated.set(Some(id));
+            return Ok(Err(Flow::Recheck));
         }
         let Some(step_lock) = StepLock::try_take(id) else {
             // another runner is inside the step's procedure

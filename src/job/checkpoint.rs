@@ -7,13 +7,12 @@
 //! only statement is its change. The rules are progress.rs's; `verify_job` checks the
 //! same promise in SQL.
 
-use super::chunk::{OpenChunk, Opening, Recheck};
+use super::chunk::{held_back, OpenChunk, Opening, Recheck};
 use super::progress::Progress;
 use super::seal;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key, Lock, Tid};
-use crate::pauses;
 use crate::status::JobStatus;
 use pgrx::datum::{clock_timestamp, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -114,7 +113,7 @@ pub fn open(job_id: &str, tables: &JobTables) -> Result<Opening> {
         JobStatus::Done => return Ok(Opening::Done),
         stopped => return Ok(Opening::Stopped(stopped)),
     }
-    if let Some(paused) = pauses::of_job(job_id)? {
+    if let Some(paused) = held_back(job_id)? {
         return Ok(Opening::Paused(paused));
     }
     if let Some(reason) = locked.untrusted() {

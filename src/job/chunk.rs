@@ -4,10 +4,20 @@
 //! and what opening one may come to instead.
 
 use super::progress::Progress;
+use crate::error::Result;
 use crate::own_rows::Tid;
-use crate::pauses::Paused;
+use crate::pauses::{self, Paused};
 use crate::status::JobStatus;
 use std::ops::Range;
+
+/// What holds a drainer back before its next chunk: the job's pause, or, in a worker of
+/// a launch, the launch no longer running (stop_launch).
+pub fn held_back(job_id: &str) -> Result<Option<Paused>> {
+    match pauses::of_job(job_id)? {
+        Some(paused) => Ok(Some(paused)),
+        None => crate::launch::stopped(),
+    }
+}
 
 /// A chunk this drainer holds: checked before it was handed out (see `Opening`), its
 /// change still to be made.

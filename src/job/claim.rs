@@ -23,14 +23,13 @@
 //! reads the job's new status, and stops.
 
 use super::checkpoint::{chunk_keys, first_audit_from, outside_changes};
-use super::chunk::{OpenChunk, Opening, Recheck};
+use super::chunk::{held_back, OpenChunk, Opening, Recheck};
 use super::progress::Progress;
 use super::seal;
 use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Columns, Compare, Key, Lock, RowWriter, Tid};
-use crate::pauses;
 use crate::query;
 use crate::status::JobStatus;
 use crate::txn::txid_current;
@@ -150,7 +149,7 @@ pub fn open(
             JobStatus::Done => return Ok(Err(Opening::Done)),
             stopped => return Ok(Err(Opening::Stopped(stopped))),
         }
-        if let Some(paused) = pauses::of_job(job_id)? {
+        if let Some(paused) = held_back(job_id)? {
             return Ok(Err(Opening::Paused(paused)));
         }
         if audit_changes != 0 || item_changes != 0 {

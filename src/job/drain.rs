@@ -912,10 +912,16 @@ impl Job {
 
     /// The error for a job that is stopped for good.
     fn stopped(&self, status: JobStatus) -> Result<BatchError> {
-        let reason =
-            self.owner(|| query::one::<String>(sql::JOB_STATUS_REASON, &[self.id().into()]))?;
-        Ok(stopped_error(self.id(), status, reason))
+        stopped_job(self.id(), status)
     }
+}
+
+/// The error a call on job `job_id`, stopped for good in `status`, gets (drain_job's,
+/// launch_job's), with the reason recorded, read as the owner.
+pub fn stopped_job(job_id: &str, status: JobStatus) -> Result<BatchError> {
+    let reason =
+        crate::roles::as_owner(|| query::one::<String>(sql::JOB_STATUS_REASON, &[job_id.into()]))?;
+    Ok(stopped_error(job_id, status, reason))
 }
 
 /// The error a call raises for a job stopped in `status`, with the reason recorded

@@ -78,7 +78,8 @@ fn hash_by(type_oid: pg_sys::Oid) -> HashBy {
     // SAFETY: type cache and catalog lookups, which raise an ERROR only for a type that
     // does not exist (the catalog just gave this one); the names are copied out at once
     unsafe {
-        let entry = pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_HASH_EXTENDED_PROC as i32);
+        let entry =
+            pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_HASH_EXTENDED_PROC as i32);
         if entry.is_null() || (*entry).hash_extended_proc == pg_sys::Oid::INVALID {
             return HashBy::Text;
         }
@@ -86,7 +87,11 @@ fn hash_by(type_oid: pg_sys::Oid) -> HashBy {
         let mut args: *mut pg_sys::Oid = std::ptr::null_mut();
         let mut nargs = 0;
         pg_sys::get_func_signature(function, &mut args, &mut nargs);
-        let takes = if nargs > 0 { *args } else { pg_sys::Oid::INVALID };
+        let takes = if nargs > 0 {
+            *args
+        } else {
+            pg_sys::Oid::INVALID
+        };
         let base = pg_sys::getBaseType(type_oid);
         let as_it_is = takes == base
             || pg_sys::get_typtype(takes) as u8 == pg_sys::TYPTYPE_PSEUDO

@@ -1,4 +1,6 @@
-//! The driver of a CALLed procedure that commits: its non-atomic SPI connection.
+//! The driver of a CALLed procedure that commits: its non-atomic SPI connection; and of
+//! a background worker's loop of work, which runs in the same kind of connection (see
+//! worker.rs).
 //!
 //! pgrx's `Spi::connect` always connects atomically, so it can never commit. A
 //! procedure that commits between rounds instead:
@@ -36,6 +38,20 @@ impl CallLoop {
                 in_transaction_block: pg_sys::IsTransactionBlock() && !pg_sys::IsSubTransaction(),
             });
         }
+        Self::connect()
+    }
+
+    /// Connects SPI in non-atomic mode in a background worker's transaction, which the
+    /// worker started itself under a portal of its own (worker.rs).
+    ///
+    /// # Safety
+    /// Only in a background worker, inside a transaction it started, with no SPI
+    /// connection open.
+    pub(super) unsafe fn in_worker() -> Result<Self> {
+        Self::connect()
+    }
+
+    unsafe fn connect() -> Result<Self> {
         let rc = pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32);
         if rc != pg_sys::SPI_OK_CONNECT as i32 {
             return Err(BatchError::Internal(format!(

@@ -14,6 +14,7 @@
 
 mod call;
 mod failure;
+pub mod worker;
 
 pub use call::CallLoop;
 pub use failure::{unpack_sqlstate, Failure, FailureKind};

@@ -543,6 +543,87 @@ def test_parallel_job_drained_by_many_clients_through_pgbouncer(pg, bouncer, tab
     assert checks and all(c[0] for c in checks), checks
 
 
+def wait_launch(pg, launch_id, timeout=120):
+    """Waits for a launch and its workers' runs to end; its status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, open_runs = pg.admin.execute(
+            "SELECT l.status, EXISTS (SELECT FROM etc_batch.launch_run r WHERE r.launch_id = l.launch_id "
+            "AND r.ended_at IS NULL AND r.pid IN (SELECT pid FROM pg_stat_activity)) "
+            "FROM etc_batch.launch l WHERE l.launch_id = %s", (launch_id,)).fetchone()
+        if status != "running" and not open_runs:
+            return status
+        assert time.monotonic() < deadline, f"launch {launch_id} did not end"
+        time.sleep(0.1)
+
+
+def test_a_launch_through_pgbouncer_in_transaction_mode(pg, bouncer, tables):
+    """launch_job is a function, so a client behind a transaction-mode pooler launches
+    work as it would any statement, and disconnects: the workers drain the job."""
+    orders = Orders(pg, "pooled_launch", 600)
+    job = tag("pooled_launch")
+    conn = bouncer.connect(pg.name)
+    conn.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, %s::jsonb, 50, %s::jsonb, "
+        "parallel => true)",
+        (job, orders.name, json.dumps(orders.items(None)), json.dumps({"status": "cancelled"})))
+    launch_id, workers, pids = conn.execute(
+        "SELECT launch_id, workers, pids FROM etc_batch.launch_job(%s, 2)", (job,)).fetchone()
+    assert workers == 2 and len(pids) == 2
+    conn.close()
+    assert wait_launch(pg, launch_id) == "done"
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 601)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 601)})
+
+
+def test_the_doctor_names_a_launch_nobody_resumes_and_resume_launches_resumes_it(pg, tables):
+    """Without the library preloaded, a launch's worker and its database's supervisor
+    terminated, as a restart of the server would end them: nobody starts them again, and
+    the doctor fails the launch; resume_launches starts the worker and the supervisor
+    again, and the job finishes."""
+    orders = Orders(pg, "orphaned_launch", 400)
+    job = tag("orphaned_launch")
+    conn = pg.direct()
+    conn.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, %s::jsonb, 20, %s::jsonb)",
+        (job, orders.name, json.dumps(orders.items(None)), json.dumps({"status": "cancelled"})))
+    slow = sql.Identifier(f"{orders.name}_slow")
+    pg.admin.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                             "$$ BEGIN PERFORM pg_sleep(0.1); RETURN NULL; END $$").format(slow))
+    pg.admin.execute(sql.SQL("CREATE TRIGGER slow AFTER UPDATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()")
+                     .format(orders.ident, slow))
+    launch_id = conn.execute("SELECT launch_id FROM etc_batch.launch_job(%s)", (job,)).fetchone()[0]
+    # older than a launch whose first worker may still be starting, which the doctor spares
+    pg.admin.execute("UPDATE etc_batch.launch SET launched_at = launched_at - interval '1 minute' "
+                     "WHERE launch_id = %s", (launch_id,))
+    wait_until(lambda: pg.admin.execute("SELECT committed FROM etc_batch.job_progress WHERE job_id = %s",
+                                        (job,)).fetchone()[0] > 0, "the worker to commit a chunk")
+    pg.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE backend_type IN ('etc_batch worker', 'etc_batch supervisor') "
+                     "AND datname = current_database()")
+    wait_until(lambda: pg.admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('etc_batch worker', "
+        "'etc_batch supervisor') AND datname = current_database()").fetchone()[0] == 0,
+        "the worker and the supervisor to end")
+    doctor = pg.admin.execute("SELECT status, detail, hint FROM etc_batch.doctor() WHERE check_name = %s",
+                              (f"launch {launch_id}",)).fetchall()
+    assert [d[0] for d in doctor] == ["fail"], doctor
+    assert "0 of the 1 workers" in doctor[0][1] and "no supervisor runs" in doctor[0][1]
+    assert "etc_batch.resume_launches()" in doctor[0][2]
+    time.sleep(1)
+    assert pg.admin.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                            (launch_id,)).fetchone()[0] == "running"
+    assert pg.admin.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'etc_batch worker' "
+                            "AND datname = current_database()").fetchone()[0] == 0
+    resumed = pg.admin.execute("SELECT launch_id, worker FROM etc_batch.resume_launches()").fetchall()
+    assert resumed == [(launch_id, 1)]
+    assert wait_launch(pg, launch_id) == "done"
+    assert orders.rows() == {i: (2, "cancelled") for i in range(1, 401)}
+    assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 401)})
+    assert pg.admin.execute("SELECT count(*) FROM etc_batch.doctor() WHERE check_name = %s",
+                            (f"launch {launch_id}",)).fetchone()[0] == 0
+
+
 def test_pause_and_resume_from_another_client(client, tables):
     """A drain at work, paused from another connection (directly or through PgBouncer):
     it stops after the chunk in flight and returns normally with status paused; a call

@@ -19,6 +19,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -185,6 +186,24 @@ def carry_on(c):
     assert (parallel["committed_chunks"], parallel["committed_items"], parallel["status"]) == (3, 12, "done")
     assert c.execute(
         "SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('after-update')").fetchone()["ok"] is True
+    c.execute("UPDATE public.orders SET status = 'pending', revision = 1 WHERE tenant = 'B'")
+    # and a launch: background workers drain a job on the updated objects
+    c.execute(
+        "SELECT etc_batch.register_job_from_query('launched-after-update', 'B', 'public.orders', "
+        "'SELECT id, revision, qty FROM public.orders WHERE tenant = ''B'' AND id <= 12', 4, "
+        "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}', parallel => true)")
+    launch = c.execute(
+        "SELECT launch_id FROM etc_batch.launch_job('launched-after-update', 2)").fetchone()["launch_id"]
+    deadline = time.monotonic() + 60
+    while c.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                    (launch,)).fetchone()["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert c.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                     (launch,)).fetchone()["status"] == "done"
+    assert c.execute(
+        "SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('launched-after-update')").fetchone()["ok"] is True
+    assert c.execute("SELECT count(*) AS n FROM public.orders WHERE tenant = 'B' AND status = 'cancelled' "
+                     "AND revision = 2").fetchone()["n"] == 12
     c.execute("UPDATE public.orders SET status = 'pending', revision = 1 WHERE tenant = 'B'")
 
     c.execute("UPDATE public.knob SET ok = true")

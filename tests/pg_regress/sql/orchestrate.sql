@@ -103,18 +103,5 @@ CALL etc_batch.exec_batch_from_id(951);
 SELECT count(*) AS ran FROM made WHERE n = -1;
 SELECT count(*) AS attempts FROM etc_batch.step_audit WHERE batch IN ('selfish', 'ping', 'pong');
 
--- A step that commits runs only for the role that added it.
-CREATE ROLE orchestrate_other;
-GRANT USAGE ON SCHEMA etc_batch TO orchestrate_other;
-GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) TO orchestrate_other;
-GRANT EXECUTE ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint) TO orchestrate_other;
-SET ROLE orchestrate_other;
-SELECT etc_batch.add_step('theirs', 'CALL etc_batch.drain_job(''festival'')', 1001, commits => true);
-RESET ROLE;
-CALL etc_batch.exec_batch_from_id(1001);
-\echo :LAST_ERROR_SQLSTATE
-DELETE FROM etc_batch.batch_log WHERE batch = 'theirs';
-REVOKE ALL ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer) FROM orchestrate_other;
-REVOKE ALL ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint) FROM orchestrate_other;
-REVOKE USAGE ON SCHEMA etc_batch FROM orchestrate_other;
-DROP ROLE orchestrate_other;
+-- A step that commits, added by another role, runs in a background worker connected as
+-- that role: tests/pg_regress/sql/launches.sql.

@@ -1,0 +1,110 @@
+//! Launches: work the server finishes by itself, with no client session held.
+//!
+//! `launch_job` and `launch_batch` write a launch (sql/launches.sql) in the caller's
+//! transaction and start its workers, background worker processes that drain the job
+//! or run the chain through the same code a CALL runs (src/txn/worker.rs drives its
+//! transactions). A worker acts only once the launching transaction has committed, and
+//! not at all if it rolled back (worker.rs). Every database with launches running has a
+//! supervisor that starts again the workers that ended without saying how (terminated,
+//! a crash), and, when the library is preloaded, a launcher starts the supervisors after
+//! a restart or a promotion (supervisor.rs, launcher.rs). No two processes are ever the
+//! same worker: each holds its worker's lock (session_lock::Space::Worker) while it
+//! lives, and the checkpoint, the chunk claims and the steps' done marks decide what is
+//! left, as for any second CALL.
+//!
+//! - `start`      launch_job, launch_batch, stop_launch, resume_launches: the SQL side.
+//! - `worker`     a worker process: its start, its work, its outcome.
+//! - `supervisor` the supervisor of a database.
+//! - `launcher`   the launcher of the cluster.
+//! - `bgw`        registering the processes, and what each does first.
+//! - `sql`        the statements.
+
+mod bgw;
+mod launcher;
+mod sql;
+pub mod start;
+mod supervisor;
+mod worker;
+
+use crate::error::Result;
+use crate::own_rows::{self, Compare, Key};
+use crate::pauses::Paused;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::cell::Cell;
+
+/// How many of etc_batch's workers may run at once in the cluster.
+pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(8);
+
+/// The most workers one launch may have.
+pub const MAX_WORKERS_PER_LAUNCH: i32 = 1000;
+
+pub fn register() {
+    GucRegistry::define_int_guc(
+        c"etc_batch.max_workers",
+        c"How many of etc_batch's background workers may run at once in the cluster.",
+        c"A launch that would need more fails with 53400 and starts none; a supervisor starts a worker again only when one is free. They take slots of max_worker_processes too.",
+        &MAX_WORKERS,
+        1,
+        MAX_WORKERS_PER_LAUNCH,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    // SAFETY: reads whether the postmaster is loading the preloaded libraries
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        bgw::register_launcher();
+    }
+}
+
+/// Whether the library is preloaded, so that launches are resumed after a restart.
+pub fn preloaded() -> bool {
+    crate::settings::current(c"shared_preload_libraries").is_some_and(|libraries| {
+        libraries
+            .split(',')
+            .any(|l| l.trim().trim_matches('"') == "etc_batch")
+    })
+}
+
+/// The lock id of worker `worker` of launch `launch_id`.
+fn slot(launch_id: i64, worker: i32) -> i64 {
+    (launch_id << 16) | i64::from(worker)
+}
+
+thread_local! {
+    /// The launch this process is a worker of.
+    static CURRENT: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// Runs `work` as a worker of launch `launch_id`, which stops (`stopped`) when the launch
+/// no longer runs.
+fn as_worker_of<R>(launch_id: i64, work: impl FnOnce() -> R) -> R {
+    CURRENT.with(|c| c.set(Some(launch_id)));
+    let result = work();
+    CURRENT.with(|c| c.set(None));
+    result
+}
+
+/// In a worker: whether its launch stopped running (stop_launch, or another worker
+/// ended it), read before every chunk or step, as a pause is: who ended it and when.
+/// None outside a worker.
+pub fn stopped() -> Result<Option<Paused>> {
+    let Some(launch_id) = CURRENT.with(|c| c.get()) else {
+        return Ok(None);
+    };
+    let found = own_rows::reading_table("launch", |launches| {
+        launches.first("launch_id", Compare::Equal, Key::Int8(launch_id), |row| {
+            let status = row.get::<String>("status")?.unwrap_or_default();
+            if status == "running" {
+                return Ok(None);
+            }
+            Ok(Some(Paused::launch_ended(
+                launch_id,
+                &status,
+                row.get::<pg_sys::Oid>("stopped_by")?,
+                row.get::<TimestampWithTimeZone>("ended_at")?,
+            )))
+        })
+    })?;
+    Ok(found.flatten())
+}

@@ -1,0 +1,417 @@
+//! The SQL side of launches: launch_job and launch_batch (a launch written and its
+//! workers started, all of them or none), stop_launch, and resume_launches (what a
+//! supervisor does, on demand).
+
+use super::bgw::{self, WorkerStart};
+use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
+use crate::error::{BatchError, Result};
+use crate::job::drain::stopped_job;
+use crate::pauses::role_name;
+use crate::query;
+use crate::roles::{as_owner, current_user};
+use crate::session_lock::{self, Space};
+use crate::status::JobStatus;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::time::{Duration, Instant};
+
+/// What a launch runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Work<'a> {
+    /// A job, drained to the end.
+    Job(&'a str),
+    /// A chain, run from this step to its end.
+    Chain(i64),
+}
+
+impl Work<'_> {
+    /// The procedure a CALL of the same work would run, whose EXECUTE the launching role
+    /// needs: the launch runs it as that role.
+    fn procedure(&self) -> &'static str {
+        match self {
+            Work::Job(_) => "etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, text, text)",
+            Work::Chain(_) => "etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint)",
+        }
+    }
+}
+
+/// What a launch started.
+pub struct Launched {
+    pub launch_id: i64,
+    pub workers: i32,
+    /// The workers' pids, in the order of their numbers.
+    pub pids: Vec<i32>,
+}
+
+/// Writes a launch of `work` with `workers` workers and starts them. They act once this
+/// transaction commits. Either every worker starts or the call fails (53400) and none
+/// does: the launch is rolled back with the transaction, and a worker that started
+/// finds no launch and ends.
+pub fn launch(work: Work, workers: i32) -> Result<Launched> {
+    if !(1..=MAX_WORKERS_PER_LAUNCH).contains(&workers) {
+        return Err(BatchError::invalid_because(
+            format!("workers {workers} is out of range"),
+            format!("A launch has 1 to {MAX_WORKERS_PER_LAUNCH} workers."),
+        ));
+    }
+    check(work, workers)?;
+    let role = current_user();
+    let (can_login, may_execute) = query::row(
+        sql::MAY_LAUNCH,
+        &[role.into(), work.procedure().into()],
+        |r| {
+            Ok((
+                r.get::<bool>(1)?.unwrap_or(false),
+                r.get::<bool>(2)?.unwrap_or(false),
+            ))
+        },
+    )?
+    .unwrap_or_default();
+    if !may_execute {
+        return Err(BatchError::PermissionDenied {
+            message: format!("permission denied for procedure {}", work.procedure().split('(').next().unwrap_or_default()),
+            detail: "A launch's workers run the work as a CALL of it would, with the privileges of the role that launches them.".into(),
+        });
+    }
+    if !can_login && pg_sys::PG_VERSION_NUM < 170000 {
+        return Err(BatchError::LaunchRoleCannotLogIn {
+            role: role_name(role),
+        });
+    }
+    // launches are counted one after another in the whole cluster, each holding this
+    // lock until it commits, by when its workers show in pg_stat_activity
+    session_lock::transaction_lock(Space::Launches, 0);
+    let (running, in_use) = workers_in_use()?;
+    let max = MAX_WORKERS.get();
+    if running + workers > max {
+        return Err(BatchError::TooManyWorkers {
+            asked: workers,
+            running,
+            max,
+        });
+    }
+    let (job, step) = match work {
+        Work::Job(job) => (Some(job), None),
+        Work::Chain(step) => (None, Some(step)),
+    };
+    let client_min_messages = crate::settings::current(c"client_min_messages").unwrap_or_default();
+    let (launch_id, xid) = as_owner(|| {
+        query::row(
+            sql::INSERT_LAUNCH,
+            &[
+                job.into(),
+                step.into(),
+                workers.into(),
+                role.into(),
+                client_min_messages.as_str().into(),
+            ],
+            |r| {
+                Ok((
+                    r.get::<i64>(1)?.unwrap_or(0),
+                    r.get::<String>(2)?.unwrap_or_default(),
+                ))
+            },
+        )
+    })?
+    .ok_or_else(|| BatchError::Internal("a launch was not written".into()))?;
+    let xid: u64 = xid
+        .parse()
+        .map_err(|_| BatchError::Internal(format!("a launching transaction id reads {xid}")))?;
+    let mut pids = Vec::with_capacity(workers as usize);
+    for worker in 1..=workers {
+        let start = WorkerStart {
+            // SAFETY: reads the backend's database
+            database: unsafe { pg_sys::MyDatabaseId },
+            role,
+            xid,
+            worker,
+            started_by: "launch".into(),
+        };
+        match bgw::start_worker(launch_id, &start)? {
+            Some(pid) => pids.push(pid),
+            None => {
+                return Err(BatchError::NoWorkerSlot {
+                    asked: workers,
+                    started: worker - 1,
+                    max_worker_processes: crate::settings::current(c"max_worker_processes")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
+                    in_use: in_use + worker - 1,
+                })
+            }
+        }
+    }
+    await_shown(&pids)?;
+    ensure_supervisor()?;
+    if !preloaded() {
+        notice!(
+            "etc_batch is not in shared_preload_libraries: after a restart of the server, launch {launch_id} goes on only when etc_batch.resume_launches() is called (docs/launches.md)"
+        );
+    }
+    Ok(Launched {
+        launch_id,
+        workers,
+        pids,
+    })
+}
+
+/// The work must be able to go on, and by that many workers.
+fn check(work: Work, workers: i32) -> Result<()> {
+    match work {
+        Work::Job(job_id) => {
+            let (status, parallel) = as_owner(|| {
+                query::row(sql::JOB_TO_LAUNCH, &[job_id.into()], |r| {
+                    Ok((
+                        r.get::<String>(1)?.unwrap_or_default(),
+                        r.get::<bool>(2)?.unwrap_or(false),
+                    ))
+                })
+            })?
+            .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+            match JobStatus::parse(&status)? {
+                JobStatus::Pending => {}
+                JobStatus::Done => return Err(BatchError::JobFinished { job: job_id.into() }),
+                stopped => return Err(stopped_job(job_id, stopped)?),
+            }
+            if !parallel && workers > 1 {
+                return Err(BatchError::SequentialWorkers {
+                    job: job_id.into(),
+                    workers,
+                });
+            }
+        }
+        Work::Chain(step) => {
+            as_owner(|| query::one::<String>(sql::STEP_TO_LAUNCH, &[step.into()]))?
+                .ok_or(BatchError::UnknownStep { id: step })?;
+            if workers > 1 {
+                return Err(BatchError::invalid_because(
+                    format!("a chain is run by one worker, not {workers}"),
+                    "A chain's steps run one after another.",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// etc_batch's workers at work in the cluster, and every background worker.
+fn workers_in_use() -> Result<(i32, i32)> {
+    Ok(query::row(sql::WORKERS_IN_USE, &[bgw::WORKER.into()], |r| {
+        Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<i32>(2)?.unwrap_or(0)))
+    })?
+    .unwrap_or_default())
+}
+
+/// Waits (a few seconds at most) until the started workers show in pg_stat_activity,
+/// where the next launch counts them.
+fn await_shown(pids: &[i32]) -> Result<()> {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        // pg_stat_activity is read once per transaction unless told to read it again
+        query::run("SELECT pg_catalog.pg_stat_clear_snapshot()", &[])?;
+        if query::one::<bool>(sql::ALL_SHOWN, &[pids.to_vec().into()])?.unwrap_or(false) {
+            break;
+        }
+        crate::txn::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// The ids of the locks of `space` that sessions of this database hold now.
+pub(super) fn held(space: Space) -> Result<std::collections::HashSet<i64>> {
+    Ok(
+        query::rows(sql::HELD_LOCKS, &[(space as i32).into()], 0, |r| {
+            Ok(r.get::<i64>(1)?.unwrap_or(-1))
+        })?
+        .into_iter()
+        .collect(),
+    )
+}
+
+/// Starts this database's supervisor, unless one runs.
+pub(super) fn ensure_supervisor() -> Result<()> {
+    if !held(Space::Supervisor)?.contains(&0) {
+        // SAFETY: reads the backend's database
+        bgw::start_supervisor(unsafe { pg_sys::MyDatabaseId })?;
+    }
+    Ok(())
+}
+
+/// stop_launch: the launch stops running; its workers end after the chunk or step in
+/// flight. Whether it ran (a NOTICE says so otherwise).
+pub fn stop(launch_id: i64) -> Result<bool> {
+    let caller = current_user();
+    let (status, launched_by) = as_owner(|| {
+        query::row(sql::LAUNCH, &[launch_id.into()], |r| {
+            Ok((
+                r.get::<String>(7)?.unwrap_or_default(),
+                r.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::Oid::INVALID),
+            ))
+        })
+    })?
+    .ok_or(BatchError::UnknownLaunch { id: launch_id })?;
+    let may = query::one::<bool>(
+        crate::job::sql::MAY_ACT_FOR,
+        &[caller.into(), launched_by.into()],
+    )?
+    .unwrap_or(false);
+    if !may {
+        return Err(BatchError::PermissionDenied {
+            message: format!("permission denied to stop launch {launch_id}"),
+            detail: format!(
+                "A launch is stopped by the role that launched it ({}) or a member of it.",
+                role_name(launched_by)
+            ),
+        });
+    }
+    if status != "running" {
+        notice!("launch {launch_id} is already {status}; nothing changed");
+        return Ok(false);
+    }
+    let stopped = as_owner(|| {
+        query::row(sql::STOP_LAUNCH, &[launch_id.into(), caller.into()], |r| {
+            Ok(r.get::<bool>(3)?.unwrap_or(false))
+        })
+    })?
+    .unwrap_or(false);
+    Ok(stopped)
+}
+
+/// A step that commits, added by `author`, for a runner that may not run it itself: a
+/// worker connected as the author runs it alone, as a runner of it would
+/// (chain::runner::run_step_alone), while the runner waits for it to end. The runner's
+/// transaction is committed once the worker runs, so that the runner holds nothing of
+/// the step's while it does; the runner then reads the step again.
+pub fn run_step_as_author(
+    tx: &mut impl crate::txn::Transactions,
+    step_id: i64,
+    author: pg_sys::Oid,
+    batch: &str,
+) -> Result<()> {
+    let refused = |reason: String| BatchError::NoStepWorker {
+        id: step_id,
+        batch: batch.into(),
+        reason,
+    };
+    let can_login = query::one::<bool>(sql::ROLE_CAN_LOGIN, &[author.into()])?.unwrap_or(false);
+    if !can_login && pg_sys::PG_VERSION_NUM < 170000 {
+        return Err(refused(format!(
+            "its author, role \"{}\", cannot log in, and on PostgreSQL 15 and 16 a background worker connects only as a role that can",
+            role_name(author)
+        )));
+    }
+    session_lock::transaction_lock(Space::Launches, 0);
+    let (running, in_use) = workers_in_use()?;
+    let max = MAX_WORKERS.get();
+    if running >= max {
+        return Err(refused(format!(
+            "etc_batch.max_workers is {max}, and {running} of etc_batch's workers run now"
+        )));
+    }
+    let start = WorkerStart {
+        // SAFETY: reads the backend's database
+        database: unsafe { pg_sys::MyDatabaseId },
+        role: author,
+        xid: 0,
+        worker: 0,
+        started_by: "step".into(),
+    };
+    let Some(worker) = bgw::start_step_worker(step_id, &start)? else {
+        return Err(refused(format!(
+            "max_worker_processes is {}, and {in_use} background workers run now",
+            crate::settings::current(c"max_worker_processes").unwrap_or_default()
+        )));
+    };
+    tx.commit();
+    // interrupted (a cancel, a timeout), the runner ends here; the worker goes on, and
+    // the step's own lock keeps any other runner out of it until it is done
+    let _ = worker.wait_for_shutdown();
+    Ok(())
+}
+
+/// A worker started by resume_launches or a supervisor.
+pub struct Resumed {
+    pub launch_id: i64,
+    pub worker: i32,
+    pub pid: i32,
+}
+
+/// Starts again, for every launch of this database that runs, each worker that is not
+/// at work (its process ended without saying how: terminated, a crash, a restart), as
+/// far as etc_batch.max_workers allows. `patient`: leave alone a worker of a launch of
+/// the last few seconds that has begun no run yet (it may still be starting). Run as
+/// the owner.
+pub fn resume(patient: bool, skip: impl Fn(i64, i32) -> bool) -> Result<Vec<Resumed>> {
+    let launches = query::rows(sql::RUNNING_LAUNCHES, &[], 0, |r| {
+        Ok((
+            r.get::<i64>(1)?.unwrap_or(0),
+            r.get::<i32>(2)?.unwrap_or(0),
+            r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
+            r.get::<String>(4)?.unwrap_or_default(),
+            r.get::<bool>(5)?.unwrap_or(false),
+        ))
+    })?;
+    let mut resumed = Vec::new();
+    let at_work = held(Space::Worker)?;
+    for (launch_id, workers, role, xid, young) in launches {
+        for worker in 1..=workers {
+            if at_work.contains(&slot(launch_id, worker)) || skip(launch_id, worker) {
+                continue;
+            }
+            if patient
+                && young
+                && query::one::<i64>(sql::RUNS_OF_WORKER, &[launch_id.into(), worker.into()])?
+                    .unwrap_or(0)
+                    == 0
+            {
+                continue;
+            }
+            query::run(sql::INTERRUPTED, &[launch_id.into(), worker.into()])?;
+            let (running, _) = workers_in_use()?;
+            if running >= MAX_WORKERS.get() {
+                // the rest waits for a free worker
+                return Ok(resumed);
+            }
+            let start = WorkerStart {
+                // SAFETY: reads the backend's database
+                database: unsafe { pg_sys::MyDatabaseId },
+                role,
+                xid: xid.parse().unwrap_or(0),
+                worker,
+                started_by: "resume".into(),
+            };
+            match bgw::start_worker(launch_id, &start)? {
+                Some(pid) => resumed.push(Resumed {
+                    launch_id,
+                    worker,
+                    pid,
+                }),
+                // no slot of max_worker_processes: the rest waits
+                None => return Ok(resumed),
+            }
+        }
+    }
+    Ok(resumed)
+}
+
+/// resume_job and resume_batch: the launches their pause ended run again, their workers
+/// started by the supervisor.
+pub fn resume_paused(job: Option<&str>, batch: Option<&str>) -> Result<()> {
+    let resumed = as_owner(|| {
+        query::rows(sql::RESUME_PAUSED, &[job.into(), batch.into()], 0, |_| {
+            Ok(())
+        })
+    })?;
+    if !resumed.is_empty() {
+        ensure_supervisor()?;
+    }
+    Ok(())
+}
+
+/// resume_launches: what this database's supervisor does, now, and the supervisor
+/// started if none runs.
+pub fn resume_launches() -> Result<Vec<Resumed>> {
+    let resumed = as_owner(|| resume(false, |_, _| false))?;
+    ensure_supervisor()?;
+    Ok(resumed)
+}

@@ -1,0 +1,337 @@
+//! A worker process of a launch: connected as the role that launched it, it waits for
+//! the launching transaction to end, takes its worker's lock (or ends, when another
+//! process is that worker), begins a run, drains the job or runs the chain through the
+//! same code a CALL runs, and records how the run ended (and, when the work ended, the
+//! launch).
+
+use super::bgw::{self, WorkerStart};
+use super::{as_worker_of, slot, sql};
+use crate::error::{BatchError, Result};
+use crate::job::drain;
+use crate::query;
+use crate::roles::as_owner;
+use crate::session_lock::{SessionLock, Space};
+use crate::status::JobStatus;
+use crate::txn::worker::{in_transaction, run_loop};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CString;
+
+/// What a launch runs, as its worker read it.
+enum Work {
+    Job(String),
+    Chain(i64),
+}
+
+/// The run a worker begins.
+struct Run {
+    launch_id: i64,
+    worker: i32,
+    run: i32,
+    work: Work,
+    /// The launching session's client_min_messages.
+    client_min_messages: String,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    outcome: &'static str,
+    sqlstate: Option<String>,
+    message: Option<String>,
+}
+
+impl Outcome {
+    fn plain(outcome: &'static str) -> Outcome {
+        Outcome {
+            outcome,
+            sqlstate: None,
+            message: None,
+        }
+    }
+
+    /// The launch's status a run that ended so ends it with, if it does.
+    fn ends_launch(&self) -> Option<&'static str> {
+        match self.outcome {
+            "done" => Some("done"),
+            "paused" => Some("paused"),
+            "conflict" => Some("conflict"),
+            "failed" => Some("failed"),
+            _ => None,
+        }
+    }
+}
+
+/// The entry point of a worker process: its launch id is the argument, who it is in
+/// bgw_extra (bgw::WorkerStart).
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
+    let launch_id = arg.value() as i64;
+    let Some(start) = WorkerStart::parse(BackgroundWorker::get_extra()) else {
+        log!("etc_batch worker of launch {launch_id}: its start could not be read; it ends");
+        return;
+    };
+    bgw::take_signals();
+    bgw::connect(start.database, start.role);
+    if start.started_by == "step" {
+        return run_step(launch_id);
+    }
+    // what the launching transaction did is seen only once it has ended: committed, the
+    // launch is there; rolled back, it is not, and the worker ends
+    in_transaction(|| wait_for(start.xid));
+    let Some(_worker) =
+        in_transaction(|| SessionLock::try_exclusive(Space::Worker, slot(launch_id, start.worker)))
+    else {
+        // another process is this worker already
+        return;
+    };
+    // the database's supervisor, which starts this worker again if it dies, runs
+    let run = match in_transaction(|| {
+        super::start::ensure_supervisor()?;
+        as_owner(|| begin(launch_id, &start))
+    }) {
+        Ok(Some(run)) => run,
+        Ok(None) => return,
+        Err(e) => {
+            log!(
+                "etc_batch worker {} of launch {launch_id} cannot begin: {}",
+                start.worker,
+                e.report().message
+            );
+            return;
+        }
+    };
+    messages_as_the_client_had_them(&run.client_min_messages);
+    let statement = match &run.work {
+        Work::Job(job) => format!(
+            "etc_batch worker {} of launch {launch_id}: drain_job({})",
+            run.worker,
+            pgrx::spi::quote_literal(job)
+        ),
+        Work::Chain(step) => format!(
+            "etc_batch worker {} of launch {launch_id}: exec_batch_from_id({step})",
+            run.worker
+        ),
+    };
+    show_statement(&statement);
+    let ended = run_loop(|tx| {
+        as_worker_of(launch_id, || match &run.work {
+            Work::Job(job) => drain::drain(tx, job, None, None).map(|d| {
+                if d.paused {
+                    Outcome::plain("paused")
+                } else if d.status == JobStatus::Done {
+                    Outcome::plain("done")
+                } else {
+                    Outcome::plain("pending")
+                }
+            }),
+            Work::Chain(step) => crate::chain::runner::exec_batch_from_id(tx, *step, true, None)
+                .map(|()| Outcome::plain("done")),
+        })
+    });
+    let outcome = match ended {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(error)) => failed(&error),
+        Err(failure) if failure.kind() == crate::txn::FailureKind::Interrupted => Outcome {
+            outcome: "interrupted",
+            sqlstate: Some(failure.sqlstate()),
+            message: Some(failure.message),
+        },
+        Err(failure) => Outcome {
+            outcome: "failed",
+            sqlstate: Some(failure.sqlstate()),
+            message: Some(failure.message),
+        },
+    };
+    match in_transaction(|| as_owner(|| end(&run, outcome.clone()))) {
+        Ok(recorded) => log!(
+            "etc_batch worker {} of launch {launch_id} ended: {}{}",
+            run.worker,
+            recorded.outcome,
+            recorded
+                .message
+                .as_ref()
+                .map(|m| format!(" ({}: {m})", recorded.sqlstate.as_deref().unwrap_or("")))
+                .unwrap_or_default()
+        ),
+        Err(e) => log!(
+            "etc_batch worker {} of launch {launch_id} could not record how it ended ({}): {}",
+            run.worker,
+            outcome.outcome,
+            e.report().message
+        ),
+    }
+}
+
+/// A worker connected as a step's author, for a runner that may not run the step itself
+/// and waits for this process to end: it runs the step alone, as a runner of it would,
+/// recording its outcome in the step's row and audit, and nothing else.
+fn run_step(step_id: i64) {
+    show_statement(&format!("etc_batch worker: step {step_id}"));
+    let outcome = match run_loop(|tx| crate::chain::runner::run_step_alone(tx, step_id)) {
+        Ok(Ok(())) => "ran".to_string(),
+        Ok(Err(e)) => e.report().message,
+        Err(failure) => format!("{}: {}", failure.sqlstate(), failure.message),
+    };
+    log!("etc_batch worker for step {step_id} ended: {outcome}");
+}
+
+/// Waits for the launching transaction `xid` to end, as a row lock's waiter would.
+fn wait_for(xid: u64) {
+    let xid = pg_sys::TransactionId::from(xid as u32);
+    // SAFETY: inside a transaction, which the wait's lock needs
+    unsafe {
+        if pg_sys::TransactionIdIsInProgress(xid) {
+            pg_sys::XactLockTableWait(
+                xid,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                pg_sys::XLTW_Oper::XLTW_None,
+            );
+        }
+    }
+}
+
+/// The run this worker begins, or None when there is nothing to do: the launch was
+/// rolled back (or another launch has its id), it no longer runs, or it has fewer
+/// workers.
+fn begin(launch_id: i64, start: &WorkerStart) -> Result<Option<Run>> {
+    crate::installed::owner()?;
+    let Some((job, step, workers, xid, client_min_messages, status)) =
+        query::row(sql::LAUNCH, &[launch_id.into()], |r| {
+            Ok((
+                r.get::<String>(1)?,
+                r.get::<i64>(2)?,
+                r.get::<i32>(3)?.unwrap_or(0),
+                r.get::<String>(5)?.unwrap_or_default(),
+                r.get::<String>(6)?.unwrap_or_default(),
+                r.get::<String>(7)?.unwrap_or_default(),
+            ))
+        })?
+    else {
+        return Ok(None);
+    };
+    if xid != start.xid.to_string() || status != "running" || start.worker > workers {
+        return Ok(None);
+    }
+    let work = match (job, step) {
+        (Some(job), _) => Work::Job(job),
+        (None, Some(step)) => Work::Chain(step),
+        (None, None) => return Ok(None),
+    };
+    let run = query::one::<i32>(
+        sql::BEGIN_RUN,
+        &[
+            launch_id.into(),
+            start.worker.into(),
+            start.started_by.as_str().into(),
+        ],
+    )?
+    .unwrap_or(1);
+    Ok(Some(Run {
+        launch_id,
+        worker: start.worker,
+        run,
+        work,
+        client_min_messages,
+    }))
+}
+
+/// How a run that returned an error ended.
+fn failed(error: &BatchError) -> Outcome {
+    let report = error.report();
+    Outcome {
+        outcome: match error {
+            BatchError::JobConflict { .. } => "conflict",
+            _ => "failed",
+        },
+        sqlstate: Some(crate::txn::unpack_sqlstate(report.code as i32)),
+        message: Some(report.message),
+    }
+}
+
+/// Records how the run ended; and, when its work ended (done, paused, in conflict,
+/// failed), the launch, unless it ended already. A run that stopped for its launch
+/// having ended (stop_launch, or another worker's outcome) is stopped, whatever the
+/// work said.
+fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
+    let status = query::row(sql::LAUNCH, &[run.launch_id.into()], |r| {
+        Ok(r.get::<String>(7)?.unwrap_or_default())
+    })?
+    .unwrap_or_default();
+    if status != "running" && matches!(outcome.outcome, "paused" | "pending" | "done") {
+        outcome = Outcome::plain(if outcome.outcome == "done" {
+            "done"
+        } else {
+            "stopped"
+        });
+    } else if outcome.outcome == "done" {
+        if let Work::Chain(step) = run.work {
+            // a chain's run returns when it is done or when its batch is paused
+            if query::one::<bool>(sql::CHAIN_PAUSED, &[step.into()])?.unwrap_or(false) {
+                outcome = Outcome::plain("paused");
+            }
+        }
+    }
+    query::run(
+        sql::END_RUN,
+        &[
+            run.launch_id.into(),
+            run.worker.into(),
+            run.run.into(),
+            outcome.outcome.into(),
+            outcome.sqlstate.as_deref().into(),
+            outcome.message.as_deref().into(),
+        ],
+    )?;
+    let mut ends = outcome.ends_launch();
+    if ends == Some("paused") {
+        // resumed since the worker stopped for it: the launch goes on (the supervisor
+        // starts this worker again)
+        let (job, step) = match &run.work {
+            Work::Job(job) => (Some(job.as_str()), None),
+            Work::Chain(step) => (None, Some(*step)),
+        };
+        if !query::one::<bool>(sql::STILL_PAUSED, &[job.into(), step.into()])?.unwrap_or(false) {
+            ends = None;
+        }
+    }
+    if let Some(ended) = ends {
+        query::run(sql::END_LAUNCH, &[run.launch_id.into(), ended.into()])?;
+    }
+    Ok(outcome)
+}
+
+/// A worker has no client: what a NOTICE of its work would have shown the launching
+/// session (its client_min_messages) goes to the server log instead, by lowering the
+/// worker's log_min_messages to it (never raising it).
+fn messages_as_the_client_had_them(client_min_messages: &str) {
+    // the order log_min_messages ranks levels in (LOG sits above ERROR there)
+    const ORDER: [&str; 12] = [
+        "debug5", "debug4", "debug3", "debug2", "debug1", "info", "notice", "warning", "error",
+        "log", "fatal", "panic",
+    ];
+    // a client at "log" sees notices and more: the log takes notices then
+    let wanted = match client_min_messages {
+        "log" => "notice",
+        other => other,
+    };
+    let rank = |level: &str| ORDER.iter().position(|l| *l == level);
+    let current = crate::settings::current(c"log_min_messages").unwrap_or_default();
+    if let (Some(wanted_rank), Some(current_rank)) = (rank(wanted), rank(&current)) {
+        if wanted_rank < current_rank {
+            crate::settings::set_for_process(c"log_min_messages", wanted);
+        }
+    }
+}
+
+/// What pg_stat_activity and the log show as the worker's statement.
+fn show_statement(statement: &str) {
+    if let Ok(text) = CString::new(statement) {
+        // SAFETY: the text is kept for the life of the process, as debug_query_string
+        // must be while the work runs.
+        unsafe { pg_sys::debug_query_string = text.into_raw() };
+    }
+}
