@@ -100,9 +100,10 @@ CREATE TABLE etc_batch.launch_run (
     worker     integer     NOT NULL,
     run        integer     NOT NULL,
     pid        integer     NOT NULL,
-    -- who started this run: the launch itself, the postmaster restarting a worker that
-    -- was terminated, or resume_launches (the launcher after a restart or a promotion)
-    started_by text        NOT NULL CHECK (started_by IN ('launch', 'restart', 'resume')),
+    -- who started this run: the launch itself, or, once an earlier process of the worker
+    -- ended without saying how (terminated, a crash, a restart) or a pause of its work
+    -- ended, its database's supervisor or resume_launches
+    started_by text        NOT NULL CHECK (started_by IN ('launch', 'resume')),
     started_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     ended_at   timestamptz,
     outcome    text CHECK (outcome IN ('done', 'pending', 'paused', 'conflict', 'failed', 'stopped',
@@ -499,9 +500,14 @@ SELECT b.batch,
 COMMENT ON VIEW etc_batch.chain_progress IS
     'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there; the chain''s launch that runs, whose worker runs it.';
 
--- Jobs continued as another end too.
-CREATE OR REPLACE FUNCTION etc_batch.prune_history(older_than interval)
-RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint)
+-- prune_history forgets jobs continued as another too, and ended launches: it returns one
+-- more column, so it is made again, with the grants it has now.
+SELECT pg_catalog.set_config('etc_batch_update.prune_history_acl',
+                             COALESCE((SELECT p.proacl::text FROM pg_catalog.pg_proc p
+                                        WHERE p.oid = 'etc_batch.prune_history(interval)'::regprocedure), '{}'), true);
+DROP FUNCTION etc_batch.prune_history(interval);
+CREATE FUNCTION etc_batch.prune_history(older_than interval)
+RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint, launches_forgotten bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -545,12 +551,32 @@ BEGIN
         END IF;
         jobs_forgotten := jobs_forgotten + 1;
     END LOOP;
+    -- launches that ended before the cutoff, with the runs of their workers
+    DELETE FROM etc_batch.launch l WHERE l.status <> 'running' AND l.ended_at < cutoff;
+    GET DIAGNOSTICS launches_forgotten = ROW_COUNT;
     RETURN NEXT;
 END
 $$;
 
 COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
-    'Deletes step_audit rows older than the interval, and whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it. Open jobs and jobs in conflict or corrupt are kept.';
+    'Deletes step_audit rows older than the interval, whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it, and launches (with their workers'' runs) that ended before it. Open jobs, jobs in conflict or corrupt, and launches still running are kept.';
+REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM PUBLIC;
+DO $grants$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT a.grantee::regrole AS grantee, a.is_grantable
+          FROM pg_catalog.aclexplode(pg_catalog.current_setting('etc_batch_update.prune_history_acl')::aclitem[]) a
+         WHERE a.grantee <> 0 AND a.privilege_type = 'EXECUTE'
+           AND a.grantee <> (SELECT p.proowner FROM pg_catalog.pg_proc p
+                              WHERE p.oid = 'etc_batch.prune_history(interval)'::regprocedure)
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION etc_batch.prune_history(interval) TO %s%s', g.grantee,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$grants$;
 -- A job whose last drain failed.
 CREATE OR REPLACE FUNCTION etc_batch.doctor()
 RETURNS TABLE (check_name text, status text, detail text, hint text)

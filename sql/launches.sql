@@ -32,9 +32,10 @@ CREATE TABLE etc_batch.launch_run (
     worker     integer     NOT NULL,
     run        integer     NOT NULL,
     pid        integer     NOT NULL,
-    -- who started this run: the launch itself, the postmaster restarting a worker that
-    -- was terminated, or resume_launches (the launcher after a restart or a promotion)
-    started_by text        NOT NULL CHECK (started_by IN ('launch', 'restart', 'resume')),
+    -- who started this run: the launch itself, or, once an earlier process of the worker
+    -- ended without saying how (terminated, a crash, a restart) or a pause of its work
+    -- ended, its database's supervisor or resume_launches
+    started_by text        NOT NULL CHECK (started_by IN ('launch', 'resume')),
     started_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     ended_at   timestamptz,
     outcome    text CHECK (outcome IN ('done', 'pending', 'paused', 'conflict', 'failed', 'stopped',

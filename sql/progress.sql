@@ -162,7 +162,7 @@ GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 -- partition takes a brief ACCESS EXCLUSIVE lock on the parent (etc_batch.job_item or
 -- etc_batch.job_audit); chunks and reports read a job's own partitions, never the parent.
 CREATE FUNCTION etc_batch.prune_history(older_than interval)
-RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint)
+RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint, launches_forgotten bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -206,10 +206,13 @@ BEGIN
         END IF;
         jobs_forgotten := jobs_forgotten + 1;
     END LOOP;
+    -- launches that ended before the cutoff, with the runs of their workers
+    DELETE FROM etc_batch.launch l WHERE l.status <> 'running' AND l.ended_at < cutoff;
+    GET DIAGNOSTICS launches_forgotten = ROW_COUNT;
     RETURN NEXT;
 END
 $$;
 
 COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
-    'Deletes step_audit rows older than the interval, and whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it. Open jobs and jobs in conflict or corrupt are kept.';
+    'Deletes step_audit rows older than the interval, whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it, and launches (with their workers'' runs) that ended before it. Open jobs, jobs in conflict or corrupt, and launches still running are kept.';
 REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM PUBLIC;

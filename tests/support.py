@@ -4,6 +4,7 @@ clusters a suite starts for itself.
 Each suite's conftest.py puts this directory on sys.path and imports from here.
 """
 
+import contextlib
 import os
 import subprocess
 import time
@@ -92,6 +93,24 @@ class OwnCluster:
             return (self.socket_dir / "server.log").read_text(errors="replace")
         except OSError:
             return ""
+
+
+@contextlib.contextmanager
+def own_cluster(name, port, test_db, *settings, cluster=OwnCluster):
+    """Cluster `name` started on `port` with lib.sh's cluster_start and `settings`, its
+    database `test_db` made with etc_batch installed; stopped on leaving, whatever
+    happened. `cluster`: the OwnCluster class to hand out."""
+    done = lib("cluster_start", name, str(port), *settings)
+    try:
+        assert done.returncode == 0, f"cluster_start {name} failed:\n{done.stdout}\n{done.stderr}"
+        c = cluster(name, port, test_db)
+        with c.connect("postgres") as conn:
+            conn.execute(f"CREATE DATABASE {test_db}")
+        with c.connect() as conn:
+            conn.execute("CREATE EXTENSION etc_batch")
+        yield c
+    finally:
+        lib("cluster_stop", name)
 
 
 def pooler_fixtures():

@@ -16,8 +16,7 @@ SELECT l.job_id, l.step_id, l.workers, l.launched_by::pg_catalog.oid,
 
 /// A worker's start: its runs before that never ended are interrupted (their process is
 /// gone, the worker's lock says so), and a new run begins. $1 launch, $2 worker,
-/// $3 who started it ("launch" or "resume"; a worker started again after an earlier run
-/// of it is a "restart").
+/// $3 who started it ("launch" or "resume").
 pub const BEGIN_RUN: &str = "\
 WITH gone AS (
     UPDATE etc_batch.launch_run r
@@ -30,7 +29,7 @@ WITH gone AS (
      WHERE r.launch_id OPERATOR(pg_catalog.=) $1 AND r.worker OPERATOR(pg_catalog.=) $2)
 INSERT INTO etc_batch.launch_run (launch_id, worker, run, pid, started_by)
 SELECT $1, $2, COALESCE(b.run, 0) OPERATOR(pg_catalog.+) 1, pg_catalog.pg_backend_pid(),
-       CASE WHEN b.run IS NOT NULL AND $3 OPERATOR(pg_catalog.=) 'launch' THEN 'restart' ELSE $3 END
+       $3
   FROM before b
 RETURNING run";
 

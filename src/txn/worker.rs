@@ -50,6 +50,8 @@ pub fn run_loop<R>(
         pg_sys::PortalContext = (*portal).portalContext;
         portal
     };
+    // The caught error is as large as pgrx makes it; it becomes a Failure below.
+    #[allow(clippy::result_large_err)]
     let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
         // SAFETY: no transaction is open; the loop's first one starts here.
         let connected = unsafe {

@@ -14,6 +14,9 @@ do the tests assert, each on its own case:
   multi        'SET statement_timeout = ...; CALL etc_batch.drain_job(...)': pg_cron
                sends it as one simple query, which PostgreSQL runs as one implicit
                transaction, where drain_job cannot commit
+  resume       SELECT etc_batch.resume_launches() on a launch whose worker and
+               supervisor ended as a restart ends them (etc_batch is not preloaded
+               here): the schedule that resumes launches without preloading
 
 And, in the same cluster (PostgreSQL 15, where Debian packages pg_partman too), pg_partman's
 maintenance as a chain's step that commits.
@@ -37,6 +40,7 @@ FINAL = ("succeeded", "failed")
 ITEMS = 30
 CHUNK = 10
 CHAIN_STEPS = 5
+RELAUNCHED = 200
 
 
 def _items(ids):
@@ -68,13 +72,13 @@ def _setup(conn):
                step  integer NOT NULL,
                pid   integer NOT NULL DEFAULT pg_backend_pid())"""
     )
-    for tenant, count in (("F", ITEMS), ("T", ITEMS), ("C", 20), ("O", 10)):
+    for tenant, count in (("F", ITEMS), ("T", ITEMS), ("C", 20), ("O", 10), ("R", RELAUNCHED)):
         conn.execute(
             "INSERT INTO orders (tenant, id) SELECT %s, g FROM generate_series(1, %s) g",
             (tenant, count),
         )
     for job, tenant, count in (("festival", "F", ITEMS), ("twice", "T", ITEMS),
-                               ("clash", "C", 20), ("other", "O", 10)):
+                               ("clash", "C", 20), ("other", "O", 10), ("relaunch", "R", RELAUNCHED)):
         row = conn.execute(
             sql.SQL(
                 "SELECT created, items, chunks FROM etc_batch.register_job("
@@ -126,7 +130,31 @@ def _cron_jobs(chain, fails):
         ("etc clash", "clash", "CALL etc_batch.drain_job('clash')"),
         ("etc multi", "multi",
          "SET statement_timeout = '1min'; CALL etc_batch.drain_job('other')"),
+        ("etc resume", "resume", "SELECT etc_batch.resume_launches()"),
     ]
+
+
+def _orphan_a_launch(conn):
+    """A launch of job 'relaunch' whose worker and supervisor are terminated after its
+    first chunk, as a restart of the server ends them: with etc_batch not preloaded,
+    nothing starts them again. Its launch id."""
+    launch_id = conn.execute("SELECT launch_id FROM etc_batch.launch_job('relaunch')").fetchone()[0]
+    deadline = time.monotonic() + 30
+    while conn.execute("SELECT chunks_committed FROM etc_batch.job WHERE job_id = 'relaunch'").fetchone()[0] < 1:
+        assert time.monotonic() < deadline, "the launched worker committed no chunk"
+        time.sleep(0.01)
+    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE backend_type IN ('etc_batch worker', 'etc_batch supervisor') "
+                 "AND datname = current_database()")
+    while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type IN "
+                       "('etc_batch worker', 'etc_batch supervisor') "
+                       "AND datname = current_database()").fetchone()[0]:
+        assert time.monotonic() < deadline, "the worker and the supervisor did not end"
+        time.sleep(0.05)
+    status, committed = conn.execute("SELECT status::text, chunks_committed FROM etc_batch.job "
+                                     "WHERE job_id = 'relaunch'").fetchone()
+    assert status == "pending" and committed < RELAUNCHED // CHUNK, (status, committed)
+    return launch_id
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +166,7 @@ def minute(cron_cluster, cron_timings):
     try:
         with cron_cluster.connect() as setup_conn:
             chain, fails = _setup(setup_conn)
+            orphaned = _orphan_a_launch(setup_conn)
         jobs = _cron_jobs(chain, fails)
 
         second = cron.execute(
@@ -223,7 +252,7 @@ def minute(cron_cluster, cron_timings):
             message = (r["return_message"] or "").strip().replace("\n", " | ")
             print(f"  {r['jobname']:<12} pid {r['job_pid']:<7} {r['status']:<9} {message}")
         yield {"db": db, "runs": by_case, "all_runs": runs, "chain": chain, "fails": fails,
-               "jobs": jobs}
+               "jobs": jobs, "orphaned": orphaned}
     finally:
         if scheduled:
             cron.autocommit = True
@@ -417,3 +446,25 @@ def test_partition_maintenance_runs_as_a_step(cron_cluster):
         assert conn.execute("SELECT status FROM etc_batch.batch_log WHERE id = %s",
                             (step,)).fetchone() == ("done",)
         assert six_days_ahead_exists()
+
+
+def test_a_schedule_of_resume_launches_finishes_a_launch_a_restart_left(minute):
+    """Without etc_batch preloaded, a launch whose processes a restart ended waits; the
+    one-line schedule resumes it, and the job finishes, each item once."""
+    db = minute["db"]
+    run = one_run(minute, "resume")
+    assert run["status"] == "succeeded", run["return_message"]
+    launch_id = minute["orphaned"]
+    deadline = time.monotonic() + 60
+    while db.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                     (launch_id,)).fetchone()["status"] == "running":
+        assert time.monotonic() < deadline, "the resumed launch did not end"
+        time.sleep(0.1)
+    assert db.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                      (launch_id,)).fetchone()["status"] == "done"
+    runs = db.execute("SELECT run, started_by, outcome FROM etc_batch.launches WHERE launch_id = %s "
+                      "ORDER BY run", (launch_id,)).fetchall()
+    assert [(r["started_by"], r["outcome"]) for r in runs] == [("launch", "interrupted"), ("resume", "done")], runs
+    assert job_row(db, "relaunch")["status"] == "done"
+    assert audit_by_key(db, "relaunch") == {k: 1 for k in range(1, RELAUNCHED + 1)}
+    assert orders(db, "R") == {k: (2, "cancelled") for k in range(1, RELAUNCHED + 1)}

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import OwnCluster, lib  # noqa: E402
+from support import OwnCluster, lib, own_cluster  # noqa: E402
 
 PRIMARY_PORT = 55480
 STANDBY_PORT = 55481
@@ -28,18 +28,9 @@ TEST_DB = "etc_batch_replication"
 
 @pytest.fixture(scope="module")
 def primary():
-    done = lib("cluster_start", "primary", str(PRIMARY_PORT), "wal_level = logical",
-               "max_replication_slots = 10", "max_wal_senders = 10")
-    try:
-        assert done.returncode == 0, f"cluster_start primary failed:\n{done.stdout}\n{done.stderr}"
-        cluster = OwnCluster("primary", PRIMARY_PORT, TEST_DB)
-        with cluster.connect("postgres") as conn:
-            conn.execute(f"CREATE DATABASE {TEST_DB}")
-        with cluster.connect() as conn:
-            conn.execute("CREATE EXTENSION etc_batch")
+    with own_cluster("primary", PRIMARY_PORT, TEST_DB, "wal_level = logical",
+                     "max_replication_slots = 10", "max_wal_senders = 10") as cluster:
         yield cluster
-    finally:
-        lib("cluster_stop", "primary")
 
 
 @pytest.fixture(scope="module")

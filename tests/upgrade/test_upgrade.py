@@ -330,6 +330,13 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
                     "SELECT extversion FROM pg_extension WHERE extname = 'etc_batch'"
                 ).fetchone()["extversion"] == version
                 build_state(c)
+                # grants a DBA gave on what the update makes again are kept
+                c.execute("DROP ROLE IF EXISTS etc_batch_upgrade_reader")
+                c.execute("CREATE ROLE etc_batch_upgrade_reader")
+                c.execute("GRANT USAGE ON SCHEMA etc_batch TO etc_batch_upgrade_reader")
+                c.execute("GRANT SELECT ON etc_batch.job_progress TO etc_batch_upgrade_reader")
+                c.execute("GRANT EXECUTE ON FUNCTION etc_batch.prune_history(interval) "
+                          "TO etc_batch_upgrade_reader")
                 before = snapshot(c)
                 assert_state_built(before)
         finally:
@@ -387,6 +394,13 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
                 for rows in (before[table], after[table]):
                     rows.sort(key=lambda r: json.dumps(r, sort_keys=True))
             assert after == before
+            assert c.execute(
+                "SELECT has_table_privilege('etc_batch_upgrade_reader', 'etc_batch.job_progress', 'SELECT') "
+                "AND has_function_privilege('etc_batch_upgrade_reader', 'etc_batch.prune_history(interval)', "
+                "'EXECUTE') AS kept").fetchone()["kept"]
+            c.execute("REVOKE ALL ON etc_batch.job_progress FROM etc_batch_upgrade_reader")
+            c.execute("REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM etc_batch_upgrade_reader")
+            c.execute("REVOKE ALL ON SCHEMA etc_batch FROM etc_batch_upgrade_reader")
             upgraded_catalog = catalog(c)
 
         with connect(fresh) as c:
@@ -406,6 +420,8 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
     finally:
         drop_database(upgraded)
         drop_database(fresh)
+        with connect("postgres") as c:
+            c.execute("DROP ROLE IF EXISTS etc_batch_upgrade_reader")
 
 
 def lib_ok(function, *args):

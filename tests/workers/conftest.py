@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import OwnCluster, lib  # noqa: E402
+from support import OwnCluster, lib, own_cluster  # noqa: E402
 
 PORT = 55490
 STANDBY_PORT = 55491
@@ -61,19 +61,10 @@ class Cluster(OwnCluster):
 
 @pytest.fixture(scope="module")
 def workers():
-    done = lib("cluster_start", "workers", str(PORT), "shared_preload_libraries = 'etc_batch'",
-               "max_worker_processes = 16", "etc_batch.max_workers = 12", "wal_level = replica",
-               "max_wal_senders = 5", "log_min_messages = warning")
-    try:
-        assert done.returncode == 0, f"cluster_start workers failed:\n{done.stdout}\n{done.stderr}"
-        cluster = Cluster("workers", PORT, TEST_DB)
-        with cluster.connect("postgres") as conn:
-            conn.execute(f"CREATE DATABASE {TEST_DB}")
-        with cluster.connect() as conn:
-            conn.execute("CREATE EXTENSION etc_batch")
+    with own_cluster("workers", PORT, TEST_DB, "shared_preload_libraries = 'etc_batch'",
+                     "max_worker_processes = 16", "etc_batch.max_workers = 12", "wal_level = replica",
+                     "max_wal_senders = 5", "log_min_messages = warning", cluster=Cluster) as cluster:
         yield cluster
-    finally:
-        lib("cluster_stop", "workers")
 
 
 @pytest.fixture

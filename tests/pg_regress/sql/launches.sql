@@ -143,5 +143,17 @@ RESET ROLE;
 SELECT wait_for(6);
 SELECT launch_id, workers, launched_by::text, status FROM etc_batch.launch ORDER BY launch_id;
 
+-- prune_history forgets the launches that ended before the cutoff, with their runs; a
+-- launch still running is kept whatever its age (in a transaction rolled back, so that
+-- no supervisor ever sees it).
+BEGIN;
+INSERT INTO etc_batch.launch (job_id, workers, launched_by, launched_at, launching_xid, client_min_messages)
+VALUES ('again', 1, 'postgres', now() - interval '2 days', pg_current_xact_id(), 'notice');
+UPDATE etc_batch.launch SET ended_at = now() - interval '2 days' WHERE launch_id <= 3;
+SELECT * FROM etc_batch.prune_history('1 day');
+SELECT launch_id, status FROM etc_batch.launch ORDER BY launch_id;
+SELECT DISTINCT launch_id FROM etc_batch.launch_run ORDER BY launch_id;
+ROLLBACK;
+
 DROP OWNED BY regress_etc_batch_author;
 DROP ROLE regress_etc_batch_author;
