@@ -528,7 +528,8 @@ impl BatchError {
                 format!("role \"{role}\" cannot log in, and a launch's workers connect as the role that launches them"),
             )
             .detail("On PostgreSQL 15 and 16 a background worker connects only as a role with LOGIN; from 17 on, any role.")
-            .hint(format!("ALTER ROLE {} LOGIN, or launch as a role that may log in.", pgrx::spi::quote_identifier(role))),
+            // quoted in Rust, not by the server: unit tests build every report with no server
+            .hint(format!("ALTER ROLE \"{}\" LOGIN, or launch as a role that may log in.", role.replace('"', "\"\""))),
             SequentialWorkers { job, workers } => report(
                 Code::ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("job \"{job}\" is sequential, and {workers} workers cannot drain it at once"),

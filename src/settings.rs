@@ -39,12 +39,15 @@ pub fn set_in_session(name: &CStr, value: &str) -> String {
     old
 }
 
-/// A setting's value as SHOW prints it, or None for a setting that does not exist.
+/// A setting's value (as the configuration gives it, without units), or None for a
+/// setting that does not exist. Read for etc_batch's own decisions, so whatever the
+/// caller's privileges: shared_preload_libraries is hidden from roles without
+/// pg_read_all_settings, and a launch by one must still know whether it is preloaded.
 pub fn current(name: &CStr) -> Option<String> {
-    // SAFETY: GetConfigOptionByName copies the value into the current memory context; a
-    // setting that does not exist gives NULL (missing_ok).
+    // SAFETY: GetConfigOption returns a string of its own (or NULL for a setting that does
+    // not exist, missing_ok), copied before anything else can change it.
     unsafe {
-        let value = pg_sys::GetConfigOptionByName(name.as_ptr(), std::ptr::null_mut(), true);
+        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
         (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
     }
 }

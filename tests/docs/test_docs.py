@@ -304,16 +304,20 @@ def test_everything_of_etc_batch_is_documented(catalog):
 # -- the benchmark ---------------------------------------------------------------------
 
 LATEST = ROOT / "bench" / "results" / "latest.md"
-QUOTE_START = "<!-- quoted whole: bench/results/latest.md -->"
-QUOTE_END = "<!-- end of bench/results/latest.md -->"
+QUOTED = re.compile(r"^<!-- quoted whole: (\S+) -->$", re.M)
 
 
 def test_the_benchmark_page_quotes_the_latest_results_whole():
-    """docs/benchmark.md shows bench/results/latest.md as bench/run wrote it, every line."""
+    """docs/benchmark.md shows bench/results/latest.md, and every other result it quotes
+    whole, as bench/run wrote it, every line."""
     page = (ROOT / "docs" / "benchmark.md").read_text()
-    assert page.count(QUOTE_START) == 1 and page.count(QUOTE_END) == 1
-    quoted = page.split(QUOTE_START, 1)[1].split(QUOTE_END, 1)[0]
-    assert quoted.strip() == LATEST.read_text().strip()
+    quoted_files = QUOTED.findall(page)
+    assert "bench/results/latest.md" in quoted_files
+    for name in quoted_files:
+        start, end = f"<!-- quoted whole: {name} -->", f"<!-- end of {name} -->"
+        assert page.count(start) == 1 and page.count(end) == 1, name
+        quoted = page.split(start, 1)[1].split(end, 1)[0]
+        assert quoted.strip() == (ROOT / name).read_text().strip(), name
 
 
 def test_the_readme_shows_the_latest_targets():

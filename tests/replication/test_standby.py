@@ -147,6 +147,11 @@ WRITERS = [
     ("etc_batch.release_lease", "SELECT etc_batch.release_lease('l', 'h')"),
     ("etc_batch.check_lease", "SELECT etc_batch.check_lease('l', 'h', 1)"),
     ("etc_batch.prune_history", "SELECT etc_batch.prune_history('1 day')"),
+    ("etc_batch.register_remainder", "SELECT etc_batch.register_remainder(%(job)s, 'rest')"),
+    ("etc_batch.launch_job", "SELECT etc_batch.launch_job(%(job)s)"),
+    ("etc_batch.launch_batch", "SELECT etc_batch.launch_batch(%(step)s)"),
+    ("etc_batch.stop_launch", "SELECT etc_batch.stop_launch(1)"),
+    ("etc_batch.resume_launches", "SELECT etc_batch.resume_launches()"),
 ]
 
 

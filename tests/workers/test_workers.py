@@ -266,6 +266,50 @@ def test_worker_slots_exhausted_launch_nothing(workers):
         assert refused.value.diag.message_primary == "a launch of 13 workers would exceed etc_batch.max_workers"
 
 
+def test_a_role_that_cannot_log_in_launches_nothing_on_15(workers):
+    """On PostgreSQL 15 and 16 a background worker connects only as a role that can log
+    in: a launch by a NOLOGIN role is refused (28000) with the ALTER ROLE that allows it,
+    before anything starts; with LOGIN, the same launch runs as that role."""
+    role = tag("Nologin")
+    with workers.connect() as conn:
+        orders = Orders(conn, 50, linger=0)
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        try:
+            conn.execute(sql.SQL(
+                "GRANT USAGE ON SCHEMA etc_batch TO {r}; "
+                "GRANT EXECUTE ON FUNCTION etc_batch.launch_job(text, integer) TO {r}; "
+                "GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, "
+                "jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) TO {r}; "
+                "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, integer, "
+                "bigint, text, text, text) TO {r}; GRANT SELECT, UPDATE ON {t} TO {r}; "
+                "GRANT INSERT ON {c} TO {r}").format(r=sql.Identifier(role), t=orders.t, c=orders.counted))
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            job = tag("nologin")
+            orders.register(conn, job, 10)
+            with pytest.raises(errors.InvalidAuthorizationSpecification) as refused:
+                launch(conn, job, 1)
+            diag = refused.value.diag
+            assert diag.sqlstate == "28000"
+            assert diag.message_primary == (f'role "{role}" cannot log in, and a launch\'s workers connect '
+                                            "as the role that launches them")
+            assert diag.message_hint == f'ALTER ROLE "{role}" LOGIN, or launch as a role that may log in.'
+            assert conn.execute("SELECT count(*) FROM etc_batch.launches WHERE job_id = %s",
+                                (job,)).fetchone()[0] == 0
+            conn.execute("RESET ROLE")
+            conn.execute(diag.message_hint.split(",")[0])
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            launch_id = launch(conn, job, 1)[0]
+            conn.execute("RESET ROLE")
+            assert wait_launch(workers, launch_id) == "done"
+            assert conn.execute("SELECT DISTINCT role::oid = to_regrole(quote_ident(%s))::oid "
+                                "FROM etc_batch.launches WHERE launch_id = %s",
+                                (role, launch_id)).fetchall() == [(True,)]
+            assert orders.updates(conn) == {i: 1 for i in range(1, 51)}
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
+
+
 def test_a_launched_chain_with_steps_that_commit(workers):
     """A chain launched by its author: a step that CALLs drain_job (it commits) runs in
     the worker's own transactions; another step that commits, added by a second role,
