@@ -185,13 +185,16 @@ empty_cluster_dir() {
     as_root chown "$PG_OS_USER" "$dir"
 }
 
-# cluster_start NAME PORT [postgresql.conf lines...]
+# cluster_init NAME PORT [postgresql.conf lines...]: a cluster made by initdb, not started.
 # Data and socket live in target/pg/NAME; the superuser is "postgres", trusted locally.
-cluster_start() {
+# INITDB_OPTIONS, if set, are more options of initdb.
+cluster_init() {
     local name=$1 port=$2; shift 2
     local dir="$ROOT/target/pg/$name"
     empty_cluster_dir "$name"
-    as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log"
+    # shellcheck disable=SC2086
+    as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
+        ${INITDB_OPTIONS:-} >"$dir/initdb.log"
     {
         echo "port = $port"
         echo "listen_addresses = '127.0.0.1'"
@@ -200,9 +203,51 @@ cluster_start() {
         echo "fsync = off"
         printf '%s\n' "$@"
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
-    # Started with RUST_BACKTRACE set, as a DBA's server may be: an error's DETAIL must
-    # stay for the DBA all the same (test_security.py reads the server's environment).
+}
+
+# Starts the cluster in target/pg/NAME with RUST_BACKTRACE set, as a DBA's server may be:
+# an error's DETAIL must stay for the DBA all the same (test_security.py reads the
+# server's environment).
+cluster_run() {
+    local dir="$ROOT/target/pg/$1"
     as_pg env RUST_BACKTRACE=1 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+}
+
+# cluster_start NAME PORT [postgresql.conf lines...]: cluster_init, then started.
+cluster_start() {
+    cluster_init "$@"
+    cluster_run "$1"
+}
+
+# cluster_upgrade OLD NEW PORT MODE OLD_BIN: pg_upgrade of the stopped cluster
+# target/pg/OLD, made by the PostgreSQL in OLD_BIN, into a new cluster NEW on PORT of this
+# script's PostgreSQL (ETC_BATCH_PG), copying the files (MODE copy) or linking them
+# (link), as a DBA upgrades to a new major version; then the new cluster is started.
+# MODE check: pg_upgrade --check only, which changes neither cluster.
+cluster_upgrade() {
+    local old=$1 new=$2 port=$3 mode=$4 old_bin=$5
+    local dir="$ROOT/target/pg/$new" how=()
+    case $mode in
+        link) how=(--link) ;;
+        check) how=(--check) ;;
+    esac
+    # the old cluster has no data checksums, which PostgreSQL 18's initdb turns on by default
+    if [ "$PG_MAJOR" -ge 18 ]; then
+        INITDB_OPTIONS=--no-data-checksums cluster_init "$new" "$port"
+    else
+        cluster_init "$new" "$port"
+    fi
+    # pg_upgrade writes its files where it runs, and starts each server on a port of its own
+    if ! (cd "$dir" && as_pg "$PG_BIN/pg_upgrade" -b "$old_bin" -B "$PG_BIN" \
+            -d "$ROOT/target/pg/$old/data" -D "$dir/data" -p "$((port + 1))" -P "$((port + 2))" \
+            "${how[@]}" >"$dir/pg_upgrade.log" 2>&1); then
+        cat "$dir/pg_upgrade.log"
+        # what it found (*.txt), and the errors of its steps
+        find "$dir/data" -path '*pg_upgrade_output.d*' -name '*.txt' -exec cat {} + 2>/dev/null
+        find "$dir/data" -path '*pg_upgrade_output.d*' -name '*.log' -exec grep -h 'ERROR' {} + 2>/dev/null
+        return 1
+    fi
+    [ "$mode" = check ] || cluster_run "$new"
 }
 
 # A streaming standby NAME on PORT of the cluster on PRIMARY_PORT: pg_basebackup -R over

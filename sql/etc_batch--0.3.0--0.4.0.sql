@@ -36,7 +36,11 @@ SELECT pg_catalog.set_config('etc_batch_update.job_progress_acl',
                                         WHERE c.oid = 'etc_batch.job_progress'::regclass), '{}'), true);
 DROP VIEW etc_batch.job_progress;
 
+-- A handler is kept by its name, which pg_upgrade keeps, not by a regprocedure, an OID
+-- pg_upgrade refuses to carry over (it stops at any reg* column but regclass, regrole and
+-- regtype); the names are written below.
 ALTER TABLE etc_batch.job
+    ALTER COLUMN handler TYPE text USING handler::pg_catalog.oid::pg_catalog.text,
     ALTER COLUMN tenant DROP NOT NULL,
     ALTER COLUMN tenant_column DROP NOT NULL,
     ALTER COLUMN revision_column DROP NOT NULL,
@@ -51,15 +55,25 @@ ALTER TABLE etc_batch.job
     ADD COLUMN failure_message text,
     ADD COLUMN failure_chunk integer,
     ADD COLUMN seconds_at_work float8 NOT NULL DEFAULT 0;
--- a job from before named its key by one column, and its target lives
-UPDATE etc_batch.job
+-- a job from before named its key by one column, and its target lives; its handler (a
+-- function dropped since is named as one no function is, so that the job stays stopped)
+UPDATE etc_batch.job j
    SET key_columns = ARRAY[key_column],
+       handler = CASE WHEN j.handler IS NOT NULL THEN
+           COALESCE((SELECT pg_catalog.format('%I.%I(pg_catalog.jsonb)', n.nspname, p.proname)
+                       FROM pg_catalog.pg_proc p
+                       JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+                      WHERE p.oid OPERATOR(pg_catalog.=) j.handler::pg_catalog.oid),
+                    pg_catalog.format('pg_catalog.%I(pg_catalog.jsonb)', 'dropped handler ' OPERATOR(pg_catalog.||) j.handler)) END,
        target_name = target::text,
        seconds_at_work = COALESCE(EXTRACT(epoch FROM last_commit_at - started_at), 0);
 ALTER TABLE etc_batch.job
     ALTER COLUMN key_columns SET NOT NULL,
     ALTER COLUMN target_name SET NOT NULL,
     DROP COLUMN key_column;
+
+COMMENT ON COLUMN etc_batch.job.handler IS
+    'A handler job''s function, by its schema-qualified name and argument (schema.name(pg_catalog.jsonb)), found by that name when a chunk runs: a name survives pg_upgrade, which keeps no function''s OID. A handler dropped, renamed or moved after registration stops the job before it changes anything.';
 
 ALTER TABLE etc_batch.job_audit
     ADD COLUMN skipped boolean NOT NULL DEFAULT false,

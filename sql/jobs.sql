@@ -18,7 +18,7 @@ CREATE TABLE etc_batch.job (
     revision_column  name,
     chunk_size       integer     NOT NULL,
     set_values       jsonb,
-    handler          regprocedure,
+    handler          text,
     expect           jsonb       NOT NULL DEFAULT '{}',
     guard_columns    text[]      NOT NULL DEFAULT '{}',
     item_count       integer     NOT NULL,
@@ -60,6 +60,8 @@ COMMENT ON COLUMN etc_batch.job.audit_changes IS 'Updates, deletes and truncates
 COMMENT ON COLUMN etc_batch.job.item_changes IS 'Updates, deletes and truncates of this job''s approved items, counted by a trigger; anything but 0 makes the job corrupt.';
 COMMENT ON COLUMN etc_batch.job.search_path IS
     'The search_path of the session that registered the job. The change, its handler and the target''s triggers run with it, never with the caller''s.';
+COMMENT ON COLUMN etc_batch.job.handler IS
+    'A handler job''s function, by its schema-qualified name and argument (schema.name(pg_catalog.jsonb)), found by that name when a chunk runs: a name survives pg_upgrade, which keeps no function''s OID. A handler dropped, renamed or moved after registration stops the job before it changes anything.';
 COMMENT ON COLUMN etc_batch.job.problem IS 'For a job in conflict or corrupt: what was expected and what was found.';
 COMMENT ON COLUMN etc_batch.job.parallel IS
     'Whether the approval lets chunks commit in any order, each claimed by one of any number of drainers: then job_chunk_<job_number> holds which chunks are committed, and next_index reaches item_count only when the job is done.';

@@ -56,15 +56,18 @@ def close_quietly(conns):
             pass
 
 
-def lib(function, *args, timeout=180):
+def lib(function, *args, timeout=180, major=None):
     """Runs a scripts/lib.sh function in a bash subshell of its own: lib.sh sets
-    -euo pipefail, which must not reach the caller's shell."""
+    -euo pipefail, which must not reach the caller's shell. `major`: the PostgreSQL it
+    works with (ETC_BATCH_PG), when not the one of the caller's environment."""
+    env = None if major is None else {**os.environ, "ETC_BATCH_PG": str(major)}
     return subprocess.run(
         ["bash", "-c", f'source "$0"; {function} "$@"', str(ROOT / "scripts" / "lib.sh"), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 

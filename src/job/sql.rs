@@ -19,7 +19,7 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
                OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname)
           FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-         WHERE p.oid OPERATOR(pg_catalog.=) j.handler::pg_catalog.oid),
+         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid),
        j.expect::pg_catalog.text, j.guard_columns, j.item_count,
        j.registered_by::pg_catalog.oid, j.fingerprint, j.target_name,
        j.search_path, j.handler IS NOT NULL, j.job_number,
@@ -29,7 +29,7 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
             OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
        j.parallel, j.guard, j.on_drift,
        EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
-       j.handler::pg_catalog.oid
+       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -107,7 +107,8 @@ SELECT etc_batch.create_job_tables($1, $2, $3::pg_catalog.oid::pg_catalog.regrol
 pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2)";
 
 /// $1 job, $2 tenant, $3 target, $4 key columns, $5 tenant column, $6 revision column,
-/// $7 chunk size, $8 set_values, $9 handler, $10 expect, $11 guard columns,
+/// $7 chunk size, $8 set_values, $9 handler (its OID, kept by its name, as pg_upgrade
+/// keeps it), $10 expect, $11 guard columns,
 /// $12 item count, $13 fingerprint, $14 registering role, $15 job number, $16 parallel,
 /// $17 the seal of its first checkpoint, $18 guard, $19 on_drift, $20 target's name.
 pub const INSERT_JOB: &str = "\
@@ -116,7 +117,12 @@ INSERT INTO etc_batch.job
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
    search_path, seal, job_number, parallel, guard, on_drift, target_name)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb, $9, $10::pg_catalog.jsonb,
+VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
+        (SELECT pg_catalog.format('%I.%I(pg_catalog.jsonb)', n.nspname, p.proname)
+           FROM pg_catalog.pg_proc p
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+          WHERE p.oid OPERATOR(pg_catalog.=) $9::pg_catalog.oid),
+        $10::pg_catalog.jsonb,
         $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20)";
 
 /// A batch of approved items, from position $1 on: $2 keys, $3 revisions, $4 guards, in

@@ -839,10 +839,11 @@ def test_unknown_target_fails_at_the_regclass_cast(db):
 # 7. handler jobs --------------------------------------------------------------------------
 
 
-def make_handler(db, orders, prelude="", conn=None):
+def make_handler(db, orders, prelude="", conn=None, fn=None):
     """A handler that cancels the item's order, created on conn (its role owns it) or as
-    the superuser; `prelude` is plpgsql run before the change."""
-    fn = f"cancel_order_{secrets.token_hex(3)}"
+    the superuser; `prelude` is plpgsql run before the change; `fn` its name (a new one
+    by default)."""
+    fn = fn or f"cancel_order_{secrets.token_hex(3)}"
     (conn or db.admin).execute(
         sql.SQL(
             """CREATE FUNCTION {fn}(item jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -892,6 +893,14 @@ def test_a_dropped_handler_stops_the_job_instead_of_changing_rows_without_it(db)
     assert_changed_once(orders, keys[:10])
     assert_untouched(orders, keys[10:])
     assert job_row(db, job)["next_index"] == 10
+    # the job keeps its handler by name (what pg_upgrade keeps): created again under
+    # that name, it is the job's handler again, and the job finishes
+    name = handler.split("(")[0]
+    assert db.admin.execute("SELECT handler FROM etc_batch.job WHERE job_id = %s",
+                            (job,)).fetchone()["handler"] == f"public.{name}(pg_catalog.jsonb)"
+    make_handler(db, orders, fn=name)
+    assert drain(db.connect(), job)["status"] == "done"
+    assert_changed_once(orders, keys)
 
 
 def test_handler_conflict_rolls_back_the_chunk(db):

@@ -897,10 +897,13 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
                     WHERE coalesce(finished_at, lock_acquired_at) < clock_timestamp()) AS steps,
                   (SELECT count(*) FROM etc_batch.job
                     WHERE status IN ('done', 'aborted')
-                      AND finished_at < clock_timestamp()) AS jobs"""
+                      AND finished_at < clock_timestamp()) AS jobs,
+                  (SELECT count(*) FROM etc_batch.launch
+                    WHERE status <> 'running' AND ended_at < clock_timestamp()) AS launches"""
     ).fetchone()
     pruned = caller.row("SELECT * FROM etc_batch.prune_history(%s)", (timedelta(microseconds=1),))
-    assert pruned == {"step_audit_rows": expected["steps"], "jobs_forgotten": expected["jobs"]}
+    assert pruned == {"step_audit_rows": expected["steps"], "jobs_forgotten": expected["jobs"],
+                      "launches_forgotten": expected["launches"]}
     left = {r["job_id"]: r["status"] for r in admin.execute(
         "SELECT job_id, status FROM etc_batch.job WHERE job_id = ANY(%s)",
         ([job, job2, job3, job4, job5, job6],))}
@@ -1115,7 +1118,7 @@ def test_handler_with_an_odd_name_changes_odd_columns(db):
     got = table.register(conn, job, [table.item(k) for k in keys], 2, set_values=None,
                          handler=signature)
     assert got["created"] is True
-    assert db.admin.execute("SELECT handler::oid = %s::regprocedure::oid AS same "
+    assert db.admin.execute("SELECT to_regprocedure(handler)::oid = %s::regprocedure::oid AS same "
                             "FROM etc_batch.job WHERE job_id = %s",
                             (signature, job)).fetchone()["same"]
     result = drain(conn, job)
@@ -1264,8 +1267,9 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
 PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(text,text)",
                    "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
                    "etc_batch.job_summary(text)"}
-# What PUBLIC may read: job_progress, whose rows are those jobs.
-PUBLIC_RELATIONS = {"job_progress"}
+# What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
+# are the reader's own launches.
+PUBLIC_RELATIONS = {"job_progress", "launches"}
 
 MEMBERS = """
     SELECT p.oid, p.oid::regprocedure::text AS signature, p.proname, p.prokind, p.prosecdef,
@@ -1295,10 +1299,11 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
     names = {r["proname"] for r in routines}
     assert names == {"abort_job", "acquire_lease", "add_step", "attach_job_tables", "check_lease",
                      "count_job_changes", "create_job_tables", "doctor", "drain_job",
-                     "exec_batch_from_id", "job_report", "job_summary", "lock_key",
-                     "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
+                     "exec_batch_from_id", "job_report", "job_summary", "launch_batch", "launch_job",
+                     "lock_key", "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
                      "register_job_from_query", "register_remainder", "release_lease", "reset_batch",
-                     "resume_batch", "resume_job", "retry_step", "try_xact_lock",
+                     "resume_batch", "resume_job", "resume_launches", "retry_step", "stop_launch",
+                     "try_xact_lock",
                      "verify_job", "xact_lock"}, (
         "a routine was added or removed: decide who may run it, then update this list")
 
@@ -1345,7 +1350,7 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
                                                  "chain_progress"}
     assert {r["relname"] for r in relations if r["public"]} == PUBLIC_RELATIONS
     assert {r["relname"]: r["public"] for r in relations if r["public"]} == {
-        "job_progress": ["SELECT"]}
+        "job_progress": ["SELECT"], "launches": ["SELECT"]}
 
 
 def null_call(r, arg_types):

@@ -98,6 +98,19 @@ def build_state(c):
         )
     c.execute("CALL etc_batch.drain_job('half', 2)")
     c.execute("SELECT etc_batch.abort_job('stopped', 'changed our minds')")
+    # a handler job, half drained: its handler is kept by name from 0.4.0 on
+    c.execute("CREATE TABLE public.handled (tenant text, id integer, revision bigint NOT NULL DEFAULT 1, "
+              "status text NOT NULL DEFAULT 'pending', PRIMARY KEY (tenant, id))")
+    c.execute("INSERT INTO public.handled (tenant, id) SELECT 'H', g FROM generate_series(1, 4) g")
+    c.execute("CREATE FUNCTION public.cancel_handled(item jsonb) RETURNS jsonb LANGUAGE sql AS $$ "
+              "UPDATE public.handled SET status = 'cancelled', revision = revision + 1 "
+              "WHERE tenant = item->>'tenant' AND id = (item->>'id')::int "
+              "AND revision = (item->>'revision')::int RETURNING to_jsonb(handled.*) $$")
+    c.execute("SELECT etc_batch.register_job('handled', 'H', 'public.handled', "
+              "'[{\"id\": 1, \"revision\": 1}, {\"id\": 2, \"revision\": 1}, "
+              "{\"id\": 3, \"revision\": 1}, {\"id\": 4, \"revision\": 1}]', 2, NULL, "
+              "handler => 'public.cancel_handled(jsonb)')")
+    c.execute("CALL etc_batch.drain_job('handled', 1)")
 
     c.execute("CREATE TABLE public.loaded (step bigint PRIMARY KEY)")
     c.execute("CREATE TABLE public.knob (ok boolean)")
@@ -144,8 +157,9 @@ def assert_state_built(s):
     """The snapshot holds what build_state made, so that comparing two of them means
     something."""
     status = {r["job_id"]: (r["status"], r["next_index"]) for r in s["job"]}
-    assert status == {"half": ("pending", 8), "untouched": ("pending", 0), "stopped": ("aborted", 0)}
-    assert len(s["job_item"]) == ITEMS and len(s["job_audit"]) == 8
+    assert status == {"half": ("pending", 8), "untouched": ("pending", 0), "stopped": ("aborted", 0),
+                      "handled": ("pending", 2)}
+    assert len(s["job_item"]) == ITEMS + 4 and len(s["job_audit"]) == 8 + 2
     assert {r["id"]: r["status"] for r in s["batch_log"]} == {
         1: "done", 2: "done", 3: "failed", 4: "pending", 5: "pending"}
     assert s["loaded"] == [1, 2]
@@ -176,7 +190,12 @@ def carry_on(c):
         "SELECT count(*) AS n, count(DISTINCT (job_id, position)) AS distinct_items "
         "FROM etc_batch.job_audit"
     ).fetchone()
-    assert audit == {"n": 25, "distinct_items": 25}
+    assert audit == {"n": 25 + 2, "distinct_items": 25 + 2}
+    # the handler job goes on with its handler, found by its name
+    c.execute("CALL etc_batch.drain_job('handled')")
+    assert c.execute("SELECT count(*) AS n FROM public.handled WHERE status = 'cancelled' AND revision = 2"
+                     ).fetchone()["n"] == 4
+    assert c.execute("SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('handled')").fetchone()["ok"] is True
     # what the new version adds works on the updated objects: a parallel approval
     c.execute(
         "SELECT etc_batch.register_job_from_query('after-update', 'B', 'public.orders', "
@@ -472,7 +491,10 @@ ADDED = {
 # columns a version renamed or retyped: their new name, and what the old value becomes
 CHANGED = {
     # a key of one or more columns
-    "0.4.0": {"job": {"key_column": ("key_columns", lambda v: [v])}},
+    "0.4.0": {"job": {"key_column": ("key_columns", lambda v: [v]),
+                      # a handler by its name, schema-qualified (the snapshot read the
+                      # regprocedure under a search_path that has public)
+                      "handler": ("handler", lambda v: v and f"public.{v}".replace("(jsonb)", "(pg_catalog.jsonb)"))}},
 }
 
 
