@@ -409,9 +409,13 @@ pub fn resume_paused(job: Option<&str>, batch: Option<&str>) -> Result<()> {
 }
 
 /// resume_launches: what this database's supervisor does, now, and the supervisor
-/// started if none runs.
+/// started if none runs while a launch does.
 pub fn resume_launches() -> Result<Vec<Resumed>> {
     let resumed = as_owner(|| resume(false, |_, _| false))?;
-    ensure_supervisor()?;
+    // a supervisor only where a launch runs: a schedule that calls this every minute
+    // starts no process while there is nothing to watch
+    if as_owner(|| query::one::<i64>(sql::RUNNING_COUNT, &[]))?.unwrap_or(0) > 0 {
+        ensure_supervisor()?;
+    }
     Ok(resumed)
 }

@@ -622,6 +622,14 @@ def test_the_doctor_names_a_launch_nobody_resumes_and_resume_launches_resumes_it
     assert audit_by_key(pg, job) == Counter({i: 1 for i in range(1, 401)})
     assert pg.admin.execute("SELECT count(*) FROM etc_batch.doctor() WHERE check_name = %s",
                             (f"launch {launch_id}",)).fetchone()[0] == 0
+    # with no launch running, as a schedule finds it most minutes: nothing is started
+    supervisors = ("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'etc_batch supervisor' "
+                   "AND datname = current_database()")
+    wait_until(lambda: pg.admin.execute(supervisors).fetchone()[0] == 0, "the idle supervisor to end")
+    assert pg.admin.execute("SELECT count(*) FROM etc_batch.launch WHERE status = 'running'").fetchone()[0] == 0
+    assert pg.admin.execute("SELECT * FROM etc_batch.resume_launches()").fetchall() == []
+    time.sleep(0.5)
+    assert pg.admin.execute(supervisors).fetchone()[0] == 0
 
 
 def test_pause_and_resume_from_another_client(client, tables):
