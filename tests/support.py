@@ -71,6 +71,14 @@ def lib(function, *args, timeout=180, major=None):
     )
 
 
+def pg_bin(major=None):
+    """The programs of PostgreSQL `major` (the environment's ETC_BATCH_PG if None) that the
+    tests run, as lib.sh's PG_BIN names them: never the system's own installation."""
+    done = lib("pg_bin", major=major, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip())
+
+
 class OwnCluster:
     """A cluster a suite starts for itself with lib.sh's cluster_start: data directory,
     socket and server log under target/pg/<name>, the postgres superuser, trusted on

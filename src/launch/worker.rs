@@ -254,19 +254,16 @@ fn failed(error: &BatchError) -> Outcome {
 
 /// Records how the run ended; and, when its work ended (done, paused, in conflict,
 /// failed), the launch, unless it ended already. A run that stopped for its launch
-/// having ended (stop_launch, or another worker's outcome) is stopped, whatever the
-/// work said.
+/// having ended is pending when a fellow worker finished the work (nothing was left for
+/// it), and stopped otherwise (stop_launch, or a fellow worker's conflict or failure),
+/// whatever the work said.
 fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
     let status = query::row(sql::LAUNCH, &[run.launch_id.into()], |r| {
         Ok(r.get::<String>(7)?.unwrap_or_default())
     })?
     .unwrap_or_default();
     if status != "running" && matches!(outcome.outcome, "paused" | "pending" | "done") {
-        outcome = Outcome::plain(if outcome.outcome == "done" {
-            "done"
-        } else {
-            "stopped"
-        });
+        outcome = Outcome::plain(after_launch_ended(&status, outcome.outcome));
     } else if outcome.outcome == "done" {
         if let Work::Chain(step) = run.work {
             // a chain's run returns when it is done or when its batch is paused
@@ -304,6 +301,16 @@ fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
     Ok(outcome)
 }
 
+/// How a run that stopped for its launch having ended (with `launch_status`) ended,
+/// when its own work said `own`.
+fn after_launch_ended(launch_status: &str, own: &'static str) -> &'static str {
+    match (launch_status, own) {
+        (_, "done") => "done",
+        ("done", _) => "pending",
+        _ => "stopped",
+    }
+}
+
 /// A worker has no client: what a NOTICE of its work would have shown the launching
 /// session (its client_min_messages) goes to the server log instead, by lowering the
 /// worker's log_min_messages to it (never raising it).
@@ -333,5 +340,22 @@ fn show_statement(statement: &str) {
         // SAFETY: the text is kept for the life of the process, as debug_query_string
         // must be while the work runs.
         unsafe { pg_sys::debug_query_string = text.into_raw() };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::after_launch_ended;
+
+    #[test]
+    fn a_run_stopped_by_its_launch_ending_says_why() {
+        // a fellow worker finished the job before this one took another chunk
+        assert_eq!(after_launch_ended("done", "pending"), "pending");
+        assert_eq!(after_launch_ended("done", "paused"), "pending");
+        assert_eq!(after_launch_ended("done", "done"), "done");
+        // stop_launch, or a fellow worker's conflict or failure
+        assert_eq!(after_launch_ended("stopped", "pending"), "stopped");
+        assert_eq!(after_launch_ended("conflict", "paused"), "stopped");
+        assert_eq!(after_launch_ended("failed", "done"), "done");
     }
 }

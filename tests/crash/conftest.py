@@ -29,14 +29,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import ROOT, WAIT, OwnCluster, lib, wait_until  # noqa: E402,F401
+from support import ROOT, WAIT, OwnCluster, lib, pg_bin, wait_until  # noqa: E402,F401
 
 NAME = "crash"
 PORT = 55470
 CLUSTER_DIR = ROOT / "target" / "pg" / NAME
 DATA_DIR = CLUSTER_DIR / "data"
 SERVER_LOG = CLUSTER_DIR / "server.log"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_BIN = pg_bin()
 PG_OS_USER = "postgres"
 TEST_DB = "etc_batch_crash"
 

@@ -428,7 +428,12 @@ def test_partition_maintenance_runs_as_a_step(cron_cluster):
         conn.execute("CREATE SCHEMA IF NOT EXISTS partman")
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman")
         conn.execute("CREATE TABLE public.events (at timestamptz NOT NULL, v int) PARTITION BY RANGE (at)")
-        conn.execute("SELECT partman.create_parent('public.events', 'at', 'native', 'daily', p_premake => 2)")
+        # pg_partman 5 (Debian 13's) names the interval and the type anew; 4 (Debian 12's)
+        # takes them in the other order
+        version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_partman'").fetchone()[0]
+        interval, kind = ("1 day", "range") if int(version.split(".")[0]) >= 5 else ("daily", "native")
+        conn.execute("SELECT partman.create_parent(p_parent_table => 'public.events', p_control => 'at', "
+                     "p_interval => %s, p_type => %s, p_premake => 2)", (interval, kind))
 
         def six_days_ahead_exists():
             # the partition premake = 6 asks for, as pg_partman names it

@@ -12,14 +12,18 @@
   known to look). pg_upgrade refuses a reg* column other than regclass, regrole and
   regtype, since it carries no OID of a function over; etc_batch keeps a job's handler
   by its name (job.handler, text).
+- Through a dump: the new version's pg_dump piped into its pg_restore, from 15 to 17
+  (Debian's own builds, 17's in its Debian 13 root) and from 16 to 18, with the same
+  work in flight and the same checks on the new cluster.
 
 The whole upgrade from this machine's PostgreSQL 15 is not run: its build (Debian's
 15.20-0+deb12u1) gives every column of every table an attribute option pg_attver that
-no other PostgreSQL knows, and pg_upgrade's restore of any table into 16 or 18 fails on
-it ("unrecognized parameter "pg_attver""), with or without etc_batch.
+the 16.2 and 18.6 builds do not know, and pg_upgrade's restore of any table into 16 or
+18 fails on it ("unrecognized parameter "pg_attver""), with or without etc_batch; 17's
+programs need Debian 13's libraries, 15's Debian 12's, so no pg_upgrade joins them here.
 
-scripts/test runs this suite after the tiers on 16 and 18, which install etc_batch's
-builds for them.
+scripts/test runs this suite after the tiers on 16, 17 and 18, which install
+etc_batch's builds for them.
 """
 
 import sys
@@ -31,12 +35,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import ROOT, OwnCluster, lib  # noqa: E402
+from support import ROOT, OwnCluster, lib, pg_bin  # noqa: E402
 
 OLD_PORT = 55500
 NEW_PORT = 55505  # and the two after it, for pg_upgrade's own servers
 TEST_DB = "etc_batch_major"
-PG15_BIN = "/usr/lib/postgresql/15/bin"
+PG15_BIN = str(pg_bin(15))
 
 
 ITEMS = 60
@@ -187,3 +191,33 @@ def test_pg_upgrade_check_from_15_passes_with_work_in_flight(major):
         assert "*Clusters are compatible*" in (ROOT / "target" / "pg" / new / "pg_upgrade.log").read_text()
     finally:
         lib("cluster_stop", old, major=15)
+
+
+@pytest.mark.parametrize("old_major,new_major", [(15, 17), (16, 18)])
+def test_pg_dump_into_pg_restore_of_a_new_major_carries_work_in_flight(old_major, new_major):
+    """The other way to a new major version: the new version's pg_dump of the old
+    database piped into its pg_restore, on a new cluster with etc_batch's build for it.
+    From 15 to 17 with Debian's own builds (17's programs run in its Debian 13 root); from
+    16 to 18 with the wheels'. (18.6 does not know the column option pg_attver that
+    Debian's 15.20 and 17.12 give every column, which their pg_dump keeps.)"""
+    old, new = f"dump_{old_major}", f"dump_{new_major}"
+    try:
+        source, before = start_with_work_in_flight(old, OLD_PORT, old_major)
+        ok(lib("cluster_start", new, str(NEW_PORT), major=new_major), f"cluster_start ({new_major})")
+        target = OwnCluster(new, NEW_PORT, TEST_DB)
+        with target.connect("postgres") as c:
+            c.execute(f"CREATE DATABASE {TEST_DB}")
+        new_bin = pg_bin(new_major)
+        piped = lib("in_pg", "bash", "-c",
+                    'set -o pipefail; "$0" -Fc -h "$1" -p "$2" -U postgres "$3" '
+                    '| "$4" --exit-on-error -h "$5" -p "$6" -U postgres -d "$3"',
+                    str(new_bin / "pg_dump"), str(source.socket_dir), str(OLD_PORT), TEST_DB,
+                    str(new_bin / "pg_restore"), str(target.socket_dir), str(NEW_PORT),
+                    major=new_major, timeout=300)
+        ok(piped, f"pg_dump of {old_major} | pg_restore into {new_major}")
+        with target.connect() as c:
+            assert c.execute("SHOW server_version_num").fetchone()[0].startswith(str(new_major))
+            carry_on(c, before)
+    finally:
+        lib("cluster_stop", new, major=new_major)
+        lib("cluster_stop", old, major=old_major)

@@ -27,7 +27,7 @@ from psycopg import errors, sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import ROOT, WAIT, close_quietly, wait_until  # noqa: E402
+from support import ROOT, WAIT, close_quietly, pg_bin, wait_until  # noqa: E402
 
 PRIMARY = "host 127.0.0.1 port 55480"
 MEGABYTE = 1024 * 1024
@@ -280,7 +280,7 @@ def test_a_logical_slot_nobody_reads_holds_the_drain_back_until_it_is_read(prima
 
 def stop_immediately(cluster):
     data = ROOT / "target" / "pg" / cluster.name / "data"
-    done = subprocess.run(["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl",
+    done = subprocess.run(["runuser", "-u", "postgres", "--", str(pg_bin() / "pg_ctl"),
                            "-D", str(data), "-m", "immediate", "-w", "stop"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

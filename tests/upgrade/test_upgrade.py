@@ -29,10 +29,10 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import ROOT, lib  # noqa: E402
+from support import ROOT, lib, pg_bin  # noqa: E402
 
 RELEASED = ROOT / "sql" / "released"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_BIN = pg_bin()
 
 
 

@@ -20,13 +20,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import OwnCluster, lib, own_cluster  # noqa: E402
+from support import OwnCluster, lib, own_cluster, pg_bin  # noqa: E402
 
 PORT = 55490
 STANDBY_PORT = 55491
 TEST_DB = "etc_batch_workers"
 # PostgreSQL 15, Debian's: scripts/test runs this suite on 15 only
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_BIN = pg_bin()
 
 
 class Cluster(OwnCluster):
