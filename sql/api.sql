@@ -19,6 +19,14 @@ REVOKE ALL ON FUNCTION etc_batch.pause_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.resume_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.reset_batch(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.retry_step(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.define_chain(text, text, boolean) IS
+    'Defines a chain (or defines it again) whose runs run_chain makes: its steps are those added with add_step under its name, which never run themselves; time_zone: the one a run''s default key, today''s date, is taken in (the caller''s TimeZone by default); overlap: a run may start while an earlier one is unfinished.';
+COMMENT ON FUNCTION etc_batch.abandon_run(text, text) IS
+    'Ends a run of a chain on purpose, kept in history with who and when: it never runs again, and later runs no longer wait for it.';
+COMMENT ON FUNCTION etc_batch.current_run() IS
+    'The run key of the run whose step is running in this session; NULL outside one.';
+REVOKE ALL ON FUNCTION etc_batch.define_chain(text, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.abandon_run(text, text) FROM PUBLIC;
 
 -- Jobs
 COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS

@@ -130,6 +130,9 @@ BEGIN
                (array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
           FROM etc_batch.batch_log b
           LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
+         -- a run abandoned on purpose is history, not a chain that stopped
+         WHERE NOT EXISTS (SELECT FROM etc_batch.chain_run cr
+                            WHERE cr.batch = b.batch AND cr.abandoned_at IS NOT NULL)
          GROUP BY b.batch
     LOOP
         IF r.paused_at IS NOT NULL THEN
@@ -285,7 +288,8 @@ BEGIN
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
                              'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'launch_job',
-                             'launch_batch', 'stop_launch', 'resume_launches')
+                             'launch_batch', 'stop_launch', 'resume_launches', 'run_chain', 'define_chain',
+                             'abandon_run')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),

@@ -720,6 +720,9 @@ BEGIN
                (array_agg(b.paused_by ORDER BY b.paused_at) FILTER (WHERE b.paused_at IS NOT NULL))[1] AS paused_by
           FROM etc_batch.batch_log b
           LEFT JOIN pg_locks x ON x.locktype = 'transactionid' AND x.granted AND x.transactionid = b.xmax
+         -- a run abandoned on purpose is history, not a chain that stopped
+         WHERE NOT EXISTS (SELECT FROM etc_batch.chain_run cr
+                            WHERE cr.batch = b.batch AND cr.abandoned_at IS NOT NULL)
          GROUP BY b.batch
     LOOP
         IF r.paused_at IS NOT NULL THEN
@@ -875,7 +878,8 @@ BEGIN
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
                              'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'launch_job',
-                             'launch_batch', 'stop_launch', 'resume_launches')
+                             'launch_batch', 'stop_launch', 'resume_launches', 'run_chain', 'define_chain',
+                             'abandon_run')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
     LOOP
         RETURN QUERY SELECT 'privileges', 'warn', format('PUBLIC may execute %s.', r.proc),
@@ -905,3 +909,81 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'register_remainder_wrapper';
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
 REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;
+
+-- Chains that run every night (new): chain definitions and their runs, run_chain,
+-- define_chain, abandon_run, current_run. As in sql/runs.sql:
+CREATE TABLE etc_batch.chain (
+    chain       text        PRIMARY KEY,
+    time_zone   text        NOT NULL,
+    overlap     boolean     NOT NULL DEFAULT false,
+    defined_by  regrole     NOT NULL,
+    defined_at  timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE etc_batch.chain IS
+    'One row per chain definition: the batch of that name holds its steps, which never run themselves; run_chain runs copies of them.';
+COMMENT ON COLUMN etc_batch.chain.time_zone IS
+    'The time zone in which a run''s default key, the date of the day it starts, is taken.';
+COMMENT ON COLUMN etc_batch.chain.overlap IS
+    'Whether a run may start while an earlier one is unfinished (nights that do not depend on each other); by default it waits its turn.';
+
+CREATE TABLE etc_batch.chain_run (
+    run_number   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    chain        text        NOT NULL,
+    run_key      text        NOT NULL,
+    batch        text        NOT NULL UNIQUE,
+    first_step   bigint      NOT NULL,
+    created_by   regrole     NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    abandoned_by regrole,
+    abandoned_at timestamptz,
+    UNIQUE (chain, run_key)
+);
+
+COMMENT ON TABLE etc_batch.chain_run IS
+    'One row per run of a chain definition: its key, the batch that holds its steps (copies of the definition''s when it was created), who created it and, for a run ended on purpose, who abandoned it and when.';
+COMMENT ON COLUMN etc_batch.chain_run.run_number IS 'Runs of a chain in the order they were created: a run waits for the unfinished ones before it.';
+
+-- pg_dump keeps their contents, as it keeps batch_log's.
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.chain', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.chain_run', '');
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.chain_run_run_number_seq', '');
+
+REVOKE ALL ON etc_batch.chain, etc_batch.chain_run FROM PUBLIC;
+
+CREATE PROCEDURE etc_batch.run_chain(
+    chain text,
+    run_key text DEFAULT NULL,
+    lease_name text DEFAULT NULL,
+    lease_holder text DEFAULT NULL,
+    lease_generation bigint DEFAULT NULL,
+    INOUT run text DEFAULT NULL,
+    INOUT status text DEFAULT NULL)
+LANGUAGE c AS 'MODULE_PATHNAME', 'etc_batch_run_chain';
+
+COMMENT ON PROCEDURE etc_batch.run_chain(text, text, text, text, bigint, text, text) IS
+    'Runs the run run_key (by default the date of today in the chain''s time zone) of a chain definition, created the first time with copies of its steps, as exec_batch_from_id runs a chain: each step exactly once, however many callers; waits its turn (status waiting) while an earlier run is unfinished, unless the chain allows overlapping runs.';
+
+REVOKE ALL ON PROCEDURE etc_batch.run_chain(text, text, text, text, bigint, text, text) FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.define_chain(
+    chain text, time_zone text DEFAULT NULL, overlap boolean DEFAULT false)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'define_chain_wrapper';
+CREATE FUNCTION etc_batch.abandon_run(chain text, run_key text)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'abandon_run_wrapper';
+CREATE FUNCTION etc_batch.current_run()
+RETURNS text
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'current_run_wrapper';
+COMMENT ON FUNCTION etc_batch.define_chain(text, text, boolean) IS
+    'Defines a chain (or defines it again) whose runs run_chain makes: its steps are those added with add_step under its name, which never run themselves; time_zone: the one a run''s default key, today''s date, is taken in (the caller''s TimeZone by default); overlap: a run may start while an earlier one is unfinished.';
+COMMENT ON FUNCTION etc_batch.abandon_run(text, text) IS
+    'Ends a run of a chain on purpose, kept in history with who and when: it never runs again, and later runs no longer wait for it.';
+COMMENT ON FUNCTION etc_batch.current_run() IS
+    'The run key of the run whose step is running in this session; NULL outside one.';
+REVOKE ALL ON FUNCTION etc_batch.define_chain(text, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.abandon_run(text, text) FROM PUBLIC;

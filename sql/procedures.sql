@@ -18,6 +18,21 @@ COMMENT ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, b
 
 REVOKE ALL ON PROCEDURE etc_batch.exec_batch_from_id(bigint, boolean, text, text, bigint) FROM PUBLIC;
 
+CREATE PROCEDURE etc_batch.run_chain(
+    chain text,
+    run_key text DEFAULT NULL,
+    lease_name text DEFAULT NULL,
+    lease_holder text DEFAULT NULL,
+    lease_generation bigint DEFAULT NULL,
+    INOUT run text DEFAULT NULL,
+    INOUT status text DEFAULT NULL)
+LANGUAGE c AS 'MODULE_PATHNAME', 'etc_batch_run_chain';
+
+COMMENT ON PROCEDURE etc_batch.run_chain(text, text, text, text, bigint, text, text) IS
+    'Runs the run run_key (by default the date of today in the chain''s time zone) of a chain definition, created the first time with copies of its steps, as exec_batch_from_id runs a chain: each step exactly once, however many callers; waits its turn (status waiting) while an earlier run is unfinished, unless the chain allows overlapping runs.';
+
+REVOKE ALL ON PROCEDURE etc_batch.run_chain(text, text, text, text, bigint, text, text) FROM PUBLIC;
+
 CREATE PROCEDURE etc_batch.drain_job(
     job_id text,
     max_chunks integer DEFAULT NULL,

@@ -66,6 +66,36 @@ pub enum BatchError {
     UnknownBatch {
         batch: String,
     },
+    /// run_chain of a chain nobody defined.
+    UnknownChain {
+        chain: String,
+    },
+    /// run_chain of a chain defined with no steps.
+    EmptyChain {
+        chain: String,
+    },
+    /// A run ended on purpose by abandon_run: it never runs again.
+    RunAbandoned {
+        chain: String,
+        run_key: String,
+        by: String,
+        at: String,
+    },
+    UnknownRun {
+        chain: String,
+        run_key: String,
+    },
+    /// abandon_run of a run whose steps are all done.
+    RunDone {
+        chain: String,
+        run_key: String,
+        batch: String,
+    },
+    /// exec_batch_from_id of a step of a chain's definition, which never runs itself.
+    DefinitionStep {
+        id: i64,
+        chain: String,
+    },
     StepExists {
         id: i64,
         batch: String,
@@ -363,6 +393,60 @@ impl BatchError {
                 Code::ERRCODE_UNDEFINED_OBJECT,
                 format!("batch \"{batch}\" does not exist"),
             ),
+            UnknownChain { chain } => report(
+                Code::ERRCODE_UNDEFINED_OBJECT,
+                format!("chain \"{chain}\" does not exist"),
+            )
+            .hint(format!(
+                "Define it with etc_batch.define_chain('{0}') and add its steps with etc_batch.add_step('{0}', ...).",
+                quote_literal(chain)
+            )),
+            EmptyChain { chain } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("chain \"{chain}\" has no steps"),
+            )
+            .detail("No run was made.")
+            .hint(format!(
+                "Add its steps with etc_batch.add_step('{}', ...).",
+                quote_literal(chain)
+            )),
+            RunAbandoned {
+                chain,
+                run_key,
+                by,
+                at,
+            } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("run \"{run_key}\" of chain \"{chain}\" was abandoned"),
+            )
+            .detail(format!(
+                "It was abandoned by {by} at {at}; an abandoned run never runs again, and nothing was run."
+            ))
+            .hint("Run the chain under another run key."),
+            UnknownRun { chain, run_key } => report(
+                Code::ERRCODE_UNDEFINED_OBJECT,
+                format!("run \"{run_key}\" of chain \"{chain}\" does not exist"),
+            ),
+            RunDone {
+                chain,
+                run_key,
+                batch,
+            } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("run \"{run_key}\" of chain \"{chain}\" is done"),
+            )
+            .detail(format!(
+                "Every step of batch \"{batch}\" is done; there is nothing to abandon."
+            )),
+            DefinitionStep { id, chain } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("step {id} belongs to the definition of chain \"{chain}\""),
+            )
+            .detail("A chain's definition never runs itself; each run runs copies of its steps.")
+            .hint(format!(
+                "Run the chain with CALL etc_batch.run_chain('{}').",
+                quote_literal(chain)
+            )),
             StepExists { id, batch } => report(
                 Code::ERRCODE_UNIQUE_VIOLATION,
                 format!("step {id} already exists in batch \"{batch}\""),
@@ -379,15 +463,8 @@ impl BatchError {
                 format!("step {id} of batch \"{batch}\" has failed"),
             )
             .detail(format!(
-                "It failed on attempt {attempts}{}{}.",
-                sqlstate
-                    .as_deref()
-                    .map(|s| format!(" with SQLSTATE {s}"))
-                    .unwrap_or_default(),
-                error
-                    .as_deref()
-                    .map(|e| format!(": {e}"))
-                    .unwrap_or_default(),
+                "It {}.",
+                crate::chain::step::failure_text(*attempts, sqlstate.as_deref(), error.as_deref())
             ))
             .hint(retry_step_hint(*id)),
             StepNotFailed { id, status } => report(
@@ -722,6 +799,11 @@ pub fn capitalize(message: &str) -> String {
     }
 }
 
+/// `s` inside a quoted SQL literal of a hint.
+fn quote_literal(s: &str) -> String {
+    s.replace('\'', "''")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -777,6 +859,31 @@ mod tests {
             StepExists {
                 id: 7,
                 batch: "nightly".into(),
+            },
+            UnknownChain {
+                chain: "nightly".into(),
+            },
+            EmptyChain {
+                chain: "nightly".into(),
+            },
+            RunAbandoned {
+                chain: "nightly".into(),
+                run_key: "2026-12-01".into(),
+                by: "dba".into(),
+                at: "2026-12-02 08:00:00+00".into(),
+            },
+            UnknownRun {
+                chain: "nightly".into(),
+                run_key: "2026-12-01".into(),
+            },
+            RunDone {
+                chain: "nightly".into(),
+                run_key: "2026-12-01".into(),
+                batch: "nightly/2026-12-01".into(),
+            },
+            DefinitionStep {
+                id: 21,
+                chain: "nightly".into(),
             },
             StepFailed {
                 id: 7,
@@ -946,9 +1053,15 @@ mod tests {
                 LaunchRoleCannotLogIn { .. } => 41,
                 SequentialWorkers { .. } => 42,
                 UnknownLaunch { .. } => 43,
+                UnknownChain { .. } => 44,
+                EmptyChain { .. } => 45,
+                RunAbandoned { .. } => 46,
+                UnknownRun { .. } => 47,
+                RunDone { .. } => 48,
+                DefinitionStep { .. } => 49,
             })
             .collect();
-        assert_eq!(covered, (0..=43).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=49).collect(), "every variant has an example");
         all
     }
 

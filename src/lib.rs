@@ -69,6 +69,7 @@ extension_sql_file!(
     name = "chains",
     requires = ["bootstrap"]
 );
+extension_sql_file!("../sql/runs.sql", name = "runs", requires = ["chains"]);
 extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["bootstrap"]);
 extension_sql_file!(
     "../sql/leases.sql",
@@ -93,12 +94,12 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/doctor.sql",
     name = "doctor",
-    requires = ["chains", "jobs", "leases", "launches"]
+    requires = ["chains", "runs", "jobs", "leases", "launches"]
 );
 extension_sql_file!(
     "../sql/procedures.sql",
     name = "procedures",
-    requires = ["chains", "jobs"]
+    requires = ["chains", "runs", "jobs"]
 );
 extension_sql_file!(
     "../sql/launches.sql",

@@ -1,11 +1,12 @@
 //! Chains: add_step, reset_batch, retry_step, and the procedure exec_batch_from_id.
 
 use crate::chain::step::StepKind;
-use crate::chain::{runner, steps};
+use crate::chain::{runner, runs, steps};
 use crate::error::{required, OrRaise};
 use crate::lease::Fence;
 use crate::pauses;
-use crate::procedure::c_procedure;
+use crate::procedure::{c_procedure, results};
+use crate::txn::Transactions;
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
@@ -61,11 +62,83 @@ fn pause_batch(batch: Option<String>) {
 fn resume_batch(batch: Option<String>) {
     crate::standby::refuse_writes("etc_batch.resume_batch").or_raise();
     let batch = required(batch, "batch").or_raise();
+    runs::check_resumable(&batch).or_raise();
     if !pauses::resume_batch(&batch).or_raise() {
         notice!("batch \"{batch}\" was not paused; nothing changed");
     }
     crate::launch::start::resume_paused(None, Some(&batch)).or_raise();
 }
+
+/// Defines a chain whose runs run_chain makes: its steps are those added with add_step
+/// under its name, which never run themselves.
+#[pg_extern(volatile, parallel_unsafe)]
+fn define_chain(
+    chain: Option<String>,
+    time_zone: default!(Option<String>, "NULL"),
+    overlap: default!(Option<bool>, false),
+) {
+    crate::standby::refuse_writes("etc_batch.define_chain").or_raise();
+    let chain = required(chain, "chain").or_raise();
+    let overlap = required(overlap, "overlap").or_raise();
+    runs::define(&chain, time_zone.as_deref(), overlap).or_raise()
+}
+
+/// Ends a run of a chain on purpose: it never runs again, and a later run no longer
+/// waits for it.
+#[pg_extern(volatile, parallel_unsafe)]
+fn abandon_run(chain: Option<String>, run_key: Option<String>) {
+    crate::standby::refuse_writes("etc_batch.abandon_run").or_raise();
+    let chain = required(chain, "chain").or_raise();
+    let run_key = required(run_key, "run_key").or_raise();
+    if !runs::abandon(&chain, &run_key).or_raise() {
+        notice!("run \"{run_key}\" of chain \"{chain}\" was abandoned already; nothing changed");
+    }
+}
+
+/// The run key of the run whose step is running in this session, NULL outside one: a
+/// step's SQL names its own run's work with it.
+#[pg_extern(stable, parallel_safe)]
+fn current_run() -> Option<String> {
+    runs::current()
+}
+
+results! {
+    /// What one CALL of run_chain did: the run's batch, and how it stands after the call.
+    pub struct RunResult {
+        pub run: Option<String>,
+        pub status: &'static str,
+    }
+}
+
+// `CALL etc_batch.run_chain(...)`, declared in sql/procedures.sql.
+c_procedure!(
+    etc_batch_run_chain,
+    pg_finfo_etc_batch_run_chain,
+    |args, tx| {
+        let chain: String = args.required("chain")?;
+        let run_key: Option<String> = args.get("run_key")?;
+        let fence = Fence::from_args(
+            args.get("lease_name")?,
+            args.get("lease_holder")?,
+            args.get("lease_generation")?,
+        )?;
+        match runs::start(&chain, run_key.as_deref())? {
+            runs::Start::Wait(run) => Ok(RunResult {
+                run: Some(run.batch),
+                status: "waiting",
+            }),
+            runs::Start::Run(run) => {
+                // the run is there for every other caller before any of its steps runs
+                tx.commit();
+                runner::exec_batch_from_id(tx, run.first_step, true, fence)?;
+                Ok(RunResult {
+                    status: runs::status(&run.batch)?,
+                    run: Some(run.batch),
+                })
+            }
+        }
+    }
+);
 
 // `CALL etc_batch.exec_batch_from_id(...)`, declared in sql/procedures.sql.
 c_procedure!(

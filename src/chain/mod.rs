@@ -3,6 +3,7 @@
 //! - `step`    the rules: what a runner does with a step in each status (pure Rust).
 //! - `command` checks a step's SQL when it is added.
 //! - `steps`   add_step, reset_batch, retry_step.
+//! - `runs`    chain definitions and their runs: define_chain, run_chain, abandon_run.
 //! - `runner`  the commit loop: lock, re-check, run, record, COMMIT, next.
 //! - `audit`   a step's audit row.
 //! - `timer`   a step's timeout, on PostgreSQL's statement timer.
@@ -14,6 +15,7 @@ pub mod audit;
 pub mod command;
 pub mod runner;
 pub mod running;
+pub mod runs;
 pub mod sql;
 pub mod step;
 pub mod step_lock;

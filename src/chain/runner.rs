@@ -177,6 +177,9 @@ fn run<T: Transactions>(
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
     })?
     .ok_or(BatchError::UnknownStep { id: first })?;
+    // a chain's definition and an abandoned run never run; a run's steps know its key
+    let run_key = as_role(bookkeeper, || super::runs::runnable(&batch, first))?;
+    let _run = super::runs::enter(run_key);
     // a chain that would run itself again is refused before anything runs
     let _running = running::enter(&batch)?;
     as_role(bookkeeper, || running::check_no_cycle(&batch))?;

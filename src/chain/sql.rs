@@ -104,19 +104,12 @@ SELECT $1, $2, $3, $4, pg_catalog.current_setting('search_path'), p.paused_at, p
                       LIMIT 1) p ON true
 RETURNING id";
 
-pub const RESET_BATCH: &str = "\
-WITH r AS (
-  UPDATE etc_batch.batch_log
-     SET status = 'pending', attempts = 0, started_at = NULL, finished_at = NULL,
-         last_error = NULL, last_sqlstate = NULL
-   WHERE batch OPERATOR(pg_catalog.=) $1
-  RETURNING 1)
-SELECT pg_catalog.count(*)::pg_catalog.int4 FROM r";
-
+/// retry_step: failed step $1 back to pending; its batch, and the attempts, SQLSTATE and
+/// error of the failure it clears (kept in step_audit).
 pub const RETRY_STEP: &str = "\
 UPDATE etc_batch.batch_log SET status = 'pending'
  WHERE id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'failed'
-RETURNING id";
+RETURNING batch, attempts, last_sqlstate, last_error";
 
 pub const STEP_STATUS: &str = "\
 SELECT b.status FROM etc_batch.batch_log b WHERE b.id OPERATOR(pg_catalog.=) $1";
@@ -125,3 +118,123 @@ SELECT b.status FROM etc_batch.batch_log b WHERE b.id OPERATOR(pg_catalog.=) $1"
 pub const ANY_DEFERRABLE: &str = "\
 SELECT EXISTS (SELECT FROM pg_catalog.pg_constraint c WHERE c.condeferrable)
     OR EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgdeferrable)";
+
+// Chain definitions and their runs (runs.rs).
+
+pub const SESSION_TIME_ZONE: &str = "SELECT pg_catalog.current_setting('TimeZone')";
+
+pub const TIME_ZONE_KNOWN: &str = "\
+SELECT EXISTS (SELECT FROM pg_catalog.pg_timezone_names() z(name, abbrev, utc_offset, is_dst)
+                WHERE z.name OPERATOR(pg_catalog.=) $1)";
+
+/// The chain whose run batch $1 is, if it is one.
+pub const RUN_OF_BATCH: &str = "\
+SELECT r.chain FROM etc_batch.chain_run r WHERE r.batch OPERATOR(pg_catalog.=) $1";
+
+/// $1 chain, $2 time zone, $3 overlap, $4 the defining role.
+pub const DEFINE_CHAIN: &str = "\
+INSERT INTO etc_batch.chain AS c (chain, time_zone, overlap, defined_by)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (chain) DO UPDATE
+   SET time_zone = excluded.time_zone, overlap = excluded.overlap,
+       defined_by = excluded.defined_by, defined_at = pg_catalog.now()";
+
+/// Serializes run_chain calls of chain $1, so that two of them make one run.
+pub const LOCK_CHAIN: &str = "\
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('etc_batch.chain ' OPERATOR(pg_catalog.||) $1))";
+
+pub const CHAIN_DEFINITION: &str = "\
+SELECT c.time_zone, c.overlap FROM etc_batch.chain c WHERE c.chain OPERATOR(pg_catalog.=) $1";
+
+/// Today's date in time zone $1, the default run key.
+pub const TODAY_IN: &str = "\
+SELECT pg_catalog.to_char(pg_catalog.timezone($1, pg_catalog.now()), 'YYYY-MM-DD')";
+
+/// Run $2 of chain $1: its batch, first step, number, and who abandoned it when.
+pub const FIND_RUN: &str = "\
+SELECT r.batch, r.first_step, r.run_number, r.abandoned_by::pg_catalog.text, r.abandoned_at
+  FROM etc_batch.chain_run r
+ WHERE r.chain OPERATOR(pg_catalog.=) $1 AND r.run_key OPERATOR(pg_catalog.=) $2";
+
+pub const BATCH_EXISTS: &str = "\
+SELECT EXISTS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=) $1)";
+
+/// The steps of definition $1 copied into batch $2, in their order, with ids after $3;
+/// returns the first one's id (no row: the definition has no steps).
+pub const COPY_STEPS: &str = "\
+WITH copied AS (
+  INSERT INTO etc_batch.batch_log (id, batch, command, added_by, search_path,
+                                   commits, timeout, max_attempts)
+  SELECT $3 OPERATOR(pg_catalog.+) pg_catalog.row_number() OVER (ORDER BY d.id), $2, d.command,
+         d.added_by, d.search_path, d.commits, d.timeout, d.max_attempts
+    FROM etc_batch.batch_log d
+   WHERE d.batch OPERATOR(pg_catalog.=) $1
+  RETURNING id)
+SELECT pg_catalog.min(id) FROM copied";
+
+/// $1 chain, $2 run key, $3 batch, $4 first step, $5 the creating role.
+pub const INSERT_RUN: &str = "\
+INSERT INTO etc_batch.chain_run (chain, run_key, batch, first_step, created_by)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING run_number";
+
+/// The first run of chain $1 made before run number $2 that is not abandoned and has a
+/// step that is not done: its batch, key, and that step, its status and error.
+pub const UNFINISHED_BEFORE: &str = "\
+SELECT r.batch, r.run_key, s.id, s.status, s.last_error
+  FROM etc_batch.chain_run r
+  JOIN LATERAL (SELECT b.id, b.status::pg_catalog.text, b.last_error FROM etc_batch.batch_log b
+                 WHERE b.batch OPERATOR(pg_catalog.=) r.batch
+                   AND b.status OPERATOR(pg_catalog.<>) 'done'
+                 ORDER BY b.id LIMIT 1) s ON true
+ WHERE r.chain OPERATOR(pg_catalog.=) $1 AND r.run_number OPERATOR(pg_catalog.<) $2
+   AND r.abandoned_at IS NULL
+ ORDER BY r.run_number LIMIT 1";
+
+/// Run $2 of chain $1: its batch, whether it was abandoned, whether every step is done.
+pub const RUN_STATE: &str = "\
+SELECT r.batch, r.abandoned_at IS NOT NULL,
+       NOT EXISTS (SELECT FROM etc_batch.batch_log b
+                    WHERE b.batch OPERATOR(pg_catalog.=) r.batch
+                      AND b.status OPERATOR(pg_catalog.<>) 'done')
+  FROM etc_batch.chain_run r
+ WHERE r.chain OPERATOR(pg_catalog.=) $1 AND r.run_key OPERATOR(pg_catalog.=) $2";
+
+/// $1 chain, $2 run key, $3 the abandoning role.
+pub const ABANDON_RUN: &str = "\
+UPDATE etc_batch.chain_run SET abandoned_by = $3, abandoned_at = pg_catalog.now()
+ WHERE chain OPERATOR(pg_catalog.=) $1 AND run_key OPERATOR(pg_catalog.=) $2";
+
+/// What batch $1 is: whether it is a chain's definition; the chain and key of the run it
+/// is, and who abandoned that run when.
+pub const BATCH_KIND: &str = "\
+SELECT EXISTS (SELECT FROM etc_batch.chain c WHERE c.chain OPERATOR(pg_catalog.=) $1),
+       r.chain, r.run_key, r.abandoned_by::pg_catalog.text, r.abandoned_at
+  FROM (SELECT) n
+  LEFT JOIN etc_batch.chain_run r ON r.batch OPERATOR(pg_catalog.=) $1";
+
+/// reset_batch: every step of batch $1 back to pending; each one that was not, with
+/// what it was, in id order.
+pub const RESET_BATCH_STEPS: &str = "\
+WITH was AS (
+  SELECT b.id, b.status::pg_catalog.text AS status, b.attempts, b.last_sqlstate, b.last_error
+    FROM etc_batch.batch_log b
+   WHERE b.batch OPERATOR(pg_catalog.=) $1
+     FOR UPDATE),
+reset AS (
+  UPDATE etc_batch.batch_log b
+     SET status = 'pending', attempts = 0, started_at = NULL, finished_at = NULL,
+         last_error = NULL, last_sqlstate = NULL
+    FROM was
+   WHERE b.id OPERATOR(pg_catalog.=) was.id
+  RETURNING b.id)
+SELECT was.id, was.status, was.attempts, was.last_sqlstate, was.last_error
+  FROM was JOIN reset ON reset.id OPERATOR(pg_catalog.=) was.id
+ ORDER BY was.id";
+
+/// How run batch $1 stands after a runner returned: done, paused or pending.
+pub const RUN_STATUS: &str = "\
+SELECT CASE WHEN pg_catalog.bool_and(b.status OPERATOR(pg_catalog.=) 'done') THEN 'done'
+            WHEN pg_catalog.bool_or(b.paused_at IS NOT NULL) THEN 'paused'
+            ELSE 'pending' END
+  FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=) $1";

@@ -67,6 +67,28 @@ pub fn check_batch_name(batch: &str) -> Result<()> {
     non_empty(batch, "batch name")
 }
 
+/// How a step failed, as messages say it: "failed on attempt 2 with SQLSTATE 23505: ...".
+pub fn failure_text(attempts: i32, sqlstate: Option<&str>, error: Option<&str>) -> String {
+    format!(
+        "failed on attempt {attempts}{}{}",
+        sqlstate.map(|s| format!(" with SQLSTATE {s}")).unwrap_or_default(),
+        error.map(|e| format!(": {e}")).unwrap_or_default(),
+    )
+}
+
+/// A run key given to run_chain: not empty, and no slash (the run's batch is
+/// "<chain>/<run key>").
+pub fn check_run_key(run_key: &str) -> Result<()> {
+    non_empty(run_key, "run key")?;
+    if run_key.contains('/') {
+        return Err(crate::error::BatchError::invalid_because(
+            format!("run key \"{run_key}\" has a slash"),
+            "A run's batch is named \"<chain>/<run key>\"; give a key without one, such as a date.",
+        ));
+    }
+    Ok(())
+}
+
 /// A step id given to add_step.
 pub fn check_step_id(id: i64) -> Result<()> {
     if id < 1 {

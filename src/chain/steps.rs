@@ -64,26 +64,88 @@ pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Res
     })
 }
 
-/// Puts every step of a batch back to pending; returns how many.
+/// Puts every step of a batch back to pending; returns how many. A NOTICE for each step
+/// that was not pending says what it was; the failures it clears stay in step_audit.
 pub fn reset(batch: &str) -> Result<i32> {
-    let reset = as_owner(|| query::one::<i32>(sql::RESET_BATCH, &[batch.into()]))?;
-    match reset.unwrap_or(0) {
-        0 => Err(BatchError::UnknownBatch {
+    let steps = as_owner(|| {
+        query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, |r| {
+            Ok(Cleared {
+                id: r.get::<i64>(1)?.unwrap_or(0),
+                status: r.get::<String>(2)?.unwrap_or_default(),
+                attempts: r.get::<i32>(3)?.unwrap_or(0),
+                sqlstate: r.get::<String>(4)?,
+                error: r.get::<String>(5)?,
+            })
+        })
+    })?;
+    if steps.is_empty() {
+        return Err(BatchError::UnknownBatch {
             batch: batch.to_string(),
-        }),
-        n => Ok(n),
+        });
     }
+    for step in steps.iter().filter(|s| s.status != "pending") {
+        step.notice(batch);
+    }
+    Ok(steps.len() as i32)
 }
 
-/// Puts a failed step back to pending.
+/// Puts a failed step back to pending, with a NOTICE of the failure it clears.
 pub fn retry(id: i64) -> Result<()> {
-    as_owner(|| {
-        if query::one::<i64>(sql::RETRY_STEP, &[id.into()])?.is_some() {
-            return Ok(());
+    let retried = as_owner(|| {
+        if let Some(step) = query::row(sql::RETRY_STEP, &[id.into()], |r| {
+            Ok((
+                r.get::<String>(1)?.unwrap_or_default(),
+                Cleared {
+                    id,
+                    status: "failed".into(),
+                    attempts: r.get::<i32>(2)?.unwrap_or(0),
+                    sqlstate: r.get::<String>(3)?,
+                    error: r.get::<String>(4)?,
+                },
+            ))
+        })? {
+            return Ok(step);
         }
         match query::one::<String>(sql::STEP_STATUS, &[id.into()])? {
             None => Err(BatchError::UnknownStep { id }),
             Some(status) => Err(BatchError::StepNotFailed { id, status }),
         }
-    })
+    })?;
+    retried.1.notice(&retried.0);
+    Ok(())
+}
+
+/// A step put back to pending, as it was.
+struct Cleared {
+    id: i64,
+    status: String,
+    attempts: i32,
+    sqlstate: Option<String>,
+    error: Option<String>,
+}
+
+impl Cleared {
+    fn notice(&self, batch: &str) {
+        pgrx::ereport!(
+            NOTICE,
+            pgrx::PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+            format!(
+                "step {} of batch \"{batch}\" is pending again; {}",
+                self.id,
+                self.was()
+            ),
+            "Its attempts stay in etc_batch.step_audit."
+        );
+    }
+
+    /// What the step was: done, or failed and how.
+    fn was(&self) -> String {
+        if self.status != "failed" {
+            return format!("it was {}", self.status);
+        }
+        format!(
+            "it had {}",
+            step::failure_text(self.attempts, self.sqlstate.as_deref(), self.error.as_deref())
+        )
+    }
 }

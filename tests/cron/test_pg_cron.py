@@ -17,6 +17,13 @@ do the tests assert, each on its own case:
   resume       SELECT etc_batch.resume_launches() on a launch whose worker and
                supervisor ended as a restart ends them (etc_batch is not preloaded
                here): the schedule that resumes launches without preloading
+  nightly      CALL etc_batch.run_chain('nightly', '2026-12-01'), the nightly line,
+               fired by two schedules in the same minute: one run, each step once
+  nights       three nights of chain 'nights', the run keys given (the test does not
+               wait for midnight): night 1 done and night 2 failed before the minute
+               (by the same calls); in the minute, night 2's line again (its failure
+               held: nothing runs again) and night 3's (it waits its turn); after it,
+               night 2's step retried and the lines run again: both finish
 
 And, in the same cluster (PostgreSQL 15, where Debian packages pg_partman too), pg_partman's
 maintenance as a chain's step that commits.
@@ -26,6 +33,7 @@ import json
 import time
 from collections import Counter
 
+import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -113,7 +121,31 @@ def _setup(conn):
             "INSERT INTO effects (batch, step) VALUES ('fails', 3)",
         )
     ]
+    _nights(conn)
     return chain, fails
+
+
+def _nights(conn):
+    """The nightly chains: 'nightly', run by the minute; 'nights', night 1 done and night
+    2 failed at its second step before it."""
+    conn.execute("CREATE TABLE knob (ok boolean)")
+    conn.execute("INSERT INTO knob VALUES (false)")
+    for chain in ("nightly", "nights"):
+        conn.execute("SELECT etc_batch.define_chain(%s, time_zone => 'UTC')", (chain,))
+        conn.execute("SELECT etc_batch.add_step(%s, %s)", (
+            chain, f"INSERT INTO effects (batch, step) VALUES ('{chain} ' || etc_batch.current_run(), 1); "
+                   "SELECT pg_sleep(0.2)"))
+        conn.execute("SELECT etc_batch.add_step(%s, %s)", (
+            chain, "SELECT 1 / (SELECT count(*)::int FROM knob WHERE ok)"))
+        conn.execute("SELECT etc_batch.add_step(%s, %s)", (
+            chain, f"INSERT INTO effects (batch, step) VALUES ('{chain} ' || etc_batch.current_run(), 3)"))
+    conn.execute("UPDATE knob SET ok = true")
+    assert conn.execute("CALL etc_batch.run_chain('nights', '2026-12-01')").fetchone() == (
+        "nights/2026-12-01", "done")
+    conn.execute("UPDATE knob SET ok = false")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        conn.execute("CALL etc_batch.run_chain('nights', '2026-12-02')")
+    conn.execute("UPDATE knob SET ok = true")
 
 
 def _cron_jobs(chain, fails):
@@ -131,6 +163,10 @@ def _cron_jobs(chain, fails):
         ("etc multi", "multi",
          "SET statement_timeout = '1min'; CALL etc_batch.drain_job('other')"),
         ("etc resume", "resume", "SELECT etc_batch.resume_launches()"),
+        ("etc nightly a", "nightly", "CALL etc_batch.run_chain('nightly', '2026-12-01')"),
+        ("etc nightly b", "nightly", "CALL etc_batch.run_chain('nightly', '2026-12-01')"),
+        ("etc night 2", "night 2", "CALL etc_batch.run_chain('nights', '2026-12-02')"),
+        ("etc night 3", "night 3", "CALL etc_batch.run_chain('nights', '2026-12-03')"),
     ]
 
 
@@ -473,3 +509,50 @@ def test_a_schedule_of_resume_launches_finishes_a_launch_a_restart_left(minute):
     assert job_row(db, "relaunch")["status"] == "done"
     assert audit_by_key(db, "relaunch") == {k: 1 for k in range(1, RELAUNCHED + 1)}
     assert orders(db, "R") == {k: (2, "cancelled") for k in range(1, RELAUNCHED + 1)}
+
+
+def effects_of(db, chain):
+    return Counter((r["batch"], r["step"]) for r in db.execute(
+        "SELECT batch, step FROM effects WHERE batch LIKE %s", (chain + " %",)).fetchall())
+
+
+def test_nightly_line_fired_by_two_schedules_makes_one_run(minute):
+    db = minute["db"]
+    runs = minute["runs"]["nightly"]
+    assert [r["status"] for r in runs] == ["succeeded", "succeeded"], runs
+    assert db.execute("SELECT batch FROM etc_batch.chain_run WHERE chain = 'nightly'").fetchall() == [
+        {"batch": "nightly/2026-12-01"}]
+    assert effects_of(db, "nightly") == Counter({("nightly 2026-12-01", 1): 1, ("nightly 2026-12-01", 3): 1})
+    audit = db.execute(
+        "SELECT step_id, count(*) FILTER (WHERE outcome = 'done') AS ran, count(DISTINCT pid) AS callers "
+        "FROM etc_batch.step_audit WHERE batch = 'nightly/2026-12-01' GROUP BY step_id ORDER BY step_id").fetchall()
+    assert [(r["ran"], r["callers"]) for r in audit] == [(1, 2), (1, 2), (1, 2)], audit
+
+
+def test_last_nights_failure_is_held_and_tonight_waits_its_turn(minute):
+    db = minute["db"]
+    held = one_run(minute, "night 2")
+    # the failed step is not run again by the schedule: the run fails, naming it
+    assert held["status"] == "failed"
+    assert 'has failed' in held["return_message"], held["return_message"]
+    failed = db.execute("SELECT id, attempts FROM etc_batch.batch_log "
+                        "WHERE batch = 'nights/2026-12-02' AND status = 'failed'").fetchall()
+    assert [r["attempts"] for r in failed] == [1]
+    waiting = one_run(minute, "night 3")
+    assert waiting["status"] == "succeeded", waiting["return_message"]
+    assert db.execute("SELECT count(*) AS n FROM etc_batch.batch_log WHERE batch = 'nights/2026-12-03' "
+                      "AND status = 'pending'").fetchone()["n"] == 3
+    assert effects_of(db, "nights") == Counter({("nights 2026-12-01", 1): 1, ("nights 2026-12-01", 3): 1,
+                                                ("nights 2026-12-02", 1): 1})
+
+    # the failure retried on purpose; the same lines then finish night 2, then night 3
+    db.execute("SELECT etc_batch.retry_step(%s)", (failed[0]["id"],))
+    assert db.execute("CALL etc_batch.run_chain('nights', '2026-12-02')").fetchone() == {
+        "run": "nights/2026-12-02", "status": "done"}
+    assert db.execute("CALL etc_batch.run_chain('nights', '2026-12-03')").fetchone() == {
+        "run": "nights/2026-12-03", "status": "done"}
+    assert effects_of(db, "nights") == Counter({(f"nights 2026-12-0{n}", step): 1
+                                                for n in (1, 2, 3) for step in (1, 3)})
+    # the failure the retry cleared stays in step_audit
+    assert db.execute("SELECT count(*) AS n FROM etc_batch.step_audit WHERE step_id = %s AND outcome = 'failed'",
+                      (failed[0]["id"],)).fetchone()["n"] == 1

@@ -1266,7 +1266,7 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
 # reports, which show a job only to its registrant and to readers of etc_batch.job.
 PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(text,text)",
                    "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
-                   "etc_batch.job_summary(text)"}
+                   "etc_batch.job_summary(text)", "etc_batch.current_run()"}
 # What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
 # are the reader's own launches.
 PUBLIC_RELATIONS = {"job_progress", "launches"}
@@ -1297,12 +1297,14 @@ def compact(signature):
 def test_routines_of_the_extension_as_the_catalog_records_them(db):
     routines = extension_routines(db)
     names = {r["proname"] for r in routines}
-    assert names == {"abort_job", "acquire_lease", "add_step", "attach_job_tables", "check_lease",
-                     "count_job_changes", "create_job_tables", "doctor", "drain_job",
+    assert names == {"abandon_run", "abort_job", "acquire_lease", "add_step", "attach_job_tables",
+                     "check_lease", "count_job_changes", "create_job_tables", "current_run",
+                     "define_chain", "doctor", "drain_job",
                      "exec_batch_from_id", "job_report", "job_summary", "launch_batch", "launch_job",
                      "lock_key", "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
                      "register_job_from_query", "register_remainder", "release_lease", "reset_batch",
-                     "resume_batch", "resume_job", "resume_launches", "retry_step", "stop_launch",
+                     "resume_batch", "resume_job", "resume_launches", "retry_step", "run_chain",
+                     "stop_launch",
                      "try_xact_lock",
                      "verify_job", "xact_lock"}, (
         "a routine was added or removed: decide who may run it, then update this list")

@@ -152,6 +152,9 @@ WRITERS = [
     ("etc_batch.launch_batch", "SELECT etc_batch.launch_batch(%(step)s)"),
     ("etc_batch.stop_launch", "SELECT etc_batch.stop_launch(1)"),
     ("etc_batch.resume_launches", "SELECT etc_batch.resume_launches()"),
+    ("etc_batch.define_chain", "SELECT etc_batch.define_chain('nightly')"),
+    ("etc_batch.run_chain", "CALL etc_batch.run_chain('nightly')"),
+    ("etc_batch.abandon_run", "SELECT etc_batch.abandon_run('nightly', '2026-12-01')"),
 ]
 
 
