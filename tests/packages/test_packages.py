@@ -56,7 +56,9 @@ class Root:
         self.started = False
 
     def run(self, *command, check=True, timeout=300):
-        done = lib("debian_run", str(self.path), *command, timeout=timeout)
+        # as on a machine of its own: nothing of the test clusters' libpq settings
+        unset = [a for v in ("PGHOST", "PGPORT", "PGUSER", "PGDATABASE") for a in ("-u", v)]
+        done = lib("debian_run", str(self.path), "env", *unset, *command, timeout=timeout)
         if check:
             assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
         return done
