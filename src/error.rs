@@ -464,7 +464,7 @@ impl BatchError {
             )
             .detail(format!(
                 "It {}.",
-                crate::chain::step::failure_text(*attempts, sqlstate.as_deref(), error.as_deref())
+                failure_text(*attempts, sqlstate.as_deref(), error.as_deref())
             ))
             .hint(retry_step_hint(*id)),
             StepNotFailed { id, status } => report(
@@ -797,6 +797,17 @@ pub fn capitalize(message: &str) -> String {
         Some(first) => first.to_uppercase().chain(chars).collect(),
         None => String::new(),
     }
+}
+
+/// How a step failed, as messages say it: "failed on attempt 2 with SQLSTATE 23505: ...".
+pub fn failure_text(attempts: i32, sqlstate: Option<&str>, error: Option<&str>) -> String {
+    format!(
+        "failed on attempt {attempts}{}{}",
+        sqlstate
+            .map(|s| format!(" with SQLSTATE {s}"))
+            .unwrap_or_default(),
+        error.map(|e| format!(": {e}")).unwrap_or_default(),
+    )
 }
 
 /// `s` inside a quoted SQL literal of a hint.

@@ -188,15 +188,19 @@ fn make(chain: &str, run_key: &str, caller: pg_sys::Oid) -> Result<Run> {
 
 /// The first run of `chain` made before run `number` that is neither done nor abandoned.
 fn unfinished_before(chain: &str, number: i64) -> Result<Option<Unfinished>> {
-    query::row(sql::UNFINISHED_BEFORE, &[chain.into(), number.into()], |r| {
-        Ok(Unfinished {
-            batch: r.get::<String>(1)?.unwrap_or_default(),
-            run_key: r.get::<String>(2)?.unwrap_or_default(),
-            step: r.get::<i64>(3)?.unwrap_or(0),
-            status: r.get::<String>(4)?.unwrap_or_default(),
-            error: r.get::<String>(5)?,
-        })
-    })
+    query::row(
+        sql::UNFINISHED_BEFORE,
+        &[chain.into(), number.into()],
+        |r| {
+            Ok(Unfinished {
+                batch: r.get::<String>(1)?.unwrap_or_default(),
+                run_key: r.get::<String>(2)?.unwrap_or_default(),
+                step: r.get::<i64>(3)?.unwrap_or(0),
+                status: r.get::<String>(4)?.unwrap_or_default(),
+                error: r.get::<String>(5)?,
+            })
+        },
+    )
 }
 
 /// What a run that waits its turn says, so that a schedule's log (pg_cron's

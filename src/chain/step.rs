@@ -67,15 +67,6 @@ pub fn check_batch_name(batch: &str) -> Result<()> {
     non_empty(batch, "batch name")
 }
 
-/// How a step failed, as messages say it: "failed on attempt 2 with SQLSTATE 23505: ...".
-pub fn failure_text(attempts: i32, sqlstate: Option<&str>, error: Option<&str>) -> String {
-    format!(
-        "failed on attempt {attempts}{}{}",
-        sqlstate.map(|s| format!(" with SQLSTATE {s}")).unwrap_or_default(),
-        error.map(|e| format!(": {e}")).unwrap_or_default(),
-    )
-}
-
 /// A run key given to run_chain: not empty, and no slash (the run's batch is
 /// "<chain>/<run key>").
 pub fn check_run_key(run_key: &str) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use super::step::{self, StepKind};
 use super::{command, sql};
-use crate::error::{BatchError, Result};
+use crate::error::{failure_text, BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
 use pgrx::datum::Interval;
@@ -145,7 +145,11 @@ impl Cleared {
         }
         format!(
             "it had {}",
-            step::failure_text(self.attempts, self.sqlstate.as_deref(), self.error.as_deref())
+            failure_text(
+                self.attempts,
+                self.sqlstate.as_deref(),
+                self.error.as_deref()
+            )
         )
     }
 }
