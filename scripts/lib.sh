@@ -314,6 +314,9 @@ cluster_init() {
         echo "unix_socket_directories = '$dir'"
         echo "max_connections = 100"
         echo "fsync = off"
+        # every chunk and step told as it commits, the output the tests compare; the tests
+        # of the default (at most one NOTICE a second) set it in their sessions
+        echo "etc_batch.progress_interval = 0"
         printf '%s\n' "$@"
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
 }

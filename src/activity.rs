@@ -48,10 +48,3 @@ impl Drop for Activity {
         }
     }
 }
-
-/// Whether a NOTICE would reach anyone: the message of every chunk or step is not even put
-/// together when client_min_messages and log_min_messages are above it.
-pub fn notices_are_sent() -> bool {
-    // SAFETY: reads two settings.
-    unsafe { pg_sys::message_level_is_interesting(pg_sys::NOTICE as i32) }
-}

@@ -49,6 +49,7 @@ pub mod own_rows;
 pub mod parse;
 pub mod pauses;
 pub mod procedure;
+pub mod progress_notices;
 pub mod query;
 pub mod raised;
 pub mod retries;
@@ -116,6 +117,7 @@ pub extern "C-unwind" fn _PG_init() {
     unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     job::crash::register();
     retries::register();
+    progress_notices::register();
     launch::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
     // aid of a test build, set against the release build) is refused, not kept silently.

@@ -18,6 +18,7 @@ use crate::installed;
 use crate::lease::Fence;
 use crate::own_rows::{self, Compare, Key, Lock, Tid};
 use crate::pauses::Paused;
+use crate::progress_notices::{self, Teller};
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
 use crate::txn::{subtransaction, Failure, FailureKind, Transactions};
@@ -27,7 +28,7 @@ use pgrx::prelude::*;
 use pgrx::IntoDatum;
 use std::cell::RefCell;
 use std::ffi::CStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the runner knows once it holds a step's lock.
 struct LockedStep {
@@ -199,27 +200,42 @@ fn run<T: Transactions>(
     let mut next = Some(first);
     // the attempts of the step at hand that failed with a transient error
     let mut failed_before = 0;
+    let mut teller = Teller::begin();
+    let mut told = Told::default();
     while let Some(id) = next {
         let flow = tx.item(|tx| runner.run_step(tx, id, failed_before))?;
         next = match flow {
             // the call ends here; so does its transaction, with nothing written
-            Flow::Yielded => None,
+            Flow::Yielded => {
+                told.ended = Ended::Yielded(id);
+                None
+            }
             Flow::Paused => {
                 // nothing done: the step's lock goes with this transaction
                 tx.commit();
+                told.ended = Ended::Paused(id);
                 None
             }
             Flow::Ran(next) => {
                 tx.commit();
-                // the message is not even put together when nobody would receive it
-                if crate::activity::notices_are_sent() {
+                told.ran += 1;
+                if teller.tells_each() {
                     notice!("step {id} of batch \"{}\" committed", runner.batch);
+                } else if teller.due(Instant::now()) {
+                    told.progress_notice(&runner.batch, id, &teller);
                 }
                 failed_before = 0;
                 next.filter(|_| !alone)
             }
             Flow::Skipped(next) => {
                 tx.commit();
+                told.skipped += 1;
+                if teller.tells_each() {
+                    notice!(
+                        "step {id} of batch \"{}\" is already done, skipping",
+                        runner.batch
+                    );
+                }
                 failed_before = 0;
                 next.filter(|_| !alone)
             }
@@ -242,7 +258,64 @@ fn run<T: Transactions>(
             }
         };
     }
+    // a step run alone, for a runner that goes on itself, is that runner's to tell of
+    if teller.tells_the_end() && !alone {
+        told.end_notice(&runner.batch);
+    }
     Ok(())
+}
+
+/// What one call did, for its progress notices.
+#[derive(Default)]
+struct Told {
+    ran: i64,
+    skipped: i64,
+    ended: Ended,
+}
+
+/// Why a call stopped running steps.
+#[derive(Default)]
+enum Ended {
+    /// Its batch has no step after the last one it ran or skipped.
+    #[default]
+    AtTheEnd,
+    /// Another caller holds the step.
+    Yielded(i64),
+    Paused(i64),
+}
+
+impl Told {
+    /// Where a call stands, at most once per etc_batch.progress_interval.
+    fn progress_notice(&self, batch: &str, id: i64, teller: &Teller) {
+        let elapsed = teller.elapsed(Instant::now());
+        notice!(
+            "batch \"{batch}\": step {id} committed; this call: {} committed, {} skipped as done, {} steps/s",
+            progress_notices::counted(self.ran, "step", "steps"),
+            self.skipped,
+            progress_notices::per_second(self.ran + self.skipped, elapsed),
+        );
+    }
+
+    /// How the call ended, once, when its steps are not told one by one.
+    fn end_notice(&self, batch: &str) {
+        let ended = match self.ended {
+            Ended::AtTheEnd => "the batch is done".to_string(),
+            Ended::Yielded(id) => format!("step {id} is another caller's"),
+            Ended::Paused(id) => format!("the batch is paused at step {id}"),
+        };
+        let committed = match self.ran {
+            0 => "nothing".to_string(),
+            ran => progress_notices::counted(ran, "step", "steps"),
+        };
+        let skipped = match self.skipped {
+            0 => String::new(),
+            skipped => format!(
+                ", skipped {} already done",
+                progress_notices::counted(skipped, "step", "steps")
+            ),
+        };
+        notice!("batch \"{batch}\": this call committed {committed}{skipped}; {ended}");
+    }
 }
 
 impl Runner {
@@ -311,10 +384,6 @@ impl Runner {
                     })?;
                     Ok(next)
                 })?;
-                notice!(
-                    "step {id} of batch \"{}\" is already done, skipping",
-                    self.batch
-                );
                 Ok(Flow::Skipped(next))
             }
             Action::Stop => Err(BatchError::StepFailed {

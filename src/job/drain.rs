@@ -36,6 +36,7 @@ use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::lease::Fence;
 use crate::pauses::Paused;
+use crate::progress_notices::{self as told, Teller};
 use crate::query;
 use crate::roles::{as_author, as_role};
 use crate::session_lock::{SessionLock, Space};
@@ -55,6 +56,8 @@ use std::ops::Range;
 pub struct Drained {
     pub chunks: i32,
     pub items: i64,
+    /// Of them, the items skipped because their rows had drifted (on_drift 'skip').
+    pub skipped: i64,
     pub first_key: Option<String>,
     pub last_key: Option<String>,
     pub status: JobStatus,
@@ -159,11 +162,13 @@ pub fn drain<T: Transactions>(
         ));
     }
     let mut job = Job::new(job_id, fence)?;
+    let mut teller = Teller::begin();
     // what job_progress counts as a drainer at work, also while it waits between chunks
     let _drainer = SessionLock::shared(Space::Drainer, job.def.tables.number);
     let mut drained = Drained {
         chunks: 0,
         items: 0,
+        skipped: 0,
         first_key: None,
         last_key: None,
         status: JobStatus::Pending,
@@ -200,12 +205,18 @@ pub fn drain<T: Transactions>(
                 job.at_work_since = clock_timestamp();
                 // only now: a client told of a chunk finds it committed, whatever happens
                 // to the server next
-                job.committed_notice(number, total, items, skipped, &first_key, &last_key);
+                if teller.tells_each() {
+                    committed_notice(number, total, items, skipped, &first_key, &last_key);
+                }
                 drained.chunks += 1;
                 drained.items += items;
+                drained.skipped += skipped as i64;
                 drained.first_key.get_or_insert(first_key);
                 drained.last_key = Some(last_key);
                 finished = last;
+                if !finished && teller.due(std::time::Instant::now()) {
+                    drained.progress_notice(job_id, number, total, &teller);
+                }
             }
             Round::Finished => {
                 tx.commit();
@@ -276,7 +287,72 @@ pub fn drain<T: Transactions>(
         // max_chunks 0: the job was not even looked at
         job.status()?
     };
+    if teller.tells_the_end() {
+        drained.end_notice(job_id);
+    }
     Ok(drained)
+}
+
+impl Drained {
+    /// Where a call stands, at most once per etc_batch.progress_interval.
+    fn progress_notice(&self, job_id: &str, number: i32, total: i32, teller: &Teller) {
+        let elapsed = teller.elapsed(std::time::Instant::now());
+        let to_go = told::time_to_go(self.chunks.into(), (total - number).into(), elapsed)
+            .map(|left| format!(", about {} to go", told::human(left)))
+            .unwrap_or_default();
+        notice!(
+            "job \"{job_id}\": chunk {number} of {total} committed; this call: {}, {}, {} items/s{to_go}",
+            told::counted(self.chunks.into(), "chunk", "chunks"),
+            told::counted(self.items, "item", "items"),
+            told::per_second(self.items, elapsed),
+        );
+    }
+
+    /// How the call ended, once, when its chunks are not told one by one.
+    fn end_notice(&self, job_id: &str) {
+        let done = match (&self.first_key, &self.last_key) {
+            (Some(first), Some(last)) if self.chunks > 0 => format!(
+                "committed {}, {}, keys {first} to {last}{}",
+                told::counted(self.chunks.into(), "chunk", "chunks"),
+                told::counted(self.items, "item", "items"),
+                if self.skipped == 0 {
+                    String::new()
+                } else {
+                    format!(
+                        ", {} of them skipped (their rows had drifted)",
+                        self.skipped
+                    )
+                },
+            ),
+            _ => "committed nothing".to_string(),
+        };
+        let status = if self.paused {
+            "paused"
+        } else {
+            self.status.as_str()
+        };
+        notice!("job \"{job_id}\": this call {done}; the job is {status}");
+    }
+}
+
+/// The NOTICE of a committed chunk, at etc_batch.progress_interval 0.
+fn committed_notice(
+    number: i32,
+    total: i32,
+    items: i64,
+    skipped: usize,
+    first_key: &str,
+    last_key: &str,
+) {
+    notice!(
+        "chunk {number} of {total} committed: {items} item{}, keys {first_key} to {last_key}{}",
+        if items == 1 { "" } else { "s" },
+        if skipped == 0 {
+            String::new()
+        } else {
+            format!(", {skipped} of them skipped (their rows had drifted)")
+        },
+    );
 }
 
 impl Job {
@@ -571,29 +647,6 @@ impl Job {
             last_key: chunk.last_key,
             last,
         })
-    }
-
-    /// The NOTICE of a committed chunk, when anyone would receive it.
-    fn committed_notice(
-        &self,
-        number: i32,
-        total: i32,
-        items: i64,
-        skipped: usize,
-        first_key: &str,
-        last_key: &str,
-    ) {
-        if crate::activity::notices_are_sent() {
-            notice!(
-                "chunk {number} of {total} committed: {items} item{}, keys {first_key} to {last_key}{}",
-                if items == 1 { "" } else { "s" },
-                if skipped == 0 {
-                    String::new()
-                } else {
-                    format!(", {skipped} of them skipped (their rows had drifted)")
-                },
-            );
-        }
     }
 
     /// Every chunk of a parallel job is committed: the job is done, once its chunk rows
