@@ -116,6 +116,27 @@ BEGIN
     UPDATE alt.jobs SET next_index = item_count WHERE job_id = p_job;
 END $$;
 
+-- F: the bare chunked UPDATE a DBA writes when nobody asks for an approval or an audit:
+-- the next chunk of keys in key order, by the primary key's index, changed, COMMIT; no
+-- frozen list, no checkpoint, no audit. What the safety of the others costs is measured
+-- against it.
+CREATE PROCEDURE alt.update_in_chunks(p_tenant text, p_chunk int) LANGUAGE plpgsql AS $$
+DECLARE
+    v_last int := 0;
+    v_upto int;
+BEGIN
+    LOOP
+        SELECT max(id) INTO v_upto
+          FROM (SELECT id FROM orders WHERE tenant = p_tenant AND id > v_last
+                 ORDER BY id LIMIT p_chunk) s;
+        EXIT WHEN v_upto IS NULL;
+        UPDATE orders SET status = 'cancelled', revision = revision + 1
+         WHERE tenant = p_tenant AND id > v_last AND id <= v_upto AND status = 'pending';
+        v_last := v_upto;
+        COMMIT;
+    END LOOP;
+END $$;
+
 -- Chains: the seed's exec_batch_from_id, made correct the way the seed says (lock, check
 -- the status after the lock, COMMIT before the next step), as a loop.
 CREATE TABLE alt.batch_log (id bigint PRIMARY KEY, status text NOT NULL, command text NOT NULL);

@@ -55,7 +55,6 @@ def application(db, stop, latencies, seed):
 
     rnd = random.Random(seed)
     with connect(db) as c:
-        c.execute("SET client_min_messages = warning")
         while not stop.is_set():
             tenant = "A" if rnd.random() < 0.25 else rnd.choice("BCD")
             t = time.perf_counter()
@@ -78,7 +77,6 @@ def under(db, seconds=None, drain_job=None):
     t = time.perf_counter()
     if drain_job:
         with connect(db) as c:
-            c.execute("SET client_min_messages = warning")
             status = c.execute("CALL etc_batch.drain_job(%s)", (drain_job,)).fetchone()[4]
             assert status == "done", status
     else:
@@ -99,7 +97,6 @@ def under(db, seconds=None, drain_job=None):
 
 def measure(db, seconds=5):
     with connect(db) as c:
-        c.execute("SET client_min_messages = warning")
         fresh_table(c)
     out = {"items": ITEMS, "chunk": CHUNK, "sessions": SESSIONS}
     out["without"] = under(db, seconds=seconds)
@@ -107,7 +104,6 @@ def measure(db, seconds=5):
         register(c, "latency-unpaced")
     out["unpaced"] = under(db, drain_job="latency-unpaced")
     with connect(db) as c:
-        c.execute("SET client_min_messages = warning")
         fresh_table(c)
         register(c, "latency-paced")
         rate = max(1, out["unpaced"]["drain_rows_per_s"] // 5)

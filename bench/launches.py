@@ -70,8 +70,6 @@ def sessions(db, orders, chunk, n):
         job = f"sessions-{n}-{chunk}-{time.monotonic_ns()}"
         register(c, job, chunk)
     conns = [connect(db) for _ in range(n)]
-    for conn in conns:
-        conn.execute("SET client_min_messages = warning")
     barrier = threading.Barrier(n + 1)
     errors = []
 
@@ -105,7 +103,6 @@ def workers(db, orders, chunk, n):
         fresh(c, orders)
         job = f"workers-{n}-{chunk}-{time.monotonic_ns()}"
         register(c, job, chunk)
-        c.execute("SET client_min_messages = warning")
         launch_id = c.execute("SELECT launch_id FROM etc_batch.launch_job(%s, %s)", (job, n)).fetchone()[0]
         returned = c.execute("SELECT clock_timestamp()").fetchone()[0]
         deadline = time.monotonic() + 600

@@ -298,6 +298,7 @@ empty_cluster_dir() {
 }
 
 # cluster_init NAME PORT [postgresql.conf lines...]: a cluster made by initdb, not started.
+# CLUSTER_FOR=demo or bench: a cluster with etc_batch's settings at their defaults.
 # Data and socket live in target/pg/NAME; the superuser is "postgres", trusted locally.
 # INITDB_OPTIONS, if set, are more options of initdb.
 cluster_init() {
@@ -314,9 +315,10 @@ cluster_init() {
         echo "unix_socket_directories = '$dir'"
         echo "max_connections = 100"
         echo "fsync = off"
-        # every chunk and step told as it commits, the output the tests compare; the tests
-        # of the default (at most one NOTICE a second) set it in their sessions
-        echo "etc_batch.progress_interval = 0"
+        # a test cluster tells every chunk and step as it commits, the output the tests
+        # compare (the tests of the default set it in their sessions); the demo's and the
+        # benchmark's (CLUSTER_FOR) run as a DBA's server does, at the default
+        if [ "${CLUSTER_FOR:-tests}" = tests ]; then echo "etc_batch.progress_interval = 0"; fi
         printf '%s\n' "$@"
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
 }
