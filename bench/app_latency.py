@@ -15,15 +15,11 @@ import statistics
 import threading
 import time
 
-import psycopg
+from common import connect
 
 ITEMS = 200_000
 CHUNK = 1000
 SESSIONS = 2
-
-
-def connect(db, **kw):
-    return psycopg.connect(dbname=db, autocommit=True, **kw)
 
 
 def fresh_table(c):

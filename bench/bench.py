@@ -51,10 +51,10 @@ import threading
 import time
 from pathlib import Path
 
-import psycopg
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from common import connect, lsn, summary, wal_since  # noqa: E402
 
 CHUNKS = (10, 100, 1000)
 METHODS = ("A", "J", "B", "C", "D", "E", "F")
@@ -70,23 +70,6 @@ NAMES = {
 # the methods whose WAL per item is measured, and those that register an approval
 WAL_METHODS = ("A", "J", "F")
 REGISTERING = ("A", "J")
-
-
-def connect(db, **kw):
-    """Every method runs with client_min_messages at its default, notice, as psql and
-    pg_cron sessions have it: what etc_batch tells its caller (at most a NOTICE a second
-    and one at the end of a call, etc_batch.progress_interval's default) is part of what
-    it costs. The alternatives send none; the client drops them (quiet)."""
-    kw.setdefault("autocommit", True)
-    return psycopg.connect(dbname=db, **kw)
-
-
-def lsn(c):
-    return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-
-
-def wal_since(c, since):
-    return int(c.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (since,)).fetchone()[0])
 
 
 def history_bytes(c):
@@ -107,11 +90,6 @@ def backend_cpu(conn):
         return None
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def quiet(conn):
-    conn.add_notice_handler(lambda d: None)
-    return conn
 
 
 class Bench:
@@ -167,7 +145,7 @@ class Bench:
     # -- the drains --------------------------------------------------------------------
 
     def run(self, method, chunk, sync_commit):
-        with quiet(connect(self.db)) as c:
+        with connect(self.db) as c:
             self.fresh_orders(c)
             c.execute(f"SET synchronous_commit = {sync_commit}")
             job = f"{method}-{chunk}-{time.monotonic_ns()}"
@@ -274,7 +252,7 @@ class Bench:
 
     def chains(self, steps, seed_first=False):
         out = {}
-        with quiet(connect(self.db)) as c:
+        with connect(self.db) as c:
             c.execute("TRUNCATE etc_batch.batch_log, alt.batch_log")
             c.execute(
                 "SELECT etc_batch.add_step('bench', 'SELECT 1', g) FROM generate_series(1, %s) g", (steps,)
@@ -310,7 +288,7 @@ class Bench:
         all; "parallel", one parallel job for all; "C separate", the hand-written loop C
         (alt.drain_per_chunk) on a job of its own each: what this machine allows
         several sessions at once, whoever wrote the loop."""
-        with quiet(connect(self.db)) as c:
+        with connect(self.db) as c:
             self.fresh_orders(c)
             jobs = []
             parts = drainers if mode in ("separate", "C separate") else 1
@@ -340,7 +318,7 @@ class Bench:
 
         def drain(job):
             try:
-                with quiet(connect(self.db)) as c:
+                with connect(self.db) as c:
                     barrier.wait(60)
                     c.execute(call, (job,))
             except Exception as e:  # reported below
@@ -357,10 +335,6 @@ class Bench:
         with connect(self.db) as c:
             self.check(c)
         return self.orders / seconds
-
-
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
 def environment(db):

@@ -20,6 +20,8 @@ import time
 
 import psycopg
 
+from common import lsn, wal_since
+
 
 def rss_anon_kb(pid):
     """The backend's private, anonymous memory (palloc'd contexts, Rust heap): what
@@ -65,14 +67,6 @@ class Watch:
 
 def mb(kb):
     return round(kb / 1024, 1)
-
-
-def wal_bytes(c, since):
-    return int(c.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (since,)).fetchone()[0])
-
-
-def lsn(c):
-    return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
 
 def chunk_times(c, audit, chunks, samples):
@@ -200,7 +194,7 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
         t = time.perf_counter()
         pruned = c.execute("SELECT * FROM etc_batch.prune_history('1 microsecond')").fetchone()
         r["prune_seconds"] = round(time.perf_counter() - t, 3)
-        r["prune_wal_bytes"] = wal_bytes(c, since)
+        r["prune_wal_bytes"] = wal_since(c, since)
         r["pruned"] = list(pruned)
         r["tables_left"] = c.execute(
             "SELECT count(*) FROM pg_class WHERE relnamespace = 'etc_batch'::regnamespace "

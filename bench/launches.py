@@ -16,20 +16,10 @@ import statistics
 import threading
 import time
 
-import psycopg
+from common import connect, summary
 
 DRAINERS = (1, 2, 4)
 CHUNKS = (100, 1000)
-
-
-def connect(db, **kw):
-    conn = psycopg.connect(dbname=db, autocommit=True, **kw)
-    conn.add_notice_handler(lambda d: None)
-    return conn
-
-
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
 def fresh(c, orders):

@@ -14,24 +14,13 @@ each; the time per chunk of each, the ratio the median of the repetitions' own (
 analyzed over analyzed).
 """
 
-import statistics
 import time
 
-import psycopg
+from common import connect, summary
 
 CHUNKS = (100, 1000)
 STATS_ROWS = 1_000_000
 STATS_CHUNK = 5000
-
-
-def connect(db, **kw):
-    conn = psycopg.connect(dbname=db, autocommit=True, **kw)
-    conn.add_notice_handler(lambda d: None)
-    return conn
-
-
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
 def orders_table(c, name, orders, revision):
