@@ -219,12 +219,18 @@ install_extension() {
     as_root cp "$ROOT"/sql/released/etc_batch--*.sql "$share/"
 }
 
+# cargo_field FIELD [TREE]: a field of the [package] of TREE's Cargo.toml (this tree's by
+# default), e.g. version, the extension's version; authors gives the one author's text.
+cargo_field() {
+    sed -n "s/^$1 = \[\{0,1\}\"\([^\"]*\)\"\]\{0,1\}\$/\1/p" "${2:-$ROOT}/Cargo.toml" | head -1
+}
+
 # install_packaged: the files of this tree's package for PostgreSQL 15 (scripts/package
 # 15), as apt would put them under /usr, into the private copy of PostgreSQL 15: the
 # library users install, without building it again.
 install_packaged() {
     local version tree
-    version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+    version=$(cargo_field version)
     tree="$ROOT/target/packages/build/postgresql-15-etc-batch_$version/deb"
     [ -d "$tree/usr" ] || { echo "no package was built for 15: run scripts/package 15" >&2; return 1; }
     log "installing the files of postgresql-15-etc-batch $version"
