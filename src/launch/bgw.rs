@@ -171,6 +171,14 @@ pub fn take_signals() {
 /// Connects to `database` as `role` (InvalidOid: as no role of a person's, for the
 /// supervisor and the launcher, which run only etc_batch's own statements).
 pub fn connect(database: pg_sys::Oid, role: pg_sys::Oid) {
+    // From PostgreSQL 17 on a worker may connect as a role without LOGIN, when asked to:
+    // the role that launched it (or a step's author) is already at work in a session of
+    // its own, and NOLOGIN is about logging in. On 15 and 16 the launch refuses such a
+    // role before any worker starts (start.rs), since a worker there could not connect.
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    let flags = pg_sys::BGWORKER_BYPASS_ROLELOGINCHECK;
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+    let flags = 0;
     // SAFETY: once, before any transaction
-    unsafe { pg_sys::BackgroundWorkerInitializeConnectionByOid(database, role, 0) };
+    unsafe { pg_sys::BackgroundWorkerInitializeConnectionByOid(database, role, flags) };
 }
