@@ -7,16 +7,19 @@ CREATE EXTENSION IF NOT EXISTS etc_batch;
 \set SHOW_CONTEXT never
 
 -- The workers run on their own: this waits until a launch has ended and every run of
--- its workers too, and says how the launch ended.
+-- its workers too (one statement, one snapshot, each time round), and says how the
+-- launch ended.
 CREATE FUNCTION wait_for(which bigint) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     s text;
+    busy boolean;
 BEGIN
     FOR i IN 1 .. 1200 LOOP
-        SELECT l.status INTO s FROM etc_batch.launch l WHERE l.launch_id = which;
-        EXIT WHEN s IS DISTINCT FROM 'running'
-              AND NOT EXISTS (SELECT FROM etc_batch.launch_run r
-                               WHERE r.launch_id = which AND r.ended_at IS NULL);
+        SELECT l.status, EXISTS (SELECT FROM etc_batch.launch_run r
+                                  WHERE r.launch_id = l.launch_id AND r.ended_at IS NULL)
+          INTO s, busy
+          FROM etc_batch.launch l WHERE l.launch_id = which;
+        EXIT WHEN NOT FOUND OR (s IS DISTINCT FROM 'running' AND NOT busy);
         PERFORM pg_sleep(0.05);
     END LOOP;
     RETURN s;
