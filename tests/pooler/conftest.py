@@ -223,9 +223,18 @@ def _stop(proc):
         proc.wait(10)
 
 
+class PortTaken(Exception):
+    """PgBouncer could not listen on its port: something took it after it was found free."""
+
+
 @pytest.fixture(scope="module")
 def bouncer(pg):
-    """PgBouncer in transaction mode in front of the cluster under test."""
+    """PgBouncer in transaction mode in front of the cluster under test.
+
+    A port found free can be taken before PgBouncer binds it, by another program or as
+    the source port of an outgoing connection (the test ports lie in Linux's ephemeral
+    range); PgBouncer then says so and exits, and is started again on a port the kernel
+    picks."""
     if os.path.exists(PGBOUNCER):
         binary = PGBOUNCER
     else:
@@ -233,9 +242,23 @@ def bouncer(pg):
     if binary is None:
         pytest.fail(f"{PGBOUNCER} not found (install the pgbouncer package)", pytrace=False)
     BOUNCER_DIR.mkdir(parents=True, exist_ok=True)
-    for leftover in ("pgbouncer.pid", "pgbouncer.log"):
+    for preferred in (55450, 0, 0):
+        b = _start_bouncer(binary, pg, _free_port(preferred))
+        if b is not None:
+            break
+    else:
+        pytest.fail("pgbouncer found no port to listen on, three times", pytrace=False)
+    try:
+        yield b
+    finally:
+        b.close_connections()
+        _stop(b.proc)
+
+
+def _start_bouncer(binary, pg, port):
+    """PgBouncer on `port`, accepting connections; None when the port was taken."""
+    for leftover in ("pgbouncer.pid", "pgbouncer.log", "stderr.log"):
         (BOUNCER_DIR / leftover).unlink(missing_ok=True)
-    port = _free_port()
     _write_config(BOUNCER_DIR, port)
 
     popen_user = {}
@@ -245,34 +268,38 @@ def bouncer(pg):
         for path in [BOUNCER_DIR, *BOUNCER_DIR.iterdir()]:
             os.chown(path, pw.pw_uid, pw.pw_gid)
         popen_user = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
-    proc = subprocess.Popen(
-        [binary, str(BOUNCER_DIR / "pgbouncer.ini")],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(BOUNCER_DIR / "stderr.log", "wb"),
-        cwd=BOUNCER_DIR,
-        **popen_user,
-    )
+    with open(BOUNCER_DIR / "stderr.log", "wb") as stderr:
+        proc = subprocess.Popen(
+            [binary, str(BOUNCER_DIR / "pgbouncer.ini")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=BOUNCER_DIR,
+            **popen_user,
+        )
     b = Bouncer(port, BOUNCER_DIR, proc)
+
+    def accepting():
+        if proc.poll() is not None:
+            said = b.log() + (BOUNCER_DIR / "stderr.log").read_text()
+            if "Address already in use" in said:
+                raise PortTaken(said)
+            raise AssertionError(f"pgbouncer exited with {proc.returncode}: {said}")
+        try:
+            with connect_bouncer(port, pg.name, connect_timeout=2) as conn:
+                return conn.execute("SELECT 1").fetchone()[0] == 1
+        except psycopg.OperationalError:
+            return False
+
     try:
-
-        def accepting():
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"pgbouncer exited with {proc.returncode}: {b.log()}"
-                    f"{(BOUNCER_DIR / 'stderr.log').read_text()}"
-                )
-            try:
-                with connect_bouncer(port, pg.name, connect_timeout=2) as conn:
-                    return conn.execute("SELECT 1").fetchone()[0] == 1
-            except psycopg.OperationalError:
-                return False
-
         wait_until(accepting, f"pgbouncer to accept connections on 127.0.0.1:{port}")
-        yield b
-    finally:
+    except PortTaken:
+        return None
+    except BaseException:
         b.close_connections()
         _stop(proc)
+        raise
+    return b
 
 
 @pytest.fixture(autouse=True)
