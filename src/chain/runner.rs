@@ -276,7 +276,8 @@ struct Told {
 /// Why a call stopped running steps.
 #[derive(Default)]
 enum Ended {
-    /// Its batch has no step after the last one it ran or skipped.
+    /// Its batch has no step after the last one it ran or skipped. (Steps before the
+    /// one it began with may still be pending: the call does not say the batch is done.)
     #[default]
     AtTheEnd,
     /// Another caller holds the step.
@@ -299,7 +300,7 @@ impl Told {
     /// How the call ended, once, when its steps are not told one by one.
     fn end_notice(&self, batch: &str) {
         let ended = match self.ended {
-            Ended::AtTheEnd => "the batch is done".to_string(),
+            Ended::AtTheEnd => "it ran to the batch's last step".to_string(),
             Ended::Yielded(id) => format!("step {id} is another caller's"),
             Ended::Paused(id) => format!("the batch is paused at step {id}"),
         };

@@ -127,7 +127,8 @@ SET etc_batch.progress_interval = '1s';
 CALL etc_batch.exec_batch_from_id({first});
 """, tmp_path)
     *progress, end = notices
-    assert end == f'batch "{batch}": this call committed {steps} steps; the batch is done', notices
+    assert end == (f'batch "{batch}": this call committed {steps} steps; '
+                   "it ran to the batch's last step"), notices
     assert 2 <= len(progress) <= took, (took, notices)
     seen = [CHAIN_PROGRESS.match(n) for n in progress]
     assert all(seen), notices
@@ -144,4 +145,4 @@ SET etc_batch.progress_interval = '1s';
 CALL etc_batch.exec_batch_from_id({first});
 """, tmp_path)
     assert notices == [f'batch "{batch}": this call committed nothing, skipped {steps} steps '
-                       f'already done; the batch is done'], notices
+                       "already done; it ran to the batch's last step"], notices
