@@ -16,8 +16,8 @@ BEGIN
     END IF;
     EXECUTE format('ALTER TABLE etc_batch.job_item ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                    'job_item_' || job_number, job_id);
-    EXECUTE format('ALTER TABLE etc_batch.job_audit ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
-                   'job_audit_' || job_number, job_id);
+    EXECUTE format('ALTER TABLE etc_batch.job_audit_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                   'job_audit_chunk_' || job_number, job_id);
 END
 $$;
 REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
@@ -182,20 +182,6 @@ REVOKE ALL ON FUNCTION etc_batch.launch_batch(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.stop_launch(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.resume_launches() FROM PUBLIC;
 
-CREATE OR REPLACE VIEW etc_batch.job_audit_items AS
-SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
-       i.guards, a.chunk, a.txid, a.committed_at,
-       CASE WHEN a.skipped THEN 'skipped' ELSE 'changed' END AS outcome, a.found,
-       CASE j.guard WHEN 'revision' THEN 'revision ' || pg_catalog.quote_ident(j.revision_column)
-                    WHEN 'row' THEN 'row digest'
-                    ELSE 'columns' END AS guarded_by
-  FROM etc_batch.job_audit a
-  JOIN etc_batch.job_item i ON i.job_id = a.job_id AND i.position = a.position
-  JOIN etc_batch.job j ON j.job_id = a.job_id;
-
-COMMENT ON VIEW etc_batch.job_audit_items IS
-    'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
-
 -- register_job and register_job_from_query take a key of several columns, a guard and
 -- what to do with a drifted item, and name the key by the primary key unless told;
 -- job_summary counts skipped items and shows the last failure: made again, with the
@@ -279,12 +265,15 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     items text := 'job_item_' || job_number;
-    audit text := 'job_audit_' || job_number;
+    audit text := 'job_audit_chunk_' || job_number;
 BEGIN
     EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
                         CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
-    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit INCLUDING CONSTRAINTS
-                        INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (position))', audit, job_id);
+    -- keyed by both ends: a chunk's row found from its first position (what the
+    -- checkpoint passed) or its last (whether any audit lies at or beyond a position)
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit_chunk INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
+                   audit, job_id);
     EXECUTE format('CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.%I
                         FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
                    items, 'item_changes', job_id);
@@ -340,9 +329,6 @@ COMMENT ON COLUMN etc_batch.job.failed_at IS
     'When a drain of the job last failed for a reason other than a conflict (a constraint, a trigger, a permission, a timeout), with failure_sqlstate, failure_message and failure_chunk; the chunk was rolled back and the job is still pending.';
 COMMENT ON COLUMN etc_batch.job.seconds_at_work IS
     'Wall-clock seconds some drainer spent at work on the job, chunks and the waits between them, not time paused or with nobody draining: what the estimated finish is reckoned from.';
-COMMENT ON TABLE etc_batch.job_audit IS
-    'One row per item of a committed chunk, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision (or row digest) the change left the row at, the chunk, the transaction and its time; for an item a job approved with on_drift => skip left unchanged because its row had drifted or gone, skipped and the row found (JSON null when it was gone). One partition per job, job_audit_<job_number>, keyed by position.';
-
 -- A drainer at work shows while it waits between chunks; the rate and the estimated
 -- finish count only time at work; a failed drain, a skipped item, a continued job.
 -- job_progress shows a job to the roles with the privileges of the one that registered
@@ -559,7 +545,7 @@ BEGIN
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
-                       'job_item_' || gone.job_number, 'job_audit_' || gone.job_number);
+                       'job_item_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN
             EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I', 'job_chunk_' || gone.job_number);
         END IF;
@@ -987,3 +973,149 @@ COMMENT ON FUNCTION etc_batch.current_run() IS
     'The run key of the run whose step is running in this session; NULL outside one.';
 REVOKE ALL ON FUNCTION etc_batch.define_chain(text, text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.abandon_run(text, text) FROM PUBLIC;
+
+-- The audit, one row per chunk instead of one per item (see sql/jobs.sql): every job's
+-- audit partition is converted, and etc_batch.job_audit becomes a view that shows it
+-- one row per item as before, to the roles that could read the table.
+CREATE TABLE etc_batch.job_audit_chunk (
+    job_id          text        NOT NULL,
+    first_position  integer     NOT NULL CHECK (first_position >= 0),
+    last_position   integer     NOT NULL,
+    chunk           integer     NOT NULL,
+    txid            bigint      NOT NULL,
+    committed_at    timestamptz NOT NULL,
+    revisions_after bigint[]    NOT NULL,
+    skipped         integer[],
+    found           jsonb,
+    CHECK (last_position = first_position + pg_catalog.cardinality(revisions_after) - 1)
+) PARTITION BY LIST (job_id);
+
+COMMENT ON TABLE etc_batch.job_audit_chunk IS
+    'One row per committed chunk, written in the same transaction as the change and the checkpoint: the positions of its approved items in job_item (first_position to last_position), the transaction and its time, and for each position in order the revision (or row digest) the change left the row at (NULL for a job guarded by named columns, and for an item skipped); skipped lists the positions of the items a job approved with on_drift => skip left unchanged because their rows had drifted or gone, and found the rows found, a JSON array in the same order (JSON null for a row gone). One partition per job, job_audit_chunk_<job_number>, keyed by first_position. etc_batch.job_audit shows it one row per item.';
+
+CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit_chunk
+    FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
+CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit_chunk
+    FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
+
+CREATE FUNCTION etc_batch.chunk_audit_items(first_position integer, revisions_after bigint[],
+                                            skipped_positions integer[], found_rows jsonb)
+RETURNS TABLE ("position" integer, revision_after bigint, skipped boolean, found jsonb)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+SELECT p.position, u.revision_after, s.k IS NOT NULL, $4 OPERATOR(pg_catalog.->) (s.k OPERATOR(pg_catalog.-) 1)
+  FROM pg_catalog.unnest($2) WITH ORDINALITY AS u(revision_after, n),
+       LATERAL (SELECT ($1 OPERATOR(pg_catalog.+) u.n OPERATOR(pg_catalog.-) 1)::pg_catalog.int4 AS position) p,
+       LATERAL (SELECT pg_catalog.array_position($3, p.position) AS k) s;
+END;
+
+-- A job's audit rows, one per chunk: the rows of each chunk in runs of consecutive
+-- positions (a chunk's rows always are one run, unless someone removed some by hand,
+-- which the job's audit_changes counter says already), each run's revisions in order.
+DO $convert$
+DECLARE
+    j record;
+    chunks text;
+BEGIN
+    FOR j IN
+        SELECT x.job_id, x.job_number, x.registered_by, pg_roles.oid IS NOT NULL AS role_exists
+          FROM etc_batch.job x
+          LEFT JOIN pg_catalog.pg_roles ON pg_roles.oid = x.registered_by
+         WHERE pg_catalog.to_regclass(format('etc_batch.%I', 'job_audit_' || x.job_number)) IS NOT NULL
+         ORDER BY x.job_number
+    LOOP
+        chunks := 'job_audit_chunk_' || j.job_number;
+        EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit_chunk INCLUDING CONSTRAINTS,
+                            CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
+                       chunks, j.job_id);
+        -- made by this script, it would belong to the extension; a registration's are
+        -- tables of their own, which pg_dump keeps with their rows
+        EXECUTE format('ALTER EXTENSION etc_batch DROP TABLE etc_batch.%I', chunks);
+        EXECUTE format('INSERT INTO etc_batch.%I
+                        SELECT r.job_id, pg_catalog.min(r.position), pg_catalog.max(r.position), r.chunk,
+                               pg_catalog.min(r.txid), pg_catalog.min(r.committed_at),
+                               pg_catalog.array_agg(CASE WHEN NOT r.skipped THEN r.revision_after END
+                                                    ORDER BY r.position),
+                               pg_catalog.array_agg(r.position ORDER BY r.position) FILTER (WHERE r.skipped),
+                               pg_catalog.jsonb_agg(COALESCE(r.found, ''null''::jsonb) ORDER BY r.position)
+                                   FILTER (WHERE r.skipped)
+                          FROM (SELECT a.*, a.position - pg_catalog.row_number() OVER (PARTITION BY a.chunk
+                                                                                   ORDER BY a.position) AS run
+                                  FROM etc_batch.%I a) r
+                         GROUP BY r.job_id, r.chunk, r.run',
+                       chunks, 'job_audit_' || j.job_number);
+        EXECUTE format('CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.%I
+                            FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
+                       chunks, 'audit_changes', j.job_id);
+        IF j.role_exists THEN
+            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', chunks, j.registered_by::regrole);
+        END IF;
+        EXECUTE format('ALTER TABLE etc_batch.job_audit_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                       chunks, j.job_id);
+    END LOOP;
+END
+$convert$;
+
+-- Who could read the audit table reads the view, and the table of chunk rows: its
+-- grants, copied to the new table before the old one is dropped, then to the view.
+DO $grants$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT x.grantee
+          FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) x
+         WHERE c.oid = 'etc_batch.job_audit'::pg_catalog.regclass
+           AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT ON etc_batch.job_audit_chunk TO %s',
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+END
+$grants$;
+
+DROP VIEW etc_batch.job_audit_items;
+DROP TABLE etc_batch.job_audit;
+
+CREATE VIEW etc_batch.job_audit AS
+SELECT a.job_id, u.position, u.revision_after, a.chunk, a.txid, a.committed_at, u.skipped, u.found
+  FROM etc_batch.job_audit_chunk a,
+       etc_batch.chunk_audit_items(a.first_position, a.revisions_after, a.skipped, a.found) u;
+
+COMMENT ON VIEW etc_batch.job_audit IS
+    'The audit, one row per item of a committed chunk, as job_audit_chunk holds it: the position of its approved item in job_item (whose key, revision and guards never change), the revision (or row digest) the change left the row at, the chunk, the transaction and its time; for an item a job approved with on_drift => skip left unchanged because its row had drifted or gone, skipped and the row found (JSON null when it was gone). WHERE job_id = ... reads that job''s partition only.';
+
+CREATE VIEW etc_batch.job_audit_items AS
+SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
+       i.guards, a.chunk, a.txid, a.committed_at,
+       CASE WHEN a.skipped THEN 'skipped' ELSE 'changed' END AS outcome, a.found,
+       CASE j.guard WHEN 'revision' THEN 'revision ' || pg_catalog.quote_ident(j.revision_column)
+                    WHEN 'row' THEN 'row digest'
+                    ELSE 'columns' END AS guarded_by
+  FROM etc_batch.job_audit a
+  JOIN etc_batch.job_item i ON i.job_id = a.job_id AND i.position = a.position
+  JOIN etc_batch.job j ON j.job_id = a.job_id;
+
+COMMENT ON VIEW etc_batch.job_audit_items IS
+    'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
+
+REVOKE ALL ON etc_batch.job_audit, etc_batch.job_audit_items FROM PUBLIC;
+
+DO $grants$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT x.grantee
+          FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) x
+         WHERE c.oid = 'etc_batch.job_audit_chunk'::pg_catalog.regclass
+           AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT ON etc_batch.job_audit TO %s',
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+END
+$grants$;
+
+COMMENT ON COLUMN etc_batch.job.job_number IS
+    'Names the job''s partitions of job_item and job_audit_chunk: job_item_<job_number>, job_audit_chunk_<job_number>.';

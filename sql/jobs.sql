@@ -1,12 +1,12 @@
 -- Checkpointed jobs: a frozen, approved list of items, drained chunk by chunk.
 --
 -- The three tables hold the promise a checkpoint makes: job.next_index says that every
--- approved item (job_item) below it has been changed and audited (job_audit), in the same
+-- approved item (job_item) below it has been changed and audited (job_audit_chunk), in the same
 -- transaction, and nothing at or beyond it has. Like the chain tables, they belong to the
 -- extension's owner and only etc_batch's functions write them.
 --
--- job_item and job_audit are partitioned by job: each job has a partition of each,
--- job_item_<job_number> and job_audit_<job_number>, created when it is registered and
+-- job_item and job_audit_chunk are partitioned by job: each job has a partition of each,
+-- job_item_<job_number> and job_audit_chunk_<job_number>, created when it is registered and
 -- dropped whole when its history is pruned, so that neither a chunk's statements nor
 -- pruning ever depend on how many other jobs there are.
 
@@ -78,7 +78,7 @@ COMMENT ON COLUMN etc_batch.job.failed_at IS
 COMMENT ON COLUMN etc_batch.job.seconds_at_work IS
     'Wall-clock seconds some drainer spent at work on the job, chunks and the waits between them, not time paused or with nobody draining: what the estimated finish is reckoned from.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
-    'Names the job''s partitions of job_item and job_audit: job_item_<job_number>, job_audit_<job_number>.';
+    'Names the job''s partitions of job_item and job_audit_chunk: job_item_<job_number>, job_audit_chunk_<job_number>.';
 
 CREATE TABLE etc_batch.job_item (
     job_id   text    NOT NULL,
@@ -91,19 +91,21 @@ CREATE TABLE etc_batch.job_item (
 COMMENT ON TABLE etc_batch.job_item IS
     'The approved list, frozen at registration in key order: position, key, the revision the operator saw, and the guard values that must still hold. One partition per job, job_item_<job_number>, keyed by position.';
 
-CREATE TABLE etc_batch.job_audit (
+CREATE TABLE etc_batch.job_audit_chunk (
     job_id          text        NOT NULL,
-    position        integer     NOT NULL,
-    revision_after  bigint,
+    first_position  integer     NOT NULL CHECK (first_position >= 0),
+    last_position   integer     NOT NULL,
     chunk           integer     NOT NULL,
     txid            bigint      NOT NULL,
     committed_at    timestamptz NOT NULL,
-    skipped         boolean     NOT NULL DEFAULT false,
-    found           jsonb
+    revisions_after bigint[]    NOT NULL,
+    skipped         integer[],
+    found           jsonb,
+    CHECK (last_position = first_position + pg_catalog.cardinality(revisions_after) - 1)
 ) PARTITION BY LIST (job_id);
 
-COMMENT ON TABLE etc_batch.job_audit IS
-    'One row per item of a committed chunk, written in the same transaction as the change and the checkpoint: the position of its approved item in job_item (whose key, revision and guards never change), the revision (or row digest) the change left the row at, the chunk, the transaction and its time; for an item a job approved with on_drift => skip left unchanged because its row had drifted or gone, skipped and the row found (JSON null when it was gone). One partition per job, job_audit_<job_number>, keyed by position.';
+COMMENT ON TABLE etc_batch.job_audit_chunk IS
+    'One row per committed chunk, written in the same transaction as the change and the checkpoint: the positions of its approved items in job_item (first_position to last_position), the transaction and its time, and for each position in order the revision (or row digest) the change left the row at (NULL for a job guarded by named columns, and for an item skipped); skipped lists the positions of the items a job approved with on_drift => skip left unchanged because their rows had drifted or gone, and found the rows found, a JSON array in the same order (JSON null for a row gone). One partition per job, job_audit_chunk_<job_number>, keyed by first_position. etc_batch.job_audit shows it one row per item.';
 
 CREATE TABLE etc_batch.job_chunk (
     job_id       text        NOT NULL,
@@ -144,9 +146,9 @@ END
 $$;
 
 -- Row triggers on the parents are cloned onto every partition as it is attached.
-CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit
+CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit_chunk
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
-CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit
+CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit_chunk
     FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
 CREATE TRIGGER job_item_changed AFTER UPDATE OR DELETE ON etc_batch.job_item
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
@@ -167,12 +169,15 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     items text := 'job_item_' || job_number;
-    audit text := 'job_audit_' || job_number;
+    audit text := 'job_audit_chunk_' || job_number;
 BEGIN
     EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
                         CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
-    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit INCLUDING CONSTRAINTS
-                        INCLUDING DEFAULTS, CHECK (job_id = %L), PRIMARY KEY (position))', audit, job_id);
+    -- keyed by both ends: a chunk's row found from its first position (what the
+    -- checkpoint passed) or its last (whether any audit lies at or beyond a position)
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit_chunk INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
+                   audit, job_id);
     EXECUTE format('CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.%I
                         FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
                    items, 'item_changes', job_id);
@@ -203,8 +208,8 @@ BEGIN
     END IF;
     EXECUTE format('ALTER TABLE etc_batch.job_item ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                    'job_item_' || job_number, job_id);
-    EXECUTE format('ALTER TABLE etc_batch.job_audit ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
-                   'job_audit_' || job_number, job_id);
+    EXECUTE format('ALTER TABLE etc_batch.job_audit_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                   'job_audit_chunk_' || job_number, job_id);
 END
 $$;
 
@@ -212,6 +217,30 @@ $$;
 -- pg_dump keeps with their rows (see docs/upgrading.md, "Backups").
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_job_number_seq', '');
+
+-- A chunk's audit row as one row per item: the one rule for it, which the view
+-- job_audit and the statements that read one job's audit (src/job/tables.rs) share.
+-- Inlined into the statement that calls it (LANGUAGE sql, IMMUTABLE, no SET); its body,
+-- SQL-standard, is bound when it is made, whatever the caller's search_path. Anyone may
+-- call it: it reads nothing, and a reader of the view job_audit calls it.
+CREATE FUNCTION etc_batch.chunk_audit_items(first_position integer, revisions_after bigint[],
+                                            skipped_positions integer[], found_rows jsonb)
+RETURNS TABLE ("position" integer, revision_after bigint, skipped boolean, found jsonb)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+SELECT p.position, u.revision_after, s.k IS NOT NULL, $4 OPERATOR(pg_catalog.->) (s.k OPERATOR(pg_catalog.-) 1)
+  FROM pg_catalog.unnest($2) WITH ORDINALITY AS u(revision_after, n),
+       LATERAL (SELECT ($1 OPERATOR(pg_catalog.+) u.n OPERATOR(pg_catalog.-) 1)::pg_catalog.int4 AS position) p,
+       LATERAL (SELECT pg_catalog.array_position($3, p.position) AS k) s;
+END;
+
+CREATE VIEW etc_batch.job_audit AS
+SELECT a.job_id, u.position, u.revision_after, a.chunk, a.txid, a.committed_at, u.skipped, u.found
+  FROM etc_batch.job_audit_chunk a,
+       etc_batch.chunk_audit_items(a.first_position, a.revisions_after, a.skipped, a.found) u;
+
+COMMENT ON VIEW etc_batch.job_audit IS
+    'The audit, one row per item of a committed chunk, as job_audit_chunk holds it: the position of its approved item in job_item (whose key, revision and guards never change), the revision (or row digest) the change left the row at, the chunk, the transaction and its time; for an item a job approved with on_drift => skip left unchanged because its row had drifted or gone, skipped and the row found (JSON null when it was gone). WHERE job_id = ... reads that job''s partition only.';
 
 CREATE VIEW etc_batch.job_audit_items AS
 SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
@@ -227,8 +256,8 @@ SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revisi
 COMMENT ON VIEW etc_batch.job_audit_items IS
     'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
 
-REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit, etc_batch.job_chunk,
-              etc_batch.job_audit_items FROM PUBLIC;
+REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit_chunk, etc_batch.job_audit,
+              etc_batch.job_chunk, etc_batch.job_audit_items FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;

@@ -931,7 +931,7 @@ mod tests {
                 column: "qty".into(),
             },
             TableLayout {
-                table: "job_audit_7".into(),
+                table: "job_audit_chunk_7".into(),
                 column: "note".into(),
             },
             SerializationFailure,

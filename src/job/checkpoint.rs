@@ -149,13 +149,21 @@ pub fn recheck(job_id: &str, tables: &JobTables, range: &Range<i32>) -> Result<R
     })
 }
 
-/// The position of the first audit row at or beyond `position`, by one probe of the
-/// job's audit partition.
+/// The first position at or beyond `position` that the audit holds, by one probe of the
+/// job's audit partition: the first chunk row that ends there or later.
 pub fn first_audit_from(tables: &JobTables, position: i32) -> Result<Option<i32>> {
     own_rows::reading_table(&tables.audit_relname(), |audit| {
-        audit.first("position", Compare::AtLeast, Key::Int4(position), |row| {
-            Ok(row.get::<i32>("position")?.unwrap_or(-1))
-        })
+        audit.first(
+            "last_position",
+            Compare::AtLeast,
+            Key::Int4(position),
+            |row| {
+                Ok(row
+                    .get::<i32>("first_position")?
+                    .unwrap_or(-1)
+                    .max(position))
+            },
+        )
     })
 }
 

@@ -631,6 +631,7 @@ impl Job {
             audit.write(&ChunkAudit {
                 job_id: self.id(),
                 chunk: chunk.number,
+                range: chunk.range.clone(),
                 changed: &changed,
                 skipped: &skipped,
             })?;

@@ -1,8 +1,8 @@
 //! Every fixed statement the job functions send. As in `chain::sql`: schema-qualified
 //! names, OPERATOR(pg_catalog.x), values bound as parameters. The statements that name
 //! the business table are built per job in `target`; those that name a job's own
-//! partitions are templates here, with `{items}` and `{audit}` for the partitions'
-//! names (see `tables::JobTables::sql`): a chunk never reads a partitioned parent, so
+//! partitions are templates here, with `{items}`, `{audit_chunks}` and `{audit}` for the
+//! partitions (see `tables::JobTables::sql`): a chunk never reads a partitioned parent, so
 //! its statements cost the same however many jobs there are.
 
 /// Serializes registrations of one job id.
@@ -24,7 +24,7 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
        j.registered_by::pg_catalog.oid, j.fingerprint, j.target_name,
        j.search_path, j.handler IS NOT NULL, j.job_number,
        pg_catalog.to_regclass('etc_batch.job_item_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
-       AND pg_catalog.to_regclass('etc_batch.job_audit_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
+       AND pg_catalog.to_regclass('etc_batch.job_audit_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND (NOT j.parallel
             OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
        j.parallel, j.guard, j.on_drift,
@@ -69,8 +69,17 @@ SELECT i.item_key, i.revision, i.guards::pg_catalog.text
 /// the end of the transaction (see claim::stop).
 pub const LOCK_CHUNKS: &str = "LOCK TABLE {chunks} IN EXCLUSIVE MODE";
 
-/// A job's audit rows, counted.
-pub const AUDIT_ROWS: &str = "SELECT pg_catalog.count(*) FROM {audit}";
+/// A job's audit rows, counted: the items of its chunks' rows.
+pub const AUDIT_ROWS: &str = "\
+SELECT COALESCE(pg_catalog.sum(pg_catalog.cardinality(a.revisions_after)), 0)::pg_catalog.int8
+  FROM {audit_chunks} a";
+
+/// A job's audit one row per item, as the view etc_batch.job_audit shows it, read from
+/// the job's own partition `{audit_chunks}`: what `{audit}` stands for in a statement.
+pub const AUDIT_ITEMS: &str = "\
+(SELECT a.job_id, u.position, u.revision_after, a.chunk, a.txid, a.committed_at, u.skipped, u.found
+   FROM {audit_chunks} a,
+        etc_batch.chunk_audit_items(a.first_position, a.revisions_after, a.skipped, a.found) u)";
 
 /// A parallel job whose chunks are all committed, done: its row as a sequential job's
 /// reads when done, the checkpoint at the end with its seal. $1 job, $2 chunks, $3 the

@@ -1,5 +1,5 @@
-//! A job's own partitions of etc_batch.job_item and etc_batch.job_audit (and, for a
-//! parallel job, of etc_batch.job_chunk), named by its number: made when it is
+//! A job's own partitions of etc_batch.job_item and etc_batch.job_audit_chunk (and, for
+//! a parallel job, of etc_batch.job_chunk), named by its number: made when it is
 //! registered (sql/jobs.sql, create_job_tables), filled, then attached; read and written
 //! by its chunks directly, never through the parents.
 
@@ -20,16 +20,22 @@ impl JobTables {
         JobTables {
             number,
             items: format!("etc_batch.job_item_{number}"),
-            audit: format!("etc_batch.job_audit_{number}"),
+            audit: format!("etc_batch.job_audit_chunk_{number}"),
         }
     }
 
-    /// `template` (a statement of `job::sql`) with `{items}` and `{audit}` naming this
-    /// job's partitions.
+    /// `template` (a statement of `job::sql`) with `{items}` and `{audit_chunks}` naming
+    /// this job's partitions, and `{audit}` its audit one row per item, as the view
+    /// etc_batch.job_audit shows it (for the reads of the whole audit: verify_job, the
+    /// report, the remainder).
     pub fn sql(&self, template: &str) -> String {
         template
             .replace("{items}", &self.items)
-            .replace("{audit}", &self.audit)
+            .replace(
+                "{audit}",
+                &sql::AUDIT_ITEMS.replace("{audit_chunks}", &self.audit),
+            )
+            .replace("{audit_chunks}", &self.audit)
             .replace("{chunks}", &format!("etc_batch.{}", self.chunks_relname()))
     }
 
@@ -50,7 +56,7 @@ impl JobTables {
 
     /// The audit partition's name within schema etc_batch, for the audit writer.
     pub fn audit_relname(&self) -> String {
-        format!("job_audit_{}", self.number)
+        format!("job_audit_chunk_{}", self.number)
     }
 
     /// Makes the partitions, as tables of their own, empty. Run as the owner.
@@ -81,8 +87,14 @@ mod tests {
     fn statements_name_the_jobs_own_partitions() {
         let t = JobTables::of(42);
         assert_eq!(
-            t.sql("SELECT 1 FROM {items} i JOIN {audit} a USING (position)"),
-            "SELECT 1 FROM etc_batch.job_item_42 i JOIN etc_batch.job_audit_42 a USING (position)"
+            t.sql("SELECT 1 FROM {items} i JOIN {audit_chunks} a ON true"),
+            "SELECT 1 FROM etc_batch.job_item_42 i JOIN etc_batch.job_audit_chunk_42 a ON true"
         );
+        let per_item = t.sql("SELECT a.position FROM {audit} a");
+        assert!(
+            per_item.contains("FROM etc_batch.job_audit_chunk_42 a,"),
+            "{per_item}"
+        );
+        assert!(!per_item.contains('{'), "{per_item}");
     }
 }

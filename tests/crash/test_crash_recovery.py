@@ -752,10 +752,11 @@ def test_crash_with_a_chunk_written_but_not_committed(crash_cluster, crash_repor
     }
     # the job's own audit partition: a chunk never writes through the parent
     audit = admin.execute(
-        "SELECT 'etc_batch.job_audit_' || job_number FROM etc_batch.job WHERE job_id = %s", (job,)
+        "SELECT 'etc_batch.job_audit_chunk_' || job_number FROM etc_batch.job WHERE job_id = %s",
+        (job,)
     ).fetchone()[0]
     assert {audit, "etc_batch.job", table} <= written, written
-    assert "etc_batch.job_audit" not in written, written
+    assert "etc_batch.job_audit_chunk" not in written, written
     query = admin.execute(
         "SELECT query FROM pg_stat_activity WHERE pid = %s", (call.pid,)
     ).fetchone()[0]

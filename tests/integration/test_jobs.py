@@ -694,8 +694,9 @@ def test_audit_records_concurrent_chunks_in_commit_order(db, callers):
 
 
 def tamper_delete_audit_row(db, job, keys):
+    """The audit row of the first chunk (positions 0 to 9) removed."""
     db.admin.execute(
-        "DELETE FROM etc_batch.job_audit WHERE job_id = %s AND position = 4", (job,)
+        "DELETE FROM etc_batch.job_audit_chunk WHERE job_id = %s AND first_position = 0", (job,)
     )
 
 
@@ -711,16 +712,18 @@ def tamper_past_end(db, job, keys):
 
 def tamper_insert_foreign_audit_row(db, job, keys):
     db.admin.execute(
-        """INSERT INTO etc_batch.job_audit
-             (job_id, position, revision_after, chunk, txid, committed_at)
-           VALUES (%s, 20, 2, 3, txid_current(), now())""",
+        """INSERT INTO etc_batch.job_audit_chunk
+             (job_id, first_position, last_position, chunk, txid, committed_at, revisions_after)
+           VALUES (%s, 20, 20, 3, txid_current(), now(), '{2}')""",
         (job,),
     )
 
 
 def tamper_rewrite_audit_row(db, job, keys):
+    """The revision after of position 12 forged inside the second chunk's row."""
     db.admin.execute(
-        "UPDATE etc_batch.job_audit SET revision_after = 99 WHERE job_id = %s AND position = 12",
+        "UPDATE etc_batch.job_audit_chunk SET revisions_after[3] = 99"
+        " WHERE job_id = %s AND first_position = 10",
         (job,),
     )
 
@@ -1146,32 +1149,34 @@ def test_row_level_security_of_the_registering_role_applies(db, roles):
 
 
 def test_a_trigger_on_the_audit_sees_every_audit_row(db):
-    """A chunk's audit rows are written without a statement, except where the job's
-    audit partition has a trigger for INSERT: then by statements, so that a trigger a
-    DBA put on etc_batch.job_audit (and PostgreSQL cloned onto every partition) sees
-    every row, once."""
+    """A chunk's audit row is written without a statement, except where the job's
+    audit partition has a trigger for INSERT: then by a statement, so that a trigger a
+    DBA put on etc_batch.job_audit_chunk (and PostgreSQL cloned onto every partition)
+    sees every chunk's row, once."""
     keys = pick_keys(71, 25, range(1, 60))
     orders = Orders(db, "audit_trigger", a_ids=range(1, 60), b_ids=range(1, 10))
     job = db.new_batch("audit_trigger")
     seen = sql.Identifier(f"{job}_seen")
     fn = sql.Identifier(f"{job}_note")
-    db.admin.execute(sql.SQL("CREATE TABLE {} (job_id text, position int)").format(seen))
+    db.admin.execute(sql.SQL("CREATE TABLE {} (job_id text, first int, last int)").format(seen))
     db.admin.execute(sql.SQL(
         "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "INSERT INTO {seen} VALUES (NEW.job_id, NEW.position); RETURN NULL; END $$"
+        "INSERT INTO {seen} VALUES (NEW.job_id, NEW.first_position, NEW.last_position); "
+        "RETURN NULL; END $$"
     ).format(fn=fn, seen=seen))
-    register(db.connect(), job, orders.name, shuffled(orders.items(keys), 3))
+    register(db.connect(), job, orders.name, shuffled(orders.items(keys), 3), chunk_size=10)
     db.admin.execute(sql.SQL(
-        "CREATE TRIGGER seen AFTER INSERT ON etc_batch.job_audit FOR EACH ROW EXECUTE FUNCTION {}()"
+        "CREATE TRIGGER seen AFTER INSERT ON etc_batch.job_audit_chunk FOR EACH ROW "
+        "EXECUTE FUNCTION {}()"
     ).format(fn))
     try:
         assert drain(db.connect(), job)["status"] == "done"
     finally:
-        db.admin.execute("DROP TRIGGER IF EXISTS seen ON etc_batch.job_audit")
-    positions = db.admin.execute(
-        sql.SQL("SELECT position FROM {} WHERE job_id = %s ORDER BY position").format(seen), (job,)
+        db.admin.execute("DROP TRIGGER IF EXISTS seen ON etc_batch.job_audit_chunk")
+    chunks = db.admin.execute(
+        sql.SQL("SELECT first, last FROM {} WHERE job_id = %s ORDER BY first").format(seen), (job,)
     ).fetchall()
-    assert [r["position"] for r in positions] == list(range(25))
+    assert [(r["first"], r["last"]) for r in chunks] == [(0, 9), (10, 19), (20, 24)]
     assert_job_complete(db, orders, job, keys)
 
 
@@ -1226,9 +1231,9 @@ def test_a_column_added_to_the_audit_stops_the_drain_cleanly(db):
     job = db.new_batch("audit_column")
     register(db.connect(), job, orders.name, orders.items(keys), chunk_size=5)
     partition = db.admin.execute(
-        "SELECT 'job_audit_' || job_number AS p FROM etc_batch.job WHERE job_id = %s", (job,)
+        "SELECT 'job_audit_chunk_' || job_number AS p FROM etc_batch.job WHERE job_id = %s", (job,)
     ).fetchone()["p"]
-    db.admin.execute("ALTER TABLE etc_batch.job_audit ADD COLUMN note text")
+    db.admin.execute("ALTER TABLE etc_batch.job_audit_chunk ADD COLUMN note text")
     try:
         with pytest.raises(errors.ObjectNotInPrerequisiteState) as refused:
             drain(db.connect(), job)
@@ -1239,7 +1244,7 @@ def test_a_column_added_to_the_audit_stops_the_drain_cleanly(db):
         assert (job_row(db, job)["status"], job_row(db, job)["next_index"]) == ("pending", 0)
         assert audit_rows(db, job) == []
     finally:
-        db.admin.execute("ALTER TABLE etc_batch.job_audit DROP COLUMN IF EXISTS note")
+        db.admin.execute("ALTER TABLE etc_batch.job_audit_chunk DROP COLUMN IF EXISTS note")
     # a dropped column stays in the row type, invisible: the writer leaves it NULL
     assert drain(db.connect(), job)["status"] == "done"
     assert_job_complete(db, orders, job, keys)
@@ -1376,8 +1381,9 @@ def test_parallel_drainers_share_the_chunks_without_waiting(db):
 
 def tamper_parallel_audit_inside_open_chunk(db, job, number):
     db.admin.execute(
-        f"INSERT INTO etc_batch.job_audit_{number} (job_id, position, revision_after, chunk, txid, committed_at) "
-        "VALUES (%s, 25, 9, 3, 1, now())", (job,))
+        f"INSERT INTO etc_batch.job_audit_chunk_{number} "
+        "(job_id, first_position, last_position, chunk, txid, committed_at, revisions_after) "
+        "VALUES (%s, 25, 25, 3, 1, now(), '{9}')", (job,))
 
 
 def tamper_parallel_chunk_reopened(db, job, number):
@@ -1385,7 +1391,8 @@ def tamper_parallel_chunk_reopened(db, job, number):
 
 
 def tamper_parallel_audit_deleted(db, job, number):
-    db.admin.execute(f"DELETE FROM etc_batch.job_audit_{number} WHERE position = 3")
+    # the row of the chunk that holds position 3
+    db.admin.execute(f"DELETE FROM etc_batch.job_audit_chunk_{number} WHERE first_position = 0")
 
 
 PARALLEL_TAMPERING = {

@@ -314,7 +314,8 @@ TYPE_PROBES = {
     "bytea": "'\\x00'",
 }
 
-ETC_BATCH_RELATIONS = ["batch_log", "step_audit", "job", "job_item", "job_audit", "job_audit_items",
+ETC_BATCH_RELATIONS = ["batch_log", "step_audit", "job", "job_item", "job_audit", "job_audit_chunk",
+                       "job_audit_items",
                        "lease", "leases", "locks", "job_progress", "chain_progress"]
 CATALOG_RELATIONS = ["pg_locks", "pg_stat_activity", "pg_class", "pg_proc", "pg_namespace",
                      "pg_attribute", "pg_index", "pg_type", "pg_roles", "pg_extension",
@@ -797,7 +798,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     caller.row(register_sql(), (job3, "A", target, Jsonb(world.items("A", [10, 12])), 1,
                                 cancel, pending))
     caller.row("CALL etc_batch.drain_job(%s, 1)", (job3,))
-    admin.execute("UPDATE etc_batch.job_audit SET chunk = chunk WHERE job_id = %s", (job3,))
+    admin.execute("UPDATE etc_batch.job_audit_chunk SET chunk = chunk WHERE job_id = %s", (job3,))
     with pytest.raises(errors.DataCorrupted):
         caller.row("CALL etc_batch.drain_job(%s)", (job3,))
     assert job_state(db, job3)["status"] == "corrupt"
@@ -805,7 +806,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     caller.row(register_sql(), (job4, "B", target, Jsonb(world.items("B", [1, 2])), 1,
                                 cancel, pending))
     caller.row("CALL etc_batch.drain_job(%s, 1)", (job4,))
-    admin.execute("DELETE FROM etc_batch.job_audit WHERE job_id = %s", (job4,))
+    admin.execute("DELETE FROM etc_batch.job_audit_chunk WHERE job_id = %s", (job4,))
     checks = {c["check_name"]: c["ok"] for c in caller.rows(
         "SELECT * FROM etc_batch.verify_job(%s)", (job4,))}
     assert checks["changes outside etc_batch"] is False and checks["audit rows"] is False
@@ -1262,11 +1263,13 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
 
 # 3. privileges --------------------------------------------------------------------------
 
-# What PUBLIC may execute, as docs/security.md documents it: the lock helpers, and the
-# reports, which show a job only to its registrant and to readers of etc_batch.job.
+# What PUBLIC may execute, as docs/security.md documents it: the lock helpers, the
+# reports, which show a job only to its registrant and to readers of etc_batch.job, and
+# the function that unfolds a chunk's audit row, which reads nothing.
 PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(text,text)",
                    "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
-                   "etc_batch.job_summary(text)", "etc_batch.current_run()"}
+                   "etc_batch.job_summary(text)", "etc_batch.current_run()",
+                   "etc_batch.chunk_audit_items(integer,bigint[],integer[],jsonb)"}
 # What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
 # are the reader's own launches.
 PUBLIC_RELATIONS = {"job_progress", "launches"}
@@ -1298,7 +1301,8 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
     routines = extension_routines(db)
     names = {r["proname"] for r in routines}
     assert names == {"abandon_run", "abort_job", "acquire_lease", "add_step", "attach_job_tables",
-                     "check_lease", "count_job_changes", "create_job_tables", "current_run",
+                     "check_lease", "chunk_audit_items", "count_job_changes", "create_job_tables",
+                     "current_run",
                      "define_chain", "doctor", "drain_job",
                      "exec_batch_from_id", "job_report", "job_summary", "launch_batch", "launch_job",
                      "lock_key", "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
@@ -1347,7 +1351,7 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
               AND c.relkind IN ('r', 'v', 'm', 'S', 'p', 'f')
             GROUP BY c.relname""").fetchall()
     assert {r["relname"] for r in relations} >= {"batch_log", "step_audit", "job", "job_item",
-                                                 "job_audit", "job_audit_items", "lease",
+                                                 "job_audit", "job_audit_chunk", "job_audit_items", "lease",
                                                  "leases", "locks", "job_progress",
                                                  "chain_progress"}
     assert {r["relname"] for r in relations if r["public"]} == PUBLIC_RELATIONS

@@ -85,8 +85,20 @@ SELECT * FROM etc_batch.register_job('t-delete', 'Y', 'orders',
     (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
     4, '{"qty": 0}');
 CALL etc_batch.drain_job('t-delete', 1);
+-- an item's revision forged inside its chunk's audit row
+SELECT * FROM etc_batch.register_job('t-forge', 'Y', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
+    4, '{"qty": 0}');
+CALL etc_batch.drain_job('t-forge', 1);
+SELECT first_position, last_position, chunk, revisions_after FROM etc_batch.job_audit_chunk
+ WHERE job_id = 't-forge';
+UPDATE etc_batch.job_audit_chunk SET revisions_after[2] = revisions_after[2] + 1
+ WHERE job_id = 't-forge' AND first_position = 0;
+CALL etc_batch.drain_job('t-forge');
+\echo :LAST_ERROR_SQLSTATE
 CREATE TABLE snapshot AS SELECT * FROM orders;
-DELETE FROM etc_batch.job_audit WHERE job_id = 't-delete' AND position = 2;
+-- a chunk's audit row removed
+DELETE FROM etc_batch.job_audit_chunk WHERE job_id = 't-delete' AND first_position = 0;
 CALL etc_batch.drain_job('t-delete');
 \echo :LAST_ERROR_SQLSTATE
 SELECT status FROM etc_batch.job WHERE job_id = 't-delete';
@@ -117,7 +129,10 @@ CALL etc_batch.drain_job('t-seal');
 SELECT * FROM etc_batch.register_job('t-foreign', 'Y', 'orders',
     (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
     4, '{"qty": 0}');
-INSERT INTO etc_batch.job_audit VALUES ('t-foreign', 0, 2, 1, 0, now());
+-- a chunk's audit row copied from another job
+INSERT INTO etc_batch.job_audit_chunk
+SELECT 't-foreign', first_position, last_position, chunk, txid, committed_at, revisions_after, skipped, found
+  FROM etc_batch.job_audit_chunk WHERE job_id = 'festival-rest' AND first_position = 0;
 CALL etc_batch.drain_job('t-foreign');
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS rows_changed_by_tampered_jobs
