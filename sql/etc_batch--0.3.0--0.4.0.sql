@@ -14,8 +14,8 @@ BEGIN
         EXECUTE format('ALTER TABLE etc_batch.job_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                        'job_chunk_' || job_number, job_id);
     END IF;
-    EXECUTE format('ALTER TABLE etc_batch.job_item ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
-                   'job_item_' || job_number, job_id);
+    EXECUTE format('ALTER TABLE etc_batch.job_item_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                   'job_item_chunk_' || job_number, job_id);
     EXECUTE format('ALTER TABLE etc_batch.job_audit_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                    'job_audit_chunk_' || job_number, job_id);
 END
@@ -264,13 +264,15 @@ RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    items text := 'job_item_' || job_number;
+    items text := 'job_item_chunk_' || job_number;
     audit text := 'job_audit_chunk_' || job_number;
 BEGIN
-    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
-                        CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
-    -- keyed by both ends: a chunk's row found from its first position (what the
-    -- checkpoint passed) or its last (whether any audit lies at or beyond a position)
+    -- each keyed by both ends: a chunk's row found from its first position (where the
+    -- checkpoint stands) or its last (the row that holds a position; whether any audit
+    -- lies at or beyond a position)
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item_chunk INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
+                   items, job_id);
     EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit_chunk INCLUDING CONSTRAINTS,
                         CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
                    audit, job_id);
@@ -545,7 +547,7 @@ BEGIN
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
-                       'job_item_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
+                       'job_item_chunk_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN
             EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I', 'job_chunk_' || gone.job_number);
         END IF;
@@ -974,9 +976,25 @@ COMMENT ON FUNCTION etc_batch.current_run() IS
 REVOKE ALL ON FUNCTION etc_batch.define_chain(text, text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.abandon_run(text, text) FROM PUBLIC;
 
--- The audit, one row per chunk instead of one per item (see sql/jobs.sql): every job's
--- audit partition is converted, and etc_batch.job_audit becomes a view that shows it
--- one row per item as before, to the roles that could read the table.
+-- The frozen list and the audit, one row per chunk instead of one per item (see
+-- sql/jobs.sql): every job's partitions are converted, and etc_batch.job_item and
+-- etc_batch.job_audit become views that show them one row per item as before, to the
+-- roles that could read the tables.
+CREATE TABLE etc_batch.job_item_chunk (
+    job_id         text      NOT NULL,
+    first_position integer   NOT NULL CHECK (first_position >= 0),
+    last_position  integer   NOT NULL,
+    keys           text[]    NOT NULL,
+    revisions      bigint[]  NOT NULL,
+    guards         jsonb[],
+    CHECK (last_position = first_position + pg_catalog.cardinality(keys) - 1),
+    CHECK (pg_catalog.cardinality(revisions) = pg_catalog.cardinality(keys)),
+    CHECK (guards IS NULL OR pg_catalog.cardinality(guards) = pg_catalog.cardinality(keys))
+) PARTITION BY LIST (job_id);
+
+COMMENT ON TABLE etc_batch.job_item_chunk IS
+    'The approved list, frozen at registration in key order, one row per chunk of the job: the positions of its items (first_position to last_position), and for each in order its key, the revision the operator saw, and the guard values that must still hold (guards NULL when no item of the chunk has any). One partition per job, job_item_chunk_<job_number>, keyed by first_position. etc_batch.job_item shows it one row per item.';
+
 CREATE TABLE etc_batch.job_audit_chunk (
     job_id          text        NOT NULL,
     first_position  integer     NOT NULL CHECK (first_position >= 0),
@@ -997,6 +1015,21 @@ CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit_c
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
 CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit_chunk
     FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
+CREATE TRIGGER job_item_changed AFTER UPDATE OR DELETE ON etc_batch.job_item_chunk
+    FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
+CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item_chunk
+    FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
+
+CREATE FUNCTION etc_batch.chunk_items(first_position integer, item_keys text[],
+                                      item_revisions bigint[], item_guards jsonb[])
+RETURNS TABLE ("position" integer, item_key text, revision bigint, guards jsonb)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+SELECT ($1 OPERATOR(pg_catalog.+) u.n OPERATOR(pg_catalog.-) 1)::pg_catalog.int4, u.k, u.r,
+       COALESCE(u.g, '{}'::pg_catalog.jsonb)
+  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4))
+       WITH ORDINALITY AS u(k, r, g, n);
+END;
 
 CREATE FUNCTION etc_batch.chunk_audit_items(first_position integer, revisions_after bigint[],
                                             skipped_positions integer[], found_rows jsonb)
@@ -1009,28 +1042,48 @@ SELECT p.position, u.revision_after, s.k IS NOT NULL, $4 OPERATOR(pg_catalog.->)
        LATERAL (SELECT pg_catalog.array_position($3, p.position) AS k) s;
 END;
 
--- A job's audit rows, one per chunk: the rows of each chunk in runs of consecutive
--- positions (a chunk's rows always are one run, unless someone removed some by hand,
--- which the job's audit_changes counter says already), each run's revisions in order.
+-- Each job's rows, a chunk's to a row: its items by the chunk they belong to, its audit
+-- rows by their chunk, each in runs of consecutive positions (a chunk's rows always are
+-- one run, unless someone removed some by hand, which the job's counters say already).
 DO $convert$
 DECLARE
     j record;
-    chunks text;
+    items text;
+    audit text;
 BEGIN
     FOR j IN
-        SELECT x.job_id, x.job_number, x.registered_by, pg_roles.oid IS NOT NULL AS role_exists
+        SELECT x.job_id, x.job_number, x.chunk_size, x.registered_by,
+               pg_roles.oid IS NOT NULL AS role_exists
           FROM etc_batch.job x
           LEFT JOIN pg_catalog.pg_roles ON pg_roles.oid = x.registered_by
-         WHERE pg_catalog.to_regclass(format('etc_batch.%I', 'job_audit_' || x.job_number)) IS NOT NULL
+         WHERE pg_catalog.to_regclass(format('etc_batch.%I', 'job_item_' || x.job_number)) IS NOT NULL
+           AND pg_catalog.to_regclass(format('etc_batch.%I', 'job_audit_' || x.job_number)) IS NOT NULL
          ORDER BY x.job_number
     LOOP
-        chunks := 'job_audit_chunk_' || j.job_number;
+        items := 'job_item_chunk_' || j.job_number;
+        audit := 'job_audit_chunk_' || j.job_number;
+        EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item_chunk INCLUDING CONSTRAINTS,
+                            CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
+                       items, j.job_id);
         EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit_chunk INCLUDING CONSTRAINTS,
                             CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
-                       chunks, j.job_id);
-        -- made by this script, it would belong to the extension; a registration's are
+                       audit, j.job_id);
+        -- made by this script, they would belong to the extension; a registration's are
         -- tables of their own, which pg_dump keeps with their rows
-        EXECUTE format('ALTER EXTENSION etc_batch DROP TABLE etc_batch.%I', chunks);
+        EXECUTE format('ALTER EXTENSION etc_batch DROP TABLE etc_batch.%I', items);
+        EXECUTE format('ALTER EXTENSION etc_batch DROP TABLE etc_batch.%I', audit);
+        EXECUTE format('INSERT INTO etc_batch.%I
+                        SELECT r.job_id, pg_catalog.min(r.position), pg_catalog.max(r.position),
+                               pg_catalog.array_agg(r.item_key ORDER BY r.position),
+                               pg_catalog.array_agg(r.revision ORDER BY r.position),
+                               CASE WHEN pg_catalog.bool_or(r.guards <> ''{}''::jsonb)
+                                    THEN pg_catalog.array_agg(r.guards ORDER BY r.position) END
+                          FROM (SELECT i.*, i.position / %s AS chunk,
+                                       i.position - pg_catalog.row_number() OVER (PARTITION BY i.position / %s
+                                                                              ORDER BY i.position) AS run
+                                  FROM etc_batch.%I i) r
+                         GROUP BY r.job_id, r.chunk, r.run',
+                       items, j.chunk_size, j.chunk_size, 'job_item_' || j.job_number);
         EXECUTE format('INSERT INTO etc_batch.%I
                         SELECT r.job_id, pg_catalog.min(r.position), pg_catalog.max(r.position), r.chunk,
                                pg_catalog.min(r.txid), pg_catalog.min(r.committed_at),
@@ -1043,39 +1096,54 @@ BEGIN
                                                                                    ORDER BY a.position) AS run
                                   FROM etc_batch.%I a) r
                          GROUP BY r.job_id, r.chunk, r.run',
-                       chunks, 'job_audit_' || j.job_number);
+                       audit, 'job_audit_' || j.job_number);
+        EXECUTE format('CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.%I
+                            FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
+                       items, 'item_changes', j.job_id);
         EXECUTE format('CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.%I
                             FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes(%L, %L)',
-                       chunks, 'audit_changes', j.job_id);
+                       audit, 'audit_changes', j.job_id);
         IF j.role_exists THEN
-            EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', chunks, j.registered_by::regrole);
+            EXECUTE format('GRANT SELECT ON etc_batch.%I, etc_batch.%I TO %s', items, audit,
+                           j.registered_by::regrole);
         END IF;
+        EXECUTE format('ALTER TABLE etc_batch.job_item_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                       items, j.job_id);
         EXECUTE format('ALTER TABLE etc_batch.job_audit_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
-                       chunks, j.job_id);
+                       audit, j.job_id);
     END LOOP;
 END
 $convert$;
 
--- Who could read the audit table reads the view, and the table of chunk rows: its
--- grants, copied to the new table before the old one is dropped, then to the view.
+-- Who could read a table reads its view, and the table of chunk rows: the grants,
+-- copied to the new tables before the old ones are dropped, then to the views.
 DO $grants$
 DECLARE
     g record;
 BEGIN
     FOR g IN
-        SELECT x.grantee
+        SELECT CASE c.relname WHEN 'job_item' THEN 'job_item_chunk' ELSE 'job_audit_chunk' END AS chunks,
+               x.grantee
           FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) x
-         WHERE c.oid = 'etc_batch.job_audit'::pg_catalog.regclass
+         WHERE c.oid IN ('etc_batch.job_item'::pg_catalog.regclass, 'etc_batch.job_audit'::pg_catalog.regclass)
            AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
     LOOP
-        EXECUTE format('GRANT SELECT ON etc_batch.job_audit_chunk TO %s',
+        EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', g.chunks,
                        CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
     END LOOP;
 END
 $grants$;
 
 DROP VIEW etc_batch.job_audit_items;
-DROP TABLE etc_batch.job_audit;
+DROP TABLE etc_batch.job_audit, etc_batch.job_item;
+
+CREATE VIEW etc_batch.job_item AS
+SELECT c.job_id, u.position, u.item_key, u.revision, u.guards
+  FROM etc_batch.job_item_chunk c,
+       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u;
+
+COMMENT ON VIEW etc_batch.job_item IS
+    'The approved list, frozen at registration in key order, one row per item, as job_item_chunk holds it: position, key, the revision the operator saw, and the guard values that must still hold. WHERE job_id = ... reads that job''s partition only.';
 
 CREATE VIEW etc_batch.job_audit AS
 SELECT a.job_id, u.position, u.revision_after, a.chunk, a.txid, a.committed_at, u.skipped, u.found
@@ -1099,23 +1167,25 @@ SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revisi
 COMMENT ON VIEW etc_batch.job_audit_items IS
     'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
 
-REVOKE ALL ON etc_batch.job_audit, etc_batch.job_audit_items FROM PUBLIC;
+REVOKE ALL ON etc_batch.job_item, etc_batch.job_audit, etc_batch.job_audit_items FROM PUBLIC;
 
 DO $grants$
 DECLARE
     g record;
 BEGIN
     FOR g IN
-        SELECT x.grantee
+        SELECT CASE c.relname WHEN 'job_item_chunk' THEN 'job_item' ELSE 'job_audit' END AS view,
+               x.grantee
           FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) x
-         WHERE c.oid = 'etc_batch.job_audit_chunk'::pg_catalog.regclass
+         WHERE c.oid IN ('etc_batch.job_item_chunk'::pg_catalog.regclass,
+                         'etc_batch.job_audit_chunk'::pg_catalog.regclass)
            AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
     LOOP
-        EXECUTE format('GRANT SELECT ON etc_batch.job_audit TO %s',
+        EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', g.view,
                        CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
     END LOOP;
 END
 $grants$;
 
 COMMENT ON COLUMN etc_batch.job.job_number IS
-    'Names the job''s partitions of job_item and job_audit_chunk: job_item_<job_number>, job_audit_chunk_<job_number>.';
+    'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';

@@ -1,12 +1,12 @@
 -- Checkpointed jobs: a frozen, approved list of items, drained chunk by chunk.
 --
 -- The three tables hold the promise a checkpoint makes: job.next_index says that every
--- approved item (job_item) below it has been changed and audited (job_audit_chunk), in the same
+-- approved item (job_item_chunk) below it has been changed and audited (job_audit_chunk), in the same
 -- transaction, and nothing at or beyond it has. Like the chain tables, they belong to the
 -- extension's owner and only etc_batch's functions write them.
 --
--- job_item and job_audit_chunk are partitioned by job: each job has a partition of each,
--- job_item_<job_number> and job_audit_chunk_<job_number>, created when it is registered and
+-- job_item_chunk and job_audit_chunk are partitioned by job: each job has a partition of
+-- each, job_item_chunk_<job_number> and job_audit_chunk_<job_number>, created when it is registered and
 -- dropped whole when its history is pruned, so that neither a chunk's statements nor
 -- pruning ever depend on how many other jobs there are.
 
@@ -78,18 +78,22 @@ COMMENT ON COLUMN etc_batch.job.failed_at IS
 COMMENT ON COLUMN etc_batch.job.seconds_at_work IS
     'Wall-clock seconds some drainer spent at work on the job, chunks and the waits between them, not time paused or with nobody draining: what the estimated finish is reckoned from.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
-    'Names the job''s partitions of job_item and job_audit_chunk: job_item_<job_number>, job_audit_chunk_<job_number>.';
+    'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';
 
-CREATE TABLE etc_batch.job_item (
-    job_id   text    NOT NULL,
-    position integer NOT NULL CHECK (position >= 0),
-    item_key text    NOT NULL,
-    revision bigint  NOT NULL,
-    guards   jsonb   NOT NULL
+CREATE TABLE etc_batch.job_item_chunk (
+    job_id         text      NOT NULL,
+    first_position integer   NOT NULL CHECK (first_position >= 0),
+    last_position  integer   NOT NULL,
+    keys           text[]    NOT NULL,
+    revisions      bigint[]  NOT NULL,
+    guards         jsonb[],
+    CHECK (last_position = first_position + pg_catalog.cardinality(keys) - 1),
+    CHECK (pg_catalog.cardinality(revisions) = pg_catalog.cardinality(keys)),
+    CHECK (guards IS NULL OR pg_catalog.cardinality(guards) = pg_catalog.cardinality(keys))
 ) PARTITION BY LIST (job_id);
 
-COMMENT ON TABLE etc_batch.job_item IS
-    'The approved list, frozen at registration in key order: position, key, the revision the operator saw, and the guard values that must still hold. One partition per job, job_item_<job_number>, keyed by position.';
+COMMENT ON TABLE etc_batch.job_item_chunk IS
+    'The approved list, frozen at registration in key order, one row per chunk of the job: the positions of its items (first_position to last_position), and for each in order its key, the revision the operator saw, and the guard values that must still hold (guards NULL when no item of the chunk has any). One partition per job, job_item_chunk_<job_number>, keyed by first_position. etc_batch.job_item shows it one row per item.';
 
 CREATE TABLE etc_batch.job_audit_chunk (
     job_id          text        NOT NULL,
@@ -150,9 +154,9 @@ CREATE TRIGGER job_audit_changed AFTER UPDATE OR DELETE ON etc_batch.job_audit_c
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
 CREATE TRIGGER job_audit_truncated AFTER TRUNCATE ON etc_batch.job_audit_chunk
     FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('audit_changes');
-CREATE TRIGGER job_item_changed AFTER UPDATE OR DELETE ON etc_batch.job_item
+CREATE TRIGGER job_item_changed AFTER UPDATE OR DELETE ON etc_batch.job_item_chunk
     FOR EACH ROW EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
-CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item
+CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item_chunk
     FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
 
 -- A job's two partitions, made as tables of their own that registration fills, and
@@ -168,13 +172,15 @@ RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    items text := 'job_item_' || job_number;
+    items text := 'job_item_chunk_' || job_number;
     audit text := 'job_audit_chunk_' || job_number;
 BEGIN
-    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item INCLUDING CONSTRAINTS,
-                        CHECK (job_id = %L), PRIMARY KEY (position))', items, job_id);
-    -- keyed by both ends: a chunk's row found from its first position (what the
-    -- checkpoint passed) or its last (whether any audit lies at or beyond a position)
+    -- each keyed by both ends: a chunk's row found from its first position (where the
+    -- checkpoint stands) or its last (the row that holds a position; whether any audit
+    -- lies at or beyond a position)
+    EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_item_chunk INCLUDING CONSTRAINTS,
+                        CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
+                   items, job_id);
     EXECUTE format('CREATE TABLE etc_batch.%I (LIKE etc_batch.job_audit_chunk INCLUDING CONSTRAINTS,
                         CHECK (job_id = %L), PRIMARY KEY (first_position), UNIQUE (last_position))',
                    audit, job_id);
@@ -206,8 +212,8 @@ BEGIN
         EXECUTE format('ALTER TABLE etc_batch.job_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                        'job_chunk_' || job_number, job_id);
     END IF;
-    EXECUTE format('ALTER TABLE etc_batch.job_item ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
-                   'job_item_' || job_number, job_id);
+    EXECUTE format('ALTER TABLE etc_batch.job_item_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
+                   'job_item_chunk_' || job_number, job_id);
     EXECUTE format('ALTER TABLE etc_batch.job_audit_chunk ATTACH PARTITION etc_batch.%I FOR VALUES IN (%L)',
                    'job_audit_chunk_' || job_number, job_id);
 END
@@ -217,6 +223,29 @@ $$;
 -- pg_dump keeps with their rows (see docs/upgrading.md, "Backups").
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_job_number_seq', '');
+
+-- A chunk's frozen items as one row per item: the one rule for it, which the view
+-- job_item, the change of every chunk and the statements that read one job's list
+-- (src/job/tables.rs, target.rs) share. Inlined, bound and callable by anyone, as
+-- chunk_audit_items below.
+CREATE FUNCTION etc_batch.chunk_items(first_position integer, item_keys text[],
+                                      item_revisions bigint[], item_guards jsonb[])
+RETURNS TABLE ("position" integer, item_key text, revision bigint, guards jsonb)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+SELECT ($1 OPERATOR(pg_catalog.+) u.n OPERATOR(pg_catalog.-) 1)::pg_catalog.int4, u.k, u.r,
+       COALESCE(u.g, '{}'::pg_catalog.jsonb)
+  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4))
+       WITH ORDINALITY AS u(k, r, g, n);
+END;
+
+CREATE VIEW etc_batch.job_item AS
+SELECT c.job_id, u.position, u.item_key, u.revision, u.guards
+  FROM etc_batch.job_item_chunk c,
+       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u;
+
+COMMENT ON VIEW etc_batch.job_item IS
+    'The approved list, frozen at registration in key order, one row per item, as job_item_chunk holds it: position, key, the revision the operator saw, and the guard values that must still hold. WHERE job_id = ... reads that job''s partition only.';
 
 -- A chunk's audit row as one row per item: the one rule for it, which the view
 -- job_audit and the statements that read one job's audit (src/job/tables.rs) share.
@@ -256,7 +285,7 @@ SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revisi
 COMMENT ON VIEW etc_batch.job_audit_items IS
     'The audit rows with their approved items: for each item of a committed chunk, its key, the revision (or row digest) approved and the guards, the revision after, the chunk, the transaction and its time, whether it was changed or skipped (and the row found then), and how the job recognised an unchanged row. WHERE job_id = ... reads that job''s partitions only.';
 
-REVOKE ALL ON etc_batch.job, etc_batch.job_item, etc_batch.job_audit_chunk, etc_batch.job_audit,
+REVOKE ALL ON etc_batch.job, etc_batch.job_item_chunk, etc_batch.job_item, etc_batch.job_audit_chunk, etc_batch.job_audit,
               etc_batch.job_chunk, etc_batch.job_audit_items FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole, boolean) FROM PUBLIC;

@@ -159,7 +159,7 @@ GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 -- wants them shorter asks for it, by age, and never for work that is still open. A job
 -- goes with its partitions, dropped whole: no DELETE of its rows, no bloat, no WAL but
 -- the catalog's, in the same time for ten items as for ten million. Dropping a
--- partition takes a brief ACCESS EXCLUSIVE lock on the parent (etc_batch.job_item or
+-- partition takes a brief ACCESS EXCLUSIVE lock on the parent (etc_batch.job_item_chunk or
 -- etc_batch.job_audit_chunk); chunks and reports read a job's own partitions, never the parent.
 CREATE FUNCTION etc_batch.prune_history(older_than interval)
 RETURNS TABLE (step_audit_rows bigint, jobs_forgotten bigint, launches_forgotten bigint)
@@ -200,7 +200,7 @@ BEGIN
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
-                       'job_item_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
+                       'job_item_chunk_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN
             EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I', 'job_chunk_' || gone.job_number);
         END IF;

@@ -132,7 +132,10 @@ pub fn open(job_id: &str, tables: &JobTables) -> Result<Opening> {
             progress.item_count
         )));
     };
-    let keys = chunk_keys(tables, &range)?;
+    let keys = match chunk_keys(tables, &range)? {
+        Ok(keys) => keys,
+        Err(reason) => return Ok(Opening::Untrusted(reason)),
+    };
     Ok(OpenChunk::checkpoint(progress, keys, locked.at).map_or(Opening::Done, Opening::Open))
 }
 
@@ -167,19 +170,40 @@ pub fn first_audit_from(tables: &JobTables, position: i32) -> Result<Option<i32>
     })
 }
 
-/// The keys of the first and the last item of the chunk `range`, read from the job's
-/// item partition by its primary key, in one opening of it.
-pub fn chunk_keys(tables: &JobTables, range: &Range<i32>) -> Result<(String, String)> {
-    own_rows::reading_table(&tables.items_relname(), |items| {
-        let key = |position: i32| {
-            items
-                .first("position", Compare::Equal, Key::Int4(position), |row| {
-                    row.get::<String>("item_key")
-                })
-                .map(|key| key.flatten().unwrap_or_default())
-        };
-        Ok((key(range.start)?, key(range.end - 1)?))
-    })
+/// The keys of the first and the last item of the chunk `range`, read from the chunk's
+/// row of the job's item partition, found by its primary key; or, when that row is gone
+/// or does not hold the chunk's positions (changed with the counting triggers bypassed),
+/// why the frozen list cannot be trusted.
+pub fn chunk_keys(
+    tables: &JobTables,
+    range: &Range<i32>,
+) -> Result<std::result::Result<(String, String), String>> {
+    let keys = own_rows::reading_table(&tables.items_relname(), |items| {
+        items.first(
+            "first_position",
+            Compare::Equal,
+            Key::Int4(range.start),
+            |row| row.get::<Vec<Option<String>>>("keys"),
+        )
+    })?
+    .flatten()
+    .unwrap_or_default();
+    if keys.len() != range.len() {
+        return Ok(Err(short_list(range, keys.len())));
+    }
+    let key = |at: Option<&Option<String>>| at.cloned().flatten().unwrap_or_default();
+    Ok(Ok((key(keys.first()), key(keys.last()))))
+}
+
+/// Why a chunk's positions `range` cannot be trusted when the frozen list holds `found`
+/// items there.
+pub fn short_list(range: &Range<i32>, found: usize) -> String {
+    format!(
+        "Positions {} to {} should hold {} approved items, but {found} were found.",
+        range.start,
+        range.end - 1,
+        range.len(),
+    )
 }
 
 /// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,

@@ -193,7 +193,10 @@ pub fn open(
             claimed.chunk
         )));
     }
-    let keys = chunk_keys(tables, &range)?;
+    let keys = match chunk_keys(tables, &range)? {
+        Ok(keys) => keys,
+        Err(reason) => return Ok(Opening::Untrusted(reason)),
+    };
     Ok(OpenChunk::claimed(chunk, keys, claimed.at).map_or(Opening::AllCommitted, Opening::Open))
 }
 

@@ -143,7 +143,7 @@ impl Definition {
         Err(BatchError::JobCorrupt {
             job: self.job_id.clone(),
             detail: format!(
-                "Its partitions etc_batch.job_item_{n} and etc_batch.job_audit_chunk_{n} do not both exist any more.",
+                "Its partitions etc_batch.job_item_chunk_{n} and etc_batch.job_audit_chunk_{n} do not both exist any more.",
                 n = self.tables.number
             ),
         })

@@ -23,6 +23,7 @@
 
 use super::approval::{self, parse_object, OnDrift};
 use super::audit::{AuditWriter, ChunkAudit};
+use super::checkpoint;
 use super::chunk::{OpenChunk, Opening, Recheck};
 use super::conflict::{self, Expected};
 use super::crash::{self, Point};
@@ -875,12 +876,7 @@ impl Job {
     fn record_mismatch(&self, range: &Range<i32>, known: Option<i32>) -> Result<Round> {
         let found = self.items_found(range)?;
         if found != range.len() as i32 {
-            let reason = format!(
-                "Positions {} to {} should hold {} approved items, but {found} were found.",
-                range.start,
-                range.end - 1,
-                range.len(),
-            );
+            let reason = checkpoint::short_list(range, found as usize);
             return self.stop(JobStatus::Corrupt, &reason, Value::Null);
         }
         let position = match known {

@@ -1,7 +1,7 @@
-//! The frozen list in and out, a batch at a time: written at registration in key order
-//! and hashed into the fingerprint as it goes, and read back in the same order to compare
-//! a new registration with it or to verify it. Lists of any size take the memory of one
-//! batch.
+//! The frozen list in and out, a chunk at a time: written at registration in key order,
+//! one row per chunk of the job (sql/jobs.sql, job_item_chunk), and hashed into the
+//! fingerprint as it goes; and read back in the same order to compare a new registration
+//! with it or to verify it. Lists of any size take the memory of one batch.
 
 use super::approval::{canonical_object, parse_object, Fingerprint, Item, Key, Terms};
 use super::key::KeyOrder;
@@ -9,14 +9,27 @@ use super::sql;
 use super::tables::JobTables;
 use crate::error::{BatchError, Result};
 use crate::memory::Scratch;
-use crate::query::{self, Cursor, Row};
+use crate::own_rows::{Columns, RowWriter};
+use crate::query::{Cursor, Row};
 use crate::roles::as_role;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
+use pgrx::IntoDatum;
+use serde_json::{Map, Value};
 use std::collections::{BTreeSet, VecDeque};
 
-/// Items per INSERT when writing, and per fetch when reading.
+/// Items per fetch when reading.
 pub const BATCH: usize = 10_000;
+
+/// The columns of a job's item partition (sql/jobs.sql).
+const COLUMNS: Columns = &[
+    ("job_id", pg_sys::TEXTOID),
+    ("first_position", pg_sys::INT4OID),
+    ("last_position", pg_sys::INT4OID),
+    ("keys", pg_sys::TEXTARRAYOID),
+    ("revisions", pg_sys::INT8ARRAYOID),
+    ("guards", pg_sys::JSONBARRAYOID),
+];
 
 /// What registration froze.
 pub struct Frozen {
@@ -25,19 +38,21 @@ pub struct Frozen {
     pub guard_columns: BTreeSet<String>,
 }
 
-/// Writes items, in key order, into a job's item partition.
+/// Writes items, in key order, into a job's item partition, a chunk's row at a time.
 pub struct Writer<'a> {
     job_id: &'a str,
     /// etc_batch's owner, who alone writes its tables.
     owner: pg_sys::Oid,
+    chunk_size: usize,
     fingerprint: Fingerprint,
     last: Option<Key>,
     written: i32,
     keys: Vec<String>,
     revisions: Vec<i64>,
-    guards: Vec<String>,
+    /// Each item's guards, None while every item of the chunk so far has none.
+    guards: Vec<Option<Value>>,
     guard_columns: BTreeSet<String>,
-    insert: String,
+    rows: RowWriter,
     scratch: Scratch,
 }
 
@@ -47,20 +62,24 @@ impl<'a> Writer<'a> {
         tables: &JobTables,
         terms: &Terms,
         owner: pg_sys::Oid,
-    ) -> Writer<'a> {
-        Writer {
+    ) -> Result<Writer<'a>> {
+        let chunk_size = usize::try_from(terms.chunk_size).unwrap_or(1).max(1);
+        // a chunk's row at once; a huge chunk's arrays grow as its items come
+        let capacity = chunk_size.min(BATCH);
+        Ok(Writer {
             job_id,
             owner,
+            chunk_size,
             fingerprint: Fingerprint::begin(terms),
             last: None,
             written: 0,
-            keys: Vec::with_capacity(BATCH),
-            revisions: Vec::with_capacity(BATCH),
-            guards: Vec::with_capacity(BATCH),
+            keys: Vec::with_capacity(capacity),
+            revisions: Vec::with_capacity(capacity),
+            guards: Vec::with_capacity(capacity),
             guard_columns: BTreeSet::new(),
-            insert: tables.sql(sql::INSERT_ITEMS),
+            rows: RowWriter::new(&tables.items_relname(), COLUMNS)?,
             scratch: Scratch::new(c"etc_batch frozen items"),
-        }
+        })
     }
 
     /// The next item; keys must come in ascending order, each once.
@@ -87,46 +106,56 @@ impl<'a> Writer<'a> {
             ));
         }
         let key = item.key.text();
-        let guards = item.guards.canonical();
-        self.fingerprint.item(&key, item.revision, &guards);
-        for column in item.guards.keys() {
+        self.fingerprint
+            .item(&key, item.revision, &item.guards.canonical());
+        let mut guards = Map::new();
+        for (column, value) in item.guards.iter() {
             if !self.guard_columns.contains(column) {
                 self.guard_columns.insert(column.clone());
             }
+            guards.insert(column.clone(), value.clone());
         }
         self.keys.push(key);
         self.revisions.push(item.revision);
-        self.guards.push(guards);
+        self.guards
+            .push((!guards.is_empty()).then_some(Value::Object(guards)));
         self.last = Some(item.key.clone());
-        if self.keys.len() == BATCH {
+        if self.keys.len() == self.chunk_size {
             self.flush()?;
         }
         Ok(())
     }
 
+    /// The chunk's row, written as the owner; its arrays are built in the scratch
+    /// context and freed with it, chunk by chunk.
     fn flush(&mut self) -> Result<()> {
         if self.keys.is_empty() {
             return Ok(());
         }
         let n = self.keys.len() as i32;
-        let args = (
-            std::mem::take(&mut self.keys),
-            std::mem::take(&mut self.revisions),
-            std::mem::take(&mut self.guards),
-        );
-        // The arrays are built in the scratch context and freed with it, batch by batch.
+        let keys = std::mem::take(&mut self.keys);
+        let revisions = std::mem::take(&mut self.revisions);
+        let guards = std::mem::take(&mut self.guards);
+        let first = self.written;
+        let (job_id, owner, rows) = (self.job_id, self.owner, &mut self.rows);
         self.scratch.round(|| {
-            as_role(self.owner, || {
-                query::run(
-                    &self.insert,
-                    &[
-                        self.written.into(),
-                        args.0.into(),
-                        args.1.into(),
-                        args.2.into(),
-                        self.job_id.into(),
-                    ],
-                )
+            as_role(owner, || {
+                // a chunk none of whose items has guards keeps none (NULL)
+                let guards = guards.iter().any(Option::is_some).then(|| {
+                    guards
+                        .into_iter()
+                        .map(|g| pgrx::JsonB(g.unwrap_or_else(|| Value::Object(Map::new()))))
+                        .collect::<Vec<_>>()
+                });
+                let values = [
+                    job_id.into_datum(),
+                    first.into_datum(),
+                    (first + n - 1).into_datum(),
+                    keys.into_datum(),
+                    revisions.into_datum(),
+                    guards.into_datum(),
+                ];
+                rows.write(1, |_, row| row.copy_from_slice(&values))
             })
         })?;
         self.written += n;

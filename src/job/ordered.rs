@@ -160,7 +160,7 @@ impl SqlOrder<'_> {
                            SELECT s.k, s.r, s.g, 1 FROM {source}) AS u(k, r, g, side)) r\n \
                  WHERE r.side OPERATOR(pg_catalog.=) {which}\n ORDER BY r.rank",
                 canonical = self.canonical("u.k"),
-                items = stored.items(),
+                items = stored.sql("{items}"),
             )
         };
         Ok((

@@ -224,7 +224,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
             as_role(owner, || {
                 tables.create(&req.job_id, registrant, req.parallel)
             })?;
-            let mut writer = Writer::new(&req.job_id, &tables, &terms, owner);
+            let mut writer = Writer::new(&req.job_id, &tables, &terms, owner)?;
             let tenant = terms.tenant.as_ref().map(|(v, _)| v.as_str());
             for item in source.items(&target, tenant)? {
                 writer.push(&item?)?;

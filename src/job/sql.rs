@@ -1,8 +1,8 @@
 //! Every fixed statement the job functions send. As in `chain::sql`: schema-qualified
 //! names, OPERATOR(pg_catalog.x), values bound as parameters. The statements that name
 //! the business table are built per job in `target`; those that name a job's own
-//! partitions are templates here, with `{items}`, `{audit_chunks}` and `{audit}` for the
-//! partitions (see `tables::JobTables::sql`): a chunk never reads a partitioned parent, so
+//! partitions are templates here, with `{item_chunks}`, `{audit_chunks}`, `{items}` and
+//! `{audit}` for the partitions (see `tables::JobTables::sql`): a chunk never reads a partitioned parent, so
 //! its statements cost the same however many jobs there are.
 
 /// Serializes registrations of one job id.
@@ -23,7 +23,7 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
        j.expect::pg_catalog.text, j.guard_columns, j.item_count,
        j.registered_by::pg_catalog.oid, j.fingerprint, j.target_name,
        j.search_path, j.handler IS NOT NULL, j.job_number,
-       pg_catalog.to_regclass('etc_batch.job_item_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
+       pg_catalog.to_regclass('etc_batch.job_item_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND pg_catalog.to_regclass('etc_batch.job_audit_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND (NOT j.parallel
             OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
@@ -52,18 +52,25 @@ SELECT i.position, i.item_key
  ORDER BY i.position
  LIMIT $3";
 
-/// How many approved items positions [$1, $2) hold. Read when a chunk changed fewer rows
-/// than it has positions: the list itself may be what is short.
+/// How many approved items positions [$1, $2), a chunk's, hold. Read when a chunk
+/// changed fewer rows than it has positions: the list itself may be what is short. Reads
+/// the one chunk row that holds $1, if any.
 pub const ITEMS_IN_RANGE: &str = "\
 SELECT pg_catalog.count(*)::pg_catalog.int4
-  FROM {items} i
- WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2";
+  FROM (SELECT c.* FROM {item_chunks} c
+         WHERE c.last_position OPERATOR(pg_catalog.>=) $1
+         ORDER BY c.last_position LIMIT 1) c,
+       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
+ WHERE u.position OPERATOR(pg_catalog.>=) $1 AND u.position OPERATOR(pg_catalog.<) $2";
 
-/// One approved item. $1 position.
+/// One approved item, from the chunk row that holds it. $1 position.
 pub const ITEM: &str = "\
-SELECT i.item_key, i.revision, i.guards::pg_catalog.text
-  FROM {items} i
- WHERE i.position OPERATOR(pg_catalog.=) $1";
+SELECT u.item_key, u.revision, u.guards::pg_catalog.text
+  FROM (SELECT c.* FROM {item_chunks} c
+         WHERE c.last_position OPERATOR(pg_catalog.>=) $1
+         ORDER BY c.last_position LIMIT 1) c,
+       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
+ WHERE u.position OPERATOR(pg_catalog.=) $1";
 
 /// Waits for a parallel job's chunks in flight and keeps new ones from starting, until
 /// the end of the transaction (see claim::stop).
@@ -73,6 +80,13 @@ pub const LOCK_CHUNKS: &str = "LOCK TABLE {chunks} IN EXCLUSIVE MODE";
 pub const AUDIT_ROWS: &str = "\
 SELECT COALESCE(pg_catalog.sum(pg_catalog.cardinality(a.revisions_after)), 0)::pg_catalog.int8
   FROM {audit_chunks} a";
+
+/// A job's frozen list one row per item, as the view etc_batch.job_item shows it, read
+/// from the job's own partition `{item_chunks}`: what `{items}` stands for in a statement.
+pub const ITEMS: &str = "\
+(SELECT c.job_id, u.position, u.item_key, u.revision, u.guards
+   FROM {item_chunks} c,
+        etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u)";
 
 /// A job's audit one row per item, as the view etc_batch.job_audit shows it, read from
 /// the job's own partition `{audit_chunks}`: what `{audit}` stands for in a statement.
@@ -134,21 +148,13 @@ VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
         $10::pg_catalog.jsonb,
         $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20)";
 
-/// A batch of approved items, from position $1 on: $2 keys, $3 revisions, $4 guards, in
-/// position order. $5 job.
-pub const INSERT_ITEMS: &str = "\
-INSERT INTO {items} (job_id, position, item_key, revision, guards)
-SELECT $5, ($1 OPERATOR(pg_catalog.+) u.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1),
-       u.item_key, u.revision, u.guards::pg_catalog.jsonb
-  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]),
-                  pg_catalog.unnest($4::pg_catalog.text[]))
-       WITH ORDINALITY AS u(item_key, revision, guards, ord)";
-
-/// The frozen list in key order, to compare and fingerprint it a batch at a time.
+/// The frozen list in key order, to compare and fingerprint it a batch at a time: its
+/// chunk rows in order, each unfolded in order (a sort within each chunk's row only).
 pub const STORED_ITEMS: &str = "\
-SELECT i.item_key, i.revision, i.guards::pg_catalog.text
-  FROM {items} i
- ORDER BY i.position";
+SELECT u.item_key, u.revision, u.guards::pg_catalog.text
+  FROM {item_chunks} c,
+       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
+ ORDER BY c.first_position, u.position";
 
 /// Counts that the full check compares with the checkpoint. $1 next_index.
 pub const FULL_COUNTS: &str = "\

@@ -1,7 +1,7 @@
-//! A job's own partitions of etc_batch.job_item and etc_batch.job_audit_chunk (and, for
-//! a parallel job, of etc_batch.job_chunk), named by its number: made when it is
-//! registered (sql/jobs.sql, create_job_tables), filled, then attached; read and written
-//! by its chunks directly, never through the parents.
+//! A job's own partitions of etc_batch.job_item_chunk and etc_batch.job_audit_chunk
+//! (and, for a parallel job, of etc_batch.job_chunk), named by its number: made when it
+//! is registered (sql/jobs.sql, create_job_tables), filled, then attached; read and
+//! written by its chunks directly, never through the parents.
 
 use super::sql;
 use crate::error::Result;
@@ -19,18 +19,19 @@ impl JobTables {
     pub fn of(number: i64) -> JobTables {
         JobTables {
             number,
-            items: format!("etc_batch.job_item_{number}"),
+            items: format!("etc_batch.job_item_chunk_{number}"),
             audit: format!("etc_batch.job_audit_chunk_{number}"),
         }
     }
 
-    /// `template` (a statement of `job::sql`) with `{items}` and `{audit_chunks}` naming
-    /// this job's partitions, and `{audit}` its audit one row per item, as the view
-    /// etc_batch.job_audit shows it (for the reads of the whole audit: verify_job, the
-    /// report, the remainder).
+    /// `template` (a statement of `job::sql`) with `{item_chunks}` and `{audit_chunks}`
+    /// naming this job's partitions, and `{items}` and `{audit}` its frozen list and its
+    /// audit one row per item, as the views etc_batch.job_item and etc_batch.job_audit
+    /// show them (for the reads of the whole job: verify_job, the report, the remainder).
     pub fn sql(&self, template: &str) -> String {
         template
-            .replace("{items}", &self.items)
+            .replace("{items}", &sql::ITEMS.replace("{item_chunks}", &self.items))
+            .replace("{item_chunks}", &self.items)
             .replace(
                 "{audit}",
                 &sql::AUDIT_ITEMS.replace("{audit_chunks}", &self.audit),
@@ -44,9 +45,9 @@ impl JobTables {
         &self.items
     }
 
-    /// The item partition's name within schema etc_batch, for direct reads.
+    /// The item partition's name within schema etc_batch, for direct reads and writes.
     pub fn items_relname(&self) -> String {
-        format!("job_item_{}", self.number)
+        format!("job_item_chunk_{}", self.number)
     }
 
     /// A parallel job's chunk partition's name within schema etc_batch.
@@ -87,10 +88,14 @@ mod tests {
     fn statements_name_the_jobs_own_partitions() {
         let t = JobTables::of(42);
         assert_eq!(
-            t.sql("SELECT 1 FROM {items} i JOIN {audit_chunks} a ON true"),
-            "SELECT 1 FROM etc_batch.job_item_42 i JOIN etc_batch.job_audit_chunk_42 a ON true"
+            t.sql("SELECT 1 FROM {item_chunks} i JOIN {audit_chunks} a ON true"),
+            "SELECT 1 FROM etc_batch.job_item_chunk_42 i JOIN etc_batch.job_audit_chunk_42 a ON true"
         );
-        let per_item = t.sql("SELECT a.position FROM {audit} a");
+        let per_item = t.sql("SELECT i.position FROM {items} i JOIN {audit} a USING (position)");
+        assert!(
+            per_item.contains("FROM etc_batch.job_item_chunk_42 c,"),
+            "{per_item}"
+        );
         assert!(
             per_item.contains("FROM etc_batch.job_audit_chunk_42 a,"),
             "{per_item}"

@@ -170,16 +170,17 @@ impl Target {
         format!("({expr})::{}", self.shape.columns[column].sql_type)
     }
 
-    /// The chunk's approved items, positions [$1, $2) of the job's item partition, as
-    /// `it(position, item_key, revision, guards)`: one range of its primary key, read in
-    /// order. The chunk size as a LIMIT tells the planner how many rows to expect, so
-    /// that it probes the target by index once per item however large the job is; the
-    /// bounds alone would be estimated as a share of the whole list.
+    /// The chunk's approved items, positions [$1, $2), as `it(position, item_key,
+    /// revision, guards)`: the one row of the job's item partition that begins at $1,
+    /// found by its primary key and unfolded in order. The chunk size as a LIMIT tells
+    /// the planner how many rows to expect, so that it probes the target by index once
+    /// per item however large the chunk is.
     fn chunk_items(items: &str, chunk_size: i32) -> String {
         format!(
-            "(SELECT i.position, i.item_key, i.revision, i.guards\n          FROM {items} i\n         \
-             WHERE i.position OPERATOR(pg_catalog.>=) $1 AND i.position OPERATOR(pg_catalog.<) $2\n         \
-             ORDER BY i.position LIMIT {chunk_size}) it"
+            "(SELECT u.position, u.item_key, u.revision, u.guards\n          FROM {items} c,\n               \
+             etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u\n         \
+             WHERE c.first_position OPERATOR(pg_catalog.=) $1 AND u.position OPERATOR(pg_catalog.<) $2\n         \
+             ORDER BY u.position LIMIT {chunk_size}) it"
         )
     }
 

@@ -945,10 +945,11 @@ def test_handler_conflict_rolls_back_the_chunk(db):
 
 @pytest.mark.parametrize("kind", ["set_values", "handler"])
 def test_an_item_removed_from_the_list_unseen_makes_the_job_corrupt(db, kind):
-    """An approved item deleted with the counting trigger bypassed (a superuser under
-    session_replication_role = replica) leaves the seal and the counters as they were;
-    the chunk that should hold it changes one row fewer than it has positions, is rolled
-    back whole, and the job is corrupt (XX001), for a guarded update as for a handler."""
+    """An approved item cut out of its chunk's row with the counting trigger bypassed (a
+    superuser under session_replication_role = replica) leaves the seal and the counters
+    as they were; the chunk that should hold it changes one row fewer than it has
+    positions, is rolled back whole, and the job is corrupt (XX001), for a guarded update
+    as for a handler."""
     orders = Orders(db, f"short_{kind}", a_ids=range(1, 40))
     keys = pick_keys(13, 25, range(1, 40))
     job = db.new_batch(f"short_{kind}")
@@ -961,7 +962,11 @@ def test_an_item_removed_from_the_list_unseen_makes_the_job_corrupt(db, kind):
     number = job_row(db, job)["job_number"]
     with db.connect() as c:
         c.execute("SET session_replication_role = replica")
-        c.execute(f"DELETE FROM etc_batch.job_item_{number} WHERE position = 13")
+        # position 13, the fourth item of the chunk that begins at 10
+        c.execute(f"UPDATE etc_batch.job_item_chunk_{number} "
+                  "SET keys = keys[1:3] || keys[5:], revisions = revisions[1:3] || revisions[5:], "
+                  "guards = guards[1:3] || guards[5:], last_position = last_position - 1 "
+                  "WHERE first_position = 10")
     assert job_row(db, job)["item_changes"] == 0
 
     with pytest.raises(errors.DataCorrupted) as refused:

@@ -314,7 +314,8 @@ TYPE_PROBES = {
     "bytea": "'\\x00'",
 }
 
-ETC_BATCH_RELATIONS = ["batch_log", "step_audit", "job", "job_item", "job_audit", "job_audit_chunk",
+ETC_BATCH_RELATIONS = ["batch_log", "step_audit", "job", "job_item", "job_item_chunk", "job_audit",
+                       "job_audit_chunk",
                        "job_audit_items",
                        "lease", "leases", "locks", "job_progress", "chain_progress"]
 CATALOG_RELATIONS = ["pg_locks", "pg_stat_activity", "pg_class", "pg_proc", "pg_namespace",
@@ -1265,11 +1266,13 @@ def test_unique_indexes_are_matched_by_column_names_with_commas(db):
 
 # What PUBLIC may execute, as docs/security.md documents it: the lock helpers, the
 # reports, which show a job only to its registrant and to readers of etc_batch.job, and
-# the function that unfolds a chunk's audit row, which reads nothing.
+# the functions that unfold a chunk's row of the frozen list or the audit, which read
+# nothing.
 PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(text,text)",
                    "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
                    "etc_batch.job_summary(text)", "etc_batch.current_run()",
-                   "etc_batch.chunk_audit_items(integer,bigint[],integer[],jsonb)"}
+                   "etc_batch.chunk_audit_items(integer,bigint[],integer[],jsonb)",
+                   "etc_batch.chunk_items(integer,text[],bigint[],jsonb[])"}
 # What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
 # are the reader's own launches.
 PUBLIC_RELATIONS = {"job_progress", "launches"}
@@ -1301,7 +1304,8 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
     routines = extension_routines(db)
     names = {r["proname"] for r in routines}
     assert names == {"abandon_run", "abort_job", "acquire_lease", "add_step", "attach_job_tables",
-                     "check_lease", "chunk_audit_items", "count_job_changes", "create_job_tables",
+                     "check_lease", "chunk_audit_items", "chunk_items", "count_job_changes",
+                     "create_job_tables",
                      "current_run",
                      "define_chain", "doctor", "drain_job",
                      "exec_batch_from_id", "job_report", "job_summary", "launch_batch", "launch_job",
@@ -1351,7 +1355,8 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
               AND c.relkind IN ('r', 'v', 'm', 'S', 'p', 'f')
             GROUP BY c.relname""").fetchall()
     assert {r["relname"] for r in relations} >= {"batch_log", "step_audit", "job", "job_item",
-                                                 "job_audit", "job_audit_chunk", "job_audit_items", "lease",
+                                                 "job_item_chunk", "job_audit", "job_audit_chunk",
+                                                 "job_audit_items", "lease",
                                                  "leases", "locks", "job_progress",
                                                  "chain_progress"}
     assert {r["relname"] for r in relations if r["public"]} == PUBLIC_RELATIONS

@@ -356,7 +356,8 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
                 c.execute("GRANT SELECT ON etc_batch.job_progress TO etc_batch_upgrade_reader")
                 c.execute("GRANT EXECUTE ON FUNCTION etc_batch.prune_history(interval) "
                           "TO etc_batch_upgrade_reader")
-                c.execute("GRANT SELECT ON etc_batch.job_audit TO etc_batch_upgrade_reader")
+                c.execute("GRANT SELECT ON etc_batch.job_item, etc_batch.job_audit "
+                          "TO etc_batch_upgrade_reader")
                 before = snapshot(c)
                 assert_state_built(before)
         finally:
@@ -419,15 +420,15 @@ def test_update_keeps_every_row_and_ends_as_a_fresh_install(version, current_ver
                 "AND has_function_privilege('etc_batch_upgrade_reader', 'etc_batch.prune_history(interval)', "
                 "'EXECUTE') AS kept").fetchone()["kept"]
             if tuple(map(int, version.split("."))) >= (0, 3, 0):
-                # the audit, a table until 0.4.0 and a view of its chunk rows since, is
-                # read by whom it was granted to (checked from 0.3.0, the table this
-                # update turns into the view)
+                # the frozen list and the audit, tables until 0.4.0 and views of their
+                # chunk rows since, are read by whom they were granted to (checked from
+                # 0.3.0, whose tables this update turns into the views)
                 assert c.execute(
-                    "SELECT has_table_privilege('etc_batch_upgrade_reader', 'etc_batch.job_audit', 'SELECT') "
-                    "AND has_table_privilege('etc_batch_upgrade_reader', 'etc_batch.job_audit_chunk', "
-                    "'SELECT') AS kept").fetchone()["kept"]
-            c.execute("REVOKE ALL ON etc_batch.job_audit, etc_batch.job_audit_chunk "
-                      "FROM etc_batch_upgrade_reader")
+                    "SELECT bool_and(has_table_privilege('etc_batch_upgrade_reader', "
+                    "'etc_batch.' || t, 'SELECT')) AS kept FROM unnest(ARRAY['job_item', "
+                    "'job_item_chunk', 'job_audit', 'job_audit_chunk']) t").fetchone()["kept"]
+            c.execute("REVOKE ALL ON etc_batch.job_item, etc_batch.job_item_chunk, etc_batch.job_audit, "
+                      "etc_batch.job_audit_chunk FROM etc_batch_upgrade_reader")
             c.execute("REVOKE ALL ON etc_batch.job_progress FROM etc_batch_upgrade_reader")
             c.execute("REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM etc_batch_upgrade_reader")
             c.execute("REVOKE ALL ON SCHEMA etc_batch FROM etc_batch_upgrade_reader")

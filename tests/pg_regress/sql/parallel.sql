@@ -85,7 +85,7 @@ SELECT etc_batch.abort_job('dropped', 'not needed after all');
 CALL etc_batch.drain_job('dropped');
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS partitions_before FROM pg_class
- WHERE relnamespace = 'etc_batch'::regnamespace AND relname ~ '^job_(item|audit_chunk|chunk)_[0-9]+$';
+ WHERE relnamespace = 'etc_batch'::regnamespace AND relname ~ '^job_(item_chunk|audit_chunk|chunk)_[0-9]+$';
 SELECT * FROM etc_batch.prune_history('1 microsecond');
 SELECT count(*) AS partitions_after FROM pg_class
- WHERE relnamespace = 'etc_batch'::regnamespace AND relname ~ '^job_(item|audit_chunk|chunk)_[0-9]+$';
+ WHERE relnamespace = 'etc_batch'::regnamespace AND relname ~ '^job_(item_chunk|audit_chunk|chunk)_[0-9]+$';
