@@ -118,13 +118,24 @@ argument_type!(
 impl Jsonb {
     /// The value as JSON text (jsonb_out).
     pub fn text(&self, what: &str) -> crate::error::Result<String> {
-        // SAFETY: the datum is a jsonb argument of this call; jsonb_out detoasts it and
-        // returns a C string palloc'd in the current memory context, freed below.
+        // SAFETY: the datum is a jsonb argument of this call. It is detoasted here, once,
+        // and the copy freed as soon as jsonb_out has printed it (a list of a million
+        // items is tens of megabytes, which the call would otherwise keep to its end);
+        // jsonb_out returns a C string palloc'd in the current memory context, freed
+        // below.
         unsafe {
-            let text = pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(self.0)])
-                .ok_or_else(|| {
-                    BatchError::Internal(format!("jsonb_out returned NULL for {what}"))
-                })?;
+            let stored = self.0.cast_mut_ptr::<pg_sys::varlena>();
+            let detoasted = pg_sys::pg_detoast_datum(stored);
+            let printed = pgrx::direct_function_call::<&CStr>(
+                pg_sys::jsonb_out,
+                &[Some(pg_sys::Datum::from(detoasted))],
+            );
+            if detoasted != stored {
+                pg_sys::pfree(detoasted.cast());
+            }
+            let text = printed.ok_or_else(|| {
+                BatchError::Internal(format!("jsonb_out returned NULL for {what}"))
+            })?;
             let value = match text.to_str() {
                 Ok(text) => Ok(text.to_string()),
                 Err(_) => Err(BatchError::Unsupported {

@@ -150,7 +150,8 @@ impl Shape {
         if self.key.order(&self.columns)? == KeyOrder::Sql {
             return Ok(items);
         }
-        items.sort_by(|a, b| a.key.cmp(&b.key));
+        // in place: keys are compared whole, and two equal ones are refused below
+        items.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         if let Some(pair) = items.windows(2).find(|w| w[0].key == w[1].key) {
             return Err(duplicate_key(&pair[0].key.text()));
         }

@@ -135,6 +135,31 @@ SELECT 't-foreign', first_position, last_position, chunk, txid, committed_at, re
   FROM etc_batch.job_audit_chunk WHERE job_id = 'festival-rest' AND first_position = 0;
 CALL etc_batch.drain_job('t-foreign');
 \echo :LAST_ERROR_SQLSTATE
+-- the frozen list: an item's revision forged inside its chunk's row, a chunk's row
+-- removed, and one copied from another job (an insertion, which no trigger counts:
+-- verify_job finds it)
+SELECT * FROM etc_batch.register_job('t-list-forge', 'Y', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
+    4, '{"qty": 0}');
+UPDATE etc_batch.job_item_chunk SET revisions[1] = revisions[1] + 1
+ WHERE job_id = 't-list-forge' AND first_position = 0;
+CALL etc_batch.drain_job('t-list-forge');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_job('t-list-gone', 'Y', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
+    4, '{"qty": 0}');
+DELETE FROM etc_batch.job_item_chunk WHERE job_id = 't-list-gone' AND first_position = 4;
+CALL etc_batch.drain_job('t-list-gone');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_job('t-list-copy', 'Y', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders WHERE tenant = 'Y'),
+    4, '{"qty": 0}');
+INSERT INTO etc_batch.job_item_chunk
+SELECT 't-list-copy', 12, 12 + last_position - first_position, keys, revisions, guards
+  FROM etc_batch.job_item_chunk WHERE job_id = 'festival-rest' AND first_position = 0;
+SELECT check_name, ok, detail FROM etc_batch.verify_job('t-list-copy')
+ WHERE check_name IN ('approved items', 'approval fingerprint');
+SELECT status FROM etc_batch.job WHERE job_id = 't-list-copy';
 SELECT count(*) AS rows_changed_by_tampered_jobs
   FROM orders o JOIN snapshot s USING (tenant, id)
  WHERE (o.revision, o.qty, o.status) IS DISTINCT FROM (s.revision, s.qty, s.status);
