@@ -986,14 +986,14 @@ CREATE TABLE etc_batch.job_item_chunk (
     last_position  integer   NOT NULL,
     keys           text[]    NOT NULL,
     revisions      bigint[]  NOT NULL,
-    guards         jsonb[],
+    guards         text[],
     CHECK (last_position = first_position + pg_catalog.cardinality(keys) - 1),
     CHECK (pg_catalog.cardinality(revisions) = pg_catalog.cardinality(keys)),
     CHECK (guards IS NULL OR pg_catalog.cardinality(guards) = pg_catalog.cardinality(keys))
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_item_chunk IS
-    'The approved list, frozen at registration in key order, one row per chunk of the job: the positions of its items (first_position to last_position), and for each in order its key, the revision the operator saw, and the guard values that must still hold (guards NULL when no item of the chunk has any). One partition per job, job_item_chunk_<job_number>, keyed by first_position. etc_batch.job_item shows it one row per item.';
+    'The approved list, frozen at registration in key order, one row per chunk of the job: the positions of its items (first_position to last_position), and for each in order its key, the revision the operator saw, and the guard values that must still hold, as JSON text (NULL for an item without any; guards NULL when no item of the chunk has any). One partition per job, job_item_chunk_<job_number>, keyed by first_position. etc_batch.job_item shows it one row per item.';
 
 CREATE TABLE etc_batch.job_audit_chunk (
     job_id          text        NOT NULL,
@@ -1021,12 +1021,12 @@ CREATE TRIGGER job_item_truncated AFTER TRUNCATE ON etc_batch.job_item_chunk
     FOR EACH STATEMENT EXECUTE FUNCTION etc_batch.count_job_changes('item_changes');
 
 CREATE FUNCTION etc_batch.chunk_items(first_position integer, item_keys text[],
-                                      item_revisions bigint[], item_guards jsonb[])
+                                      item_revisions bigint[], item_guards text[])
 RETURNS TABLE ("position" integer, item_key text, revision bigint, guards jsonb)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
 SELECT ($1 OPERATOR(pg_catalog.+) u.n OPERATOR(pg_catalog.-) 1)::pg_catalog.int4, u.k, u.r,
-       COALESCE(u.g, '{}'::pg_catalog.jsonb)
+       COALESCE(u.g::pg_catalog.jsonb, '{}'::pg_catalog.jsonb)
   FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4))
        WITH ORDINALITY AS u(k, r, g, n);
 END;
@@ -1077,7 +1077,8 @@ BEGIN
                                pg_catalog.array_agg(r.item_key ORDER BY r.position),
                                pg_catalog.array_agg(r.revision ORDER BY r.position),
                                CASE WHEN pg_catalog.bool_or(r.guards <> ''{}''::jsonb)
-                                    THEN pg_catalog.array_agg(r.guards ORDER BY r.position) END
+                                    THEN pg_catalog.array_agg(NULLIF(r.guards, ''{}''::jsonb)::text
+                                                              ORDER BY r.position) END
                           FROM (SELECT i.*, i.position / %s AS chunk,
                                        i.position - pg_catalog.row_number() OVER (PARTITION BY i.position / %s
                                                                               ORDER BY i.position) AS run

@@ -86,14 +86,14 @@ CREATE TABLE etc_batch.job_item_chunk (
     last_position  integer   NOT NULL,
     keys           text[]    NOT NULL,
     revisions      bigint[]  NOT NULL,
-    guards         jsonb[],
+    guards         text[],
     CHECK (last_position = first_position + pg_catalog.cardinality(keys) - 1),
     CHECK (pg_catalog.cardinality(revisions) = pg_catalog.cardinality(keys)),
     CHECK (guards IS NULL OR pg_catalog.cardinality(guards) = pg_catalog.cardinality(keys))
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_item_chunk IS
-    'The approved list, frozen at registration in key order, one row per chunk of the job: the positions of its items (first_position to last_position), and for each in order its key, the revision the operator saw, and the guard values that must still hold (guards NULL when no item of the chunk has any). One partition per job, job_item_chunk_<job_number>, keyed by first_position. etc_batch.job_item shows it one row per item.';
+    'The approved list, frozen at registration in key order, one row per chunk of the job: the positions of its items (first_position to last_position), and for each in order its key, the revision the operator saw, and the guard values that must still hold, as JSON text (NULL for an item without any; guards NULL when no item of the chunk has any). One partition per job, job_item_chunk_<job_number>, keyed by first_position. etc_batch.job_item shows it one row per item.';
 
 CREATE TABLE etc_batch.job_audit_chunk (
     job_id          text        NOT NULL,
@@ -229,12 +229,12 @@ SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_job_number_seq', '');
 -- (src/job/tables.rs, target.rs) share. Inlined, bound and callable by anyone, as
 -- chunk_audit_items below.
 CREATE FUNCTION etc_batch.chunk_items(first_position integer, item_keys text[],
-                                      item_revisions bigint[], item_guards jsonb[])
+                                      item_revisions bigint[], item_guards text[])
 RETURNS TABLE ("position" integer, item_key text, revision bigint, guards jsonb)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
 SELECT ($1 OPERATOR(pg_catalog.+) u.n OPERATOR(pg_catalog.-) 1)::pg_catalog.int4, u.k, u.r,
-       COALESCE(u.g, '{}'::pg_catalog.jsonb)
+       COALESCE(u.g::pg_catalog.jsonb, '{}'::pg_catalog.jsonb)
   FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4))
        WITH ORDINALITY AS u(k, r, g, n);
 END;

@@ -15,7 +15,6 @@ use crate::roles::as_role;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
-use serde_json::{Map, Value};
 use std::collections::{BTreeSet, VecDeque};
 
 /// Items per fetch when reading.
@@ -28,7 +27,7 @@ const COLUMNS: Columns = &[
     ("last_position", pg_sys::INT4OID),
     ("keys", pg_sys::TEXTARRAYOID),
     ("revisions", pg_sys::INT8ARRAYOID),
-    ("guards", pg_sys::JSONBARRAYOID),
+    ("guards", pg_sys::TEXTARRAYOID),
 ];
 
 /// What registration froze.
@@ -49,8 +48,8 @@ pub struct Writer<'a> {
     written: i32,
     keys: Vec<String>,
     revisions: Vec<i64>,
-    /// Each item's guards, None while every item of the chunk so far has none.
-    guards: Vec<Option<Value>>,
+    /// Each item's guards as canonical JSON text, None for an item without any.
+    guards: Vec<Option<String>>,
     guard_columns: BTreeSet<String>,
     rows: RowWriter,
     scratch: Scratch,
@@ -106,19 +105,18 @@ impl<'a> Writer<'a> {
             ));
         }
         let key = item.key.text();
-        self.fingerprint
-            .item(&key, item.revision, &item.guards.canonical());
-        let mut guards = Map::new();
-        for (column, value) in item.guards.iter() {
+        let guards = item.guards.canonical();
+        self.fingerprint.item(&key, item.revision, &guards);
+        let mut any = false;
+        for column in item.guards.keys() {
+            any = true;
             if !self.guard_columns.contains(column) {
                 self.guard_columns.insert(column.clone());
             }
-            guards.insert(column.clone(), value.clone());
         }
         self.keys.push(key);
         self.revisions.push(item.revision);
-        self.guards
-            .push((!guards.is_empty()).then_some(Value::Object(guards)));
+        self.guards.push(any.then_some(guards));
         self.last = Some(item.key.clone());
         if self.keys.len() == self.chunk_size {
             self.flush()?;
@@ -141,12 +139,7 @@ impl<'a> Writer<'a> {
         self.scratch.round(|| {
             as_role(owner, || {
                 // a chunk none of whose items has guards keeps none (NULL)
-                let guards = guards.iter().any(Option::is_some).then(|| {
-                    guards
-                        .into_iter()
-                        .map(|g| pgrx::JsonB(g.unwrap_or_else(|| Value::Object(Map::new()))))
-                        .collect::<Vec<_>>()
-                });
+                let guards = guards.iter().any(Option::is_some).then_some(guards);
                 let values = [
                     job_id.into_datum(),
                     first.into_datum(),

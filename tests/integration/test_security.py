@@ -1272,7 +1272,7 @@ PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(tex
                    "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
                    "etc_batch.job_summary(text)", "etc_batch.current_run()",
                    "etc_batch.chunk_audit_items(integer,bigint[],integer[],jsonb)",
-                   "etc_batch.chunk_items(integer,text[],bigint[],jsonb[])"}
+                   "etc_batch.chunk_items(integer,text[],bigint[],text[])"}
 # What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
 # are the reader's own launches.
 PUBLIC_RELATIONS = {"job_progress", "launches"}
