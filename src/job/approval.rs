@@ -583,6 +583,33 @@ fn describe_action(action: &Action) -> String {
     }
 }
 
+/// The object in JSON text `text`, each number in it in its one spelling
+/// (canonical_number), as `parse_object(&canonical_object(&parse_object(text)))` reads
+/// it, in one parse: what an items query's guards are read as, a row at a time.
+pub fn parse_canonical_object(text: &str) -> BTreeMap<String, Value> {
+    parse_object(text)
+        .into_iter()
+        .map(|(k, v)| (k, canonical_numbers(v)))
+        .collect()
+}
+
+/// `value` with every number in it in its one spelling.
+fn canonical_numbers(value: Value) -> Value {
+    match value {
+        Value::Number(n) => {
+            let text = canonical_number(&n.to_string());
+            serde_json::from_str(&text).unwrap_or(Value::Number(n))
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(canonical_numbers).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, canonical_numbers(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// JSON text with object keys in order, the same for equal content.
 pub fn canonical_object(map: &BTreeMap<String, Value>) -> String {
     let mut out = String::new();
@@ -701,6 +728,23 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn guards_read_in_one_parse_as_in_three() {
+        for text in [
+            r#"{}"#,
+            r#"{"qty": 1}"#,
+            r#"{"qty": 2.0, "price": 0.20e1, "name": "x"}"#,
+            r#"{"b": -0.0, "a": 1E+2, "c": 0.1000000000000000001}"#,
+            r#"{"nested": {"z": [1.50, {"y": 20e-1}], "a": null}, "t": true}"#,
+            r#"{"big": 123456789012345678901234567890.000}"#,
+        ] {
+            let three = parse_object(&canonical_object(&parse_object(text)));
+            let one = parse_canonical_object(text);
+            assert_eq!(one, three, "{text}");
+            assert_eq!(canonical_object(&one), canonical_object(&three), "{text}");
+        }
+    }
     use crate::job::columns::Column;
     use serde_json::json;
 

@@ -3,7 +3,7 @@
 //! fingerprint as it goes; and read back in the same order to compare a new registration
 //! with it or to verify it. Lists of any size take the memory of one batch.
 
-use super::approval::{canonical_object, parse_object, Fingerprint, Item, Key, Terms};
+use super::approval::{parse_canonical_object, parse_object, Fingerprint, Item, Key, Terms};
 use super::key::KeyOrder;
 use super::sql;
 use super::tables::JobTables;
@@ -243,7 +243,7 @@ impl ReadAs {
         let revision = row.get::<i64>(2)?;
         let text = row.get::<String>(3)?.unwrap_or_else(|| "{}".into());
         let guards = if self.canonicalize {
-            parse_object(&canonical_object(&parse_object(&text)))
+            parse_canonical_object(&text)
         } else {
             parse_object(&text)
         }
