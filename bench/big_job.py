@@ -155,7 +155,7 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
         r["register_rss_mb"] = {"before": mb(w.before), "peak": mb(w.peak), "after": mb(w.after)}
 
         number = c.execute("SELECT job_number FROM etc_batch.job WHERE job_id = 'big'").fetchone()[0]
-        items = f"job_item_chunk_{number}"
+        frozen = f"job_item_chunk_{number}"
         audit = f"job_audit_chunk_{number}"
         # the drain starts from a clean checkpoint, so that it does not pay for writing
         # out what loading and registering dirtied
@@ -182,7 +182,7 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
             "count(*) FILTER (WHERE tenant = 'B' AND (status <> 'pending' OR revision <> 1)) FROM orders"
         ).fetchone()
         item_bytes, audit_bytes = c.execute(
-            f"SELECT pg_total_relation_size('etc_batch.{items}'), "
+            f"SELECT pg_total_relation_size('etc_batch.{frozen}'), "
             f"pg_total_relation_size('etc_batch.{audit}')"
         ).fetchone()
         r["history_bytes_per_item"] = {
@@ -200,7 +200,7 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
         r["tables_left"] = c.execute(
             "SELECT count(*) FROM pg_class WHERE relnamespace = 'etc_batch'::regnamespace "
             "AND relname IN (%s, %s)",
-            (items, audit),
+            (frozen, audit),
         ).fetchone()[0]
 
     if jsonb_items:
