@@ -40,6 +40,13 @@ impl Scratch {
         unsafe { pg_sys::MemoryContextSwitchTo(previous) };
         result
     }
+
+    /// Frees the context and all that was left in it, when the loop is done before the
+    /// context it was made in is.
+    pub fn free(self) {
+        // SAFETY: the context is live, and not current (round switches back)
+        unsafe { pg_sys::MemoryContextDelete(self.context) };
+    }
 }
 
 thread_local! {

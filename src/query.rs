@@ -103,8 +103,20 @@ thread_local! {
     static PLANS: RefCell<HashMap<String, Vec<KeptPlan>>> = RefCell::new(HashMap::new());
 }
 
-/// A kept plan, with the types of the parameters it was prepared for.
-type KeptPlan = (Vec<pg_sys::Oid>, SendPlan);
+/// A kept plan, with the types of the parameters it was prepared for and how it plans.
+type KeptPlan = (Vec<pg_sys::Oid>, Planning, SendPlan);
+
+/// How a kept statement is planned.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Planning {
+    /// Once, for any values: the statements run once per step or chunk, whose plan does
+    /// not depend on the values bound.
+    Generic,
+    /// For the values bound, each time it runs (its parse and analysis kept): a
+    /// statement whose best plan does depend on them, when planning costs little next to
+    /// running it.
+    ForTheValues,
+}
 
 /// A kept SPI plan; only ever used by the backend's one thread.
 #[derive(Clone, Copy)]
@@ -140,15 +152,19 @@ impl Drop for Running {
 
 /// The kept plan for `sql` with these argument types, prepared on first use.
 /// Must be called while SPI is connected.
-unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPlanPtr> {
+unsafe fn plan_for(
+    sql: &str,
+    types: &mut [pg_sys::Oid],
+    planning: Planning,
+) -> Result<pg_sys::SPIPlanPtr> {
     // Looked up by the statement's text without copying it: this runs for every
     // statement of every step and chunk.
     let kept = PLANS.with(|p| {
         p.borrow().get(sql).and_then(|plans| {
             plans
                 .iter()
-                .find(|(t, _)| t.as_slice() == &types[..])
-                .map(|(_, plan)| *plan)
+                .find(|(t, p, _)| t.as_slice() == &types[..] && *p == planning)
+                .map(|(_, _, plan)| *plan)
         })
     });
     if let Some(plan) = kept {
@@ -156,13 +172,15 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
     }
     let text = CString::new(sql)
         .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
-    // A generic plan, made once: these statements run once per step or chunk, and a
-    // custom plan would be planned again every time for the same shape of data.
+    let options = match planning {
+        Planning::Generic => pg_sys::CURSOR_OPT_GENERIC_PLAN,
+        Planning::ForTheValues => pg_sys::CURSOR_OPT_CUSTOM_PLAN,
+    };
     let plan = pg_sys::SPI_prepare_cursor(
         text.as_ptr(),
         types.len() as i32,
         types.as_mut_ptr(),
-        pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+        options as i32,
     );
     if plan.is_null() {
         let code = pg_sys::SPI_result;
@@ -175,7 +193,7 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
         let mut plans = p.borrow_mut();
         if plans.len() >= MAX_PLANS && RUNNING.with(|r| r.get()) == 0 {
             for (_, kept) in plans.drain() {
-                for (_, old) in kept {
+                for (_, _, old) in kept {
                     pg_sys::SPI_freeplan(old.0);
                 }
             }
@@ -183,7 +201,7 @@ unsafe fn plan_for(sql: &str, types: &mut [pg_sys::Oid]) -> Result<pg_sys::SPIPl
         plans
             .entry(sql.to_string())
             .or_default()
-            .push((types.to_vec(), SendPlan(plan)));
+            .push((types.to_vec(), planning, SendPlan(plan)));
     });
     Ok(plan)
 }
@@ -196,6 +214,24 @@ pub struct Opaque {
 }
 
 impl Opaque {
+    /// A varlena value of type `oid` (an array, text), as one flat copy in the current
+    /// memory context: compressed or kept out of line, it is read once here and not again
+    /// by every statement it is bound to.
+    ///
+    /// # Safety
+    /// `datum` is a live varlena value of type `oid`.
+    pub unsafe fn flat_copy(datum: pg_sys::Datum, oid: pg_sys::Oid) -> Opaque {
+        let copy = pg_sys::pg_detoast_datum_copy(datum.cast_mut_ptr());
+        Opaque {
+            datum: pg_sys::Datum::from(copy),
+            oid,
+        }
+    }
+
+    pub fn datum(&self) -> pg_sys::Datum {
+        self.datum
+    }
+
     pub fn arg(&self) -> DatumWithOid<'static> {
         // SAFETY: the datum was copied out of SPI into the memory context that was current
         // when the statement ran (see Row::opaque), and holds a value of type `oid`.
@@ -307,13 +343,24 @@ pub fn rows<R>(
     limit: i64,
     read: impl FnMut(&Row) -> Result<R>,
 ) -> Result<Vec<R>> {
+    rows_planned(sql, args, Planning::Generic, limit, read)
+}
+
+/// `rows`, with its plan made as `planning` says.
+pub fn rows_planned<R>(
+    sql: &str,
+    args: &[DatumWithOid],
+    planning: Planning,
+    limit: i64,
+    read: impl FnMut(&Row) -> Result<R>,
+) -> Result<Vec<R>> {
     let mut args = SpiArgs::of(args);
     // SAFETY: a plain atomic SPI connection, finished before returning. An error raised
     // by PostgreSQL unwinds through pgrx's guard, and the transaction's (or the
     // subtransaction's) abort pops the connection.
     unsafe {
         pg_sys::SPI_connect();
-        let plan = match plan_for(sql, &mut args.types) {
+        let plan = match plan_for(sql, &mut args.types, planning) {
             Ok(plan) => plan,
             Err(e) => {
                 pg_sys::SPI_finish();

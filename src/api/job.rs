@@ -78,7 +78,7 @@ registration!(
     /// Freezes an approved list of items, given as a jsonb array, for a job.
     register_job,
     items: Jsonb,
-    |items: Jsonb| items.text("items").map(register::Items::Json)
+    |items: Jsonb| Ok::<_, BatchError>(register::Items::List(Box::new(items.list("items"))))
 );
 
 registration!(

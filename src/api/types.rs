@@ -138,13 +138,131 @@ impl Jsonb {
             })?;
             let value = match text.to_str() {
                 Ok(text) => Ok(text.to_string()),
-                Err(_) => Err(BatchError::Unsupported {
-                    message: format!("{what} is not valid UTF-8"),
-                    detail: "etc_batch reads approvals in UTF8 databases only.".into(),
-                }),
+                Err(_) => Err(not_utf8(what)),
             };
             pg_sys::pfree(text.as_ptr() as *mut std::ffi::c_void);
             value
         }
+    }
+}
+
+/// A jsonb approved list, detoasted once and read an element at a time
+/// (register::JsonList); the detoasted copy, if one was made, is freed with it.
+pub struct JsonbList {
+    what: &'static str,
+    jsonb: *mut pg_sys::Jsonb,
+    /// Whether `jsonb` is a copy made by detoasting, to free.
+    copied: bool,
+}
+
+impl Jsonb {
+    /// The value as a list read an element at a time; `what` names it in errors.
+    pub fn list(&self, what: &'static str) -> JsonbList {
+        // SAFETY: the datum is a jsonb argument of this call; detoasted here, once.
+        unsafe {
+            let stored = self.0.cast_mut_ptr::<pg_sys::varlena>();
+            let detoasted = pg_sys::pg_detoast_datum(stored);
+            JsonbList {
+                what,
+                jsonb: detoasted.cast(),
+                copied: detoasted != stored,
+            }
+        }
+    }
+}
+
+impl Drop for JsonbList {
+    fn drop(&mut self) {
+        if self.copied {
+            // SAFETY: the copy pg_detoast_datum palloc'd, no longer read
+            unsafe { pg_sys::pfree(self.jsonb.cast()) };
+        }
+    }
+}
+
+impl JsonbList {
+    /// A container (or, for a scalar, the jsonb made of it) printed as JSON text into
+    /// `buffer` and handed to `read`.
+    unsafe fn print<R>(
+        &self,
+        buffer: pg_sys::StringInfo,
+        container: *mut pg_sys::JsonbContainer,
+        len: i32,
+        read: impl FnOnce(&str) -> crate::error::Result<R>,
+    ) -> crate::error::Result<R> {
+        let printed = pg_sys::JsonbToCString(buffer, container, len);
+        match CStr::from_ptr(printed).to_str() {
+            Ok(text) => read(text),
+            Err(_) => Err(not_utf8(self.what)),
+        }
+    }
+}
+
+fn not_utf8(what: &str) -> BatchError {
+    BatchError::Unsupported {
+        message: format!("{what} is not valid UTF-8"),
+        detail: "etc_batch reads approvals in UTF8 databases only.".into(),
+    }
+}
+
+impl crate::job::register::JsonList for JsonbList {
+    fn array_len(&self) -> Option<usize> {
+        // SAFETY: a detoasted jsonb; its root container's header says what it holds
+        let header = unsafe { (*self.jsonb).root.header };
+        let array = header & pg_sys::JB_FARRAY != 0 && header & pg_sys::JB_FSCALAR == 0;
+        array.then_some((header & pg_sys::JB_CMASK) as usize)
+    }
+
+    fn each_element(
+        &self,
+        visit: &mut dyn FnMut(&str) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        use pg_sys::JsonbIteratorToken::{WJB_DONE, WJB_ELEM};
+        // Printing leaves what it allocates behind (each number's text): an element is
+        // printed in a scratch context of its own, reset before the next.
+        let scratch = crate::memory::Scratch::new(c"etc_batch jsonb element");
+        // SAFETY: iterates the detoasted jsonb's root array without descending into its
+        // elements (skipNested); each element is printed on its own.
+        let each = unsafe {
+            let mut iterator = pg_sys::JsonbIteratorInit(&mut (*self.jsonb).root);
+            let mut value: pg_sys::JsonbValue = std::mem::zeroed();
+            loop {
+                let done = match pg_sys::JsonbIteratorNext(&mut iterator, &mut value, true) {
+                    WJB_DONE => break Ok(()),
+                    WJB_ELEM => scratch.round(|| {
+                        let buffer = pg_sys::makeStringInfo();
+                        if value.type_ == pg_sys::jbvType::jbvBinary {
+                            let binary = value.val.binary;
+                            self.print(buffer, binary.data, binary.len, |text| visit(text))
+                        } else {
+                            // a scalar element, which the approval refuses, printed as
+                            // the jsonb it makes
+                            let scalar = pg_sys::JsonbValueToJsonb(&mut value);
+                            self.print(buffer, &mut (*scalar).root, 16, |text| visit(text))
+                        }
+                    }),
+                    _ => Ok(()),
+                };
+                if done.is_err() {
+                    break done;
+                }
+            }
+        };
+        scratch.free();
+        each
+    }
+
+    fn text(&self) -> crate::error::Result<String> {
+        // SAFETY: the detoasted jsonb's root container, printed in a scratch context
+        let scratch = crate::memory::Scratch::new(c"etc_batch jsonb");
+        let text = scratch.round(|| unsafe {
+            let len = pgrx::varlena::varsize_any(self.jsonb.cast()) as i32;
+            let buffer = pg_sys::makeStringInfo();
+            self.print(buffer, &mut (*self.jsonb).root, len, |text| {
+                Ok(text.to_string())
+            })
+        });
+        scratch.free();
+        text
     }
 }

@@ -27,36 +27,158 @@ pub struct Item {
     pub guards: Guards,
 }
 
-/// An item's guards, column -> value, in column-name order: a short sorted list rather
-/// than a map, since a list of a million items holds a million of them, most of one or
-/// two entries, and an empty map node alone weighs ten times what its entries do.
+/// An item's guards, column -> value, kept as the canonical JSON text (canonical_object)
+/// the frozen list stores and the fingerprint hashes: one short string an item, made
+/// once, where a list of a million items would otherwise hold a million small maps.
+/// Equal texts are equal guards: the canonical form has one spelling per content.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Guards(Vec<(String, Value)>);
+pub struct Guards(String);
 
 impl Guards {
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Value)> {
-        self.0.iter().map(|(c, v)| (c, v))
-    }
-
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.0.iter().map(|(c, _)| c)
+    /// Guards from JSON text `text` (an object as PostgreSQL prints it, or as etc_batch
+    /// stored it), each number in its one spelling. A flat object of strings, integers,
+    /// booleans and nulls without escapes, which is what nearly every item holds, is
+    /// put in order without being parsed into values (flat_entries).
+    pub fn read(text: &str) -> Guards {
+        let Some(mut entries) = flat_entries(text) else {
+            return parse_canonical_object(text).into_iter().collect();
+        };
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+            return parse_canonical_object(text).into_iter().collect();
+        }
+        if entries.is_empty() {
+            return Guards::default();
+        }
+        let mut out = String::with_capacity(text.len());
+        out.push('{');
+        for (i, (column, value)) in entries.into_iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push('"');
+            out.push_str(column);
+            out.push_str("\": ");
+            out.push_str(value);
+        }
+        out.push('}');
+        Guards(out)
     }
 
     /// JSON text with the columns in order, as canonical_object writes a map.
-    pub fn canonical(&self) -> String {
-        let mut out = String::new();
-        write_object(self.iter(), &mut out);
-        out
+    pub fn canonical(&self) -> &str {
+        if self.0.is_empty() {
+            "{}"
+        } else {
+            &self.0
+        }
+    }
+
+    /// The canonical text, for an item with guards; None for one without.
+    pub fn into_text(self) -> Option<String> {
+        (!self.0.is_empty()).then_some(self.0)
+    }
+
+    /// The columns guarded, in order.
+    pub fn for_each_column(&self, mut visit: impl FnMut(&str)) {
+        match flat_entries(self.canonical()) {
+            Some(entries) => entries.into_iter().for_each(|(c, _)| visit(c)),
+            None => self.entries().keys().for_each(|c| visit(c)),
+        }
+    }
+
+    /// Column -> value, read back from the text: for the checks and messages that need
+    /// the values themselves.
+    pub fn entries(&self) -> BTreeMap<String, Value> {
+        parse_object(self.canonical())
     }
 }
 
 impl FromIterator<(String, Value)> for Guards {
     fn from_iter<I: IntoIterator<Item = (String, Value)>>(entries: I) -> Guards {
-        let mut list: Vec<(String, Value)> = entries.into_iter().collect();
-        list.sort_by(|a, b| a.0.cmp(&b.0));
-        list.shrink_to_fit();
-        Guards(list)
+        let entries: Vec<(String, Value)> = entries.into_iter().collect();
+        if entries.is_empty() {
+            return Guards::default();
+        }
+        let mut out = String::new();
+        write_object(entries.iter().map(|(c, v)| (c, v)), &mut out);
+        Guards(out)
     }
+}
+
+/// The entries of a JSON object in text whose every key and value is already in its
+/// canonical spelling, as raw slices of `text`: keys without escapes, and values that
+/// are strings without escapes, integers without leading zeros (not -0), true, false
+/// or null. None for any other text, which is read the long way.
+pub fn flat_entries(text: &str) -> Option<Vec<(&str, &str)>> {
+    let b = text.as_bytes();
+    let skip_space = |at: &mut usize| {
+        while *at < b.len() && matches!(b[*at], b' ' | b'\t' | b'\n' | b'\r') {
+            *at += 1;
+        }
+    };
+    // a string without escapes or control characters; the end, past its closing quote
+    let string = |at: usize| -> Option<usize> {
+        if b.get(at) != Some(&b'"') {
+            return None;
+        }
+        let end = at + 1 + b[at + 1..].iter().position(|&c| c == b'"')?;
+        let inside = &b[at + 1..end];
+        (!inside.iter().any(|&c| c == b'\\' || c < 0x20)).then_some(end + 1)
+    };
+    let mut entries = Vec::new();
+    let mut at = 0;
+    skip_space(&mut at);
+    if b.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    skip_space(&mut at);
+    let mut end_of_object = b.get(at) == Some(&b'}');
+    while !end_of_object {
+        skip_space(&mut at);
+        let key_start = at;
+        at = string(at)?;
+        let key = &text[key_start + 1..at - 1];
+        skip_space(&mut at);
+        if b.get(at) != Some(&b':') {
+            return None;
+        }
+        at += 1;
+        skip_space(&mut at);
+        let value_start = at;
+        match *b.get(at)? {
+            b'"' => at = string(at)?,
+            b't' if text[at..].starts_with("true") => at += 4,
+            b'f' if text[at..].starts_with("false") => at += 5,
+            b'n' if text[at..].starts_with("null") => at += 4,
+            b'-' | b'0'..=b'9' => {
+                let negative = b[at] == b'-';
+                let digits = at + usize::from(negative);
+                at = digits
+                    + b[digits..]
+                        .iter()
+                        .take_while(|c| c.is_ascii_digit())
+                        .count();
+                let n = &b[digits..at];
+                // no digits, a leading zero, or -0: not in its canonical spelling
+                if n.is_empty() || (n[0] == b'0' && (n.len() > 1 || negative)) {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+        entries.push((key, &text[value_start..at]));
+        skip_space(&mut at);
+        match *b.get(at)? {
+            b',' => at += 1,
+            b'}' => end_of_object = true,
+            _ => return None,
+        }
+    }
+    at += 1;
+    skip_space(&mut at);
+    (at == b.len()).then_some(entries)
 }
 
 impl Shape {
@@ -65,7 +187,8 @@ impl Shape {
     fn normal_value(&self, column: &str, value: &Value, context: &str) -> Result<Value> {
         self.check_value(column, value, context)?;
         Ok(match value {
-            Value::Number(n) => serde_json::from_str(&canonical_number(&n.to_string()))
+            Value::Number(n) if is_plain_integer(n.as_str()) => value.clone(),
+            Value::Number(n) => serde_json::from_str(&canonical_number(n.as_str()))
                 .unwrap_or_else(|_| value.clone()),
             _ => value.clone(),
         })
@@ -113,6 +236,24 @@ impl Shape {
             return Err(e);
         }
         streamed.map_err(|e| json_error(what, e))?;
+        self.in_key_order(items)
+    }
+
+    /// Checks and normalizes an approved list of `count` items handed over one element
+    /// at a time, each as JSON text, by `elements`: only one element is ever held as
+    /// parsed JSON, and the list's text never whole.
+    pub fn normalize_each(
+        &self,
+        what: &str,
+        count: usize,
+        elements: impl FnOnce(&mut dyn FnMut(&str) -> Result<()>) -> Result<()>,
+    ) -> Result<Vec<Item>> {
+        let mut items = Vec::with_capacity(count);
+        elements(&mut |text| {
+            let entry = read_json(what, text)?;
+            items.push(self.item(&entry, items.len() + 1)?);
+            Ok(())
+        })?;
         self.in_key_order(items)
     }
 
@@ -497,7 +638,7 @@ impl Approval {
     pub fn fingerprint(&self) -> String {
         let mut f = Fingerprint::begin(&self.terms);
         for item in &self.items {
-            f.item(&item.key.text(), item.revision, &item.guards.canonical());
+            f.item(&item.key.text(), item.revision, item.guards.canonical());
         }
         f.finish()
     }
@@ -597,7 +738,10 @@ pub fn parse_canonical_object(text: &str) -> BTreeMap<String, Value> {
 fn canonical_numbers(value: Value) -> Value {
     match value {
         Value::Number(n) => {
-            let text = canonical_number(&n.to_string());
+            if is_plain_integer(n.as_str()) {
+                return Value::Number(n);
+            }
+            let text = canonical_number(n.as_str());
             serde_json::from_str(&text).unwrap_or(Value::Number(n))
         }
         Value::Array(items) => Value::Array(items.into_iter().map(canonical_numbers).collect()),
@@ -626,7 +770,7 @@ fn write_object<'a>(entries: impl Iterator<Item = (&'a String, &'a Value)>, out:
         if i > 0 {
             out.push_str(", ");
         }
-        out.push_str(&Value::String(k.clone()).to_string());
+        write_string(k, out);
         out.push_str(": ");
         canonical_value(v, out);
     }
@@ -646,9 +790,32 @@ fn canonical_value(v: &Value, out: &mut String) {
             }
             out.push(']');
         }
-        Value::Number(n) => out.push_str(&canonical_number(&n.to_string())),
+        Value::Number(n) if is_plain_integer(n.as_str()) => out.push_str(n.as_str()),
+        Value::Number(n) => out.push_str(&canonical_number(n.as_str())),
+        Value::String(text) => write_string(text, out),
         other => out.push_str(&other.to_string()),
     }
+}
+
+/// A JSON string, as serde_json writes it: quoted, and escaped where it must be.
+fn write_string(text: &str, out: &mut String) {
+    if text.bytes().any(|c| c == b'"' || c == b'\\' || c < 0x20) {
+        out.push_str(&Value::String(text.to_string()).to_string());
+    } else {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    }
+}
+
+/// Whether `text` is an integer already in its one spelling (canonical_number): digits
+/// without a leading zero, perhaps after a minus, and not -0.
+fn is_plain_integer(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let b = digits.as_bytes();
+    !b.is_empty()
+        && b.iter().all(u8::is_ascii_digit)
+        && (b[0] != b'0' || (b.len() == 1 && digits.len() == text.len()))
 }
 
 /// A JSON number in one spelling per value, with every digit kept: no exponent, no
@@ -745,6 +912,66 @@ mod tests {
             assert_eq!(canonical_object(&one), canonical_object(&three), "{text}");
         }
     }
+
+    #[test]
+    fn plain_integers_are_their_own_canonical_spelling() {
+        for text in [
+            "0", "7", "-7", "120", "-0", "007", "-01", "1.0", "1e2", "", "-", "+1",
+        ] {
+            assert_eq!(
+                is_plain_integer(text),
+                canonical_number(text) == text
+                    && text.parse::<i128>().is_ok()
+                    && !text.starts_with('+'),
+                "{text}"
+            );
+        }
+        for text in ["a\"b", "c\\d", "e\nf", "\u{1}", "ä", "plain"] {
+            let mut out = String::new();
+            write_string(text, &mut out);
+            assert_eq!(out, Value::String(text.to_string()).to_string());
+        }
+    }
+
+    #[test]
+    fn flat_guards_read_as_the_long_way_reads_them() {
+        for text in [
+            r#"{}"#,
+            r#" { } "#,
+            r#"{"qty": 2}"#,
+            r#"{"b": 1, "a": "x", "ab": -12, "A": true, "c": false, "d": null}"#,
+            r#"{ "qty" :3 ,"name":"ä ü"}"#,
+            r#"{"qty": 0}"#,
+            // read the long way: not flat, or not in canonical spelling
+            r#"{"qty": -0}"#,
+            r#"{"qty": 2.0, "n": 1e2}"#,
+            r#"{"qty": 007}"#,
+            r#"{"a": "x\"y", "b": "\u00e4"}"#,
+            r#"{"a\n": 1}"#,
+            r#"{"a": {"c": 1, "b": 2}, "z": [2, 1]}"#,
+            r#"{"a": 1, "a": 2}"#,
+            r#"{"a": 1,}"#,
+            r#"{"a": 1} x"#,
+            r#"{"a": tru}"#,
+            r#"{"a": -}"#,
+            r#"[1]"#,
+            r#""#,
+        ] {
+            let long_way: Guards = parse_canonical_object(text).into_iter().collect();
+            assert_eq!(Guards::read(text), long_way, "{text}");
+            let mut columns = Vec::new();
+            long_way.for_each_column(|c| columns.push(c.to_string()));
+            let keys: Vec<String> = long_way.entries().into_keys().collect();
+            assert_eq!(columns, keys, "{text}");
+        }
+        assert_eq!(
+            Guards::read(r#"{"b": 1, "a": "x"}"#).canonical(),
+            r#"{"a": "x", "b": 1}"#
+        );
+        assert!(flat_entries(r#"{"qty": 2, "name": "x"}"#).is_some());
+        assert!(flat_entries(r#"{"qty": 2.5}"#).is_none());
+    }
+
     use crate::job::columns::Column;
     use serde_json::json;
 

@@ -1,13 +1,13 @@
 //! The job's row in a chunk's transaction, read and written without statements: the
 //! row locked and its checkpoint checked before the chunk (the seal, the counters, one
-//! probe of the audit partition for a row at or beyond it), the keys the chunk starts
-//! and ends with read from the item partition, and the checkpoint moved past the chunk
+//! probe of the audit partition for a row at or beyond it), the chunk's items read from
+//! its row of the item partition, and the checkpoint moved past the chunk
 //! after its audit rows. What each statement would have cost (a plan found, an executor
 //! started and ended) is most of what these small reads and one write cost, so a chunk's
 //! only statement is its change. The rules are progress.rs's; `verify_job` checks the
 //! same promise in SQL.
 
-use super::chunk::{held_back, OpenChunk, Opening, Recheck};
+use super::chunk::{held_back, ChunkItems, ItemArrays, OpenChunk, Opening, Recheck};
 use super::progress::Progress;
 use super::seal;
 use super::tables::JobTables;
@@ -132,11 +132,11 @@ pub fn open(job_id: &str, tables: &JobTables) -> Result<Opening> {
             progress.item_count
         )));
     };
-    let keys = match chunk_keys(tables, &range)? {
-        Ok(keys) => keys,
+    let items = match chunk_items(tables, &range)? {
+        Ok(items) => items,
         Err(reason) => return Ok(Opening::Untrusted(reason)),
     };
-    Ok(OpenChunk::checkpoint(progress, keys, locked.at).map_or(Opening::Done, Opening::Open))
+    Ok(OpenChunk::checkpoint(progress, items, locked.at).map_or(Opening::Done, Opening::Open))
 }
 
 /// After the chunk `range` was rolled back: the job's row locked again, and whether the
@@ -170,29 +170,53 @@ pub fn first_audit_from(tables: &JobTables, position: i32) -> Result<Option<i32>
     })
 }
 
-/// The keys of the first and the last item of the chunk `range`, read from the chunk's
-/// row of the job's item partition, found by its primary key; or, when that row is gone
-/// or does not hold the chunk's positions (changed with the counting triggers bypassed),
-/// why the frozen list cannot be trusted.
-pub fn chunk_keys(
+/// The chunk `range`'s approved items, as its row of the job's item partition holds
+/// them, found by its primary key; or, when that row is gone or does not hold the
+/// chunk's positions (changed with the counting triggers bypassed), why the frozen list
+/// cannot be trusted.
+pub fn chunk_items(
     tables: &JobTables,
     range: &Range<i32>,
-) -> Result<std::result::Result<(String, String), String>> {
-    let keys = own_rows::reading_table(&tables.items_relname(), |items| {
+) -> Result<std::result::Result<ChunkItems, String>> {
+    let row = own_rows::reading_table(&tables.items_relname(), |items| {
         items.first(
             "first_position",
             Compare::Equal,
             Key::Int4(range.start),
-            |row| row.get::<Vec<Option<String>>>("keys"),
+            |row| {
+                Ok((
+                    row.value("keys")?,
+                    row.value("revisions")?,
+                    row.value("guards")?,
+                ))
+            },
         )
-    })?
-    .flatten()
-    .unwrap_or_default();
-    if keys.len() != range.len() {
-        return Ok(Err(short_list(range, keys.len())));
+    })?;
+    let Some((Some(keys), Some(revisions), guards)) = row else {
+        return Ok(Err(short_list(range, 0)));
+    };
+    // SAFETY: a flat copy of the row's text[] column, alive in the current context
+    let keys_read =
+        unsafe { <pgrx::Array<&str> as pgrx::FromDatum>::from_datum(keys.datum(), false) };
+    let (count, first_key, last_key) = match keys_read {
+        Some(read) => {
+            let key = |i: usize| read.get(i).flatten().unwrap_or_default().to_string();
+            (read.len(), key(0), key(read.len().saturating_sub(1)))
+        }
+        None => (0, String::new(), String::new()),
+    };
+    if count != range.len() {
+        return Ok(Err(short_list(range, count)));
     }
-    let key = |at: Option<&Option<String>>| at.cloned().flatten().unwrap_or_default();
-    Ok(Ok((key(keys.first()), key(keys.last()))))
+    Ok(Ok(ChunkItems {
+        first_key,
+        last_key,
+        arrays: ItemArrays {
+            keys,
+            revisions,
+            guards,
+        },
+    }))
 }
 
 /// Why a chunk's positions `range` cannot be trusted when the frozen list holds `found`

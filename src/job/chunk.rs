@@ -7,7 +7,10 @@ use super::progress::Progress;
 use crate::error::Result;
 use crate::own_rows::Tid;
 use crate::pauses::{self, Paused};
+use crate::query::Opaque;
 use crate::status::JobStatus;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
 use std::ops::Range;
 
 /// What holds a drainer back before its next chunk: the job's pause, or, in a worker of
@@ -30,7 +33,40 @@ pub struct OpenChunk {
     /// The keys of its first and last item.
     pub first_key: String,
     pub last_key: String,
+    /// Its items, bound to its change.
+    pub items: ItemArrays,
     pub mark: Mark,
+}
+
+/// A chunk's approved items as its row of the frozen list holds them (sql/jobs.sql,
+/// job_item_chunk), with the keys of its first and last item read from them.
+pub struct ChunkItems {
+    pub first_key: String,
+    pub last_key: String,
+    pub arrays: ItemArrays,
+}
+
+/// The arrays of a chunk's row, as they are, for its change to unfold (target.rs,
+/// change_sql): the planner then knows how many items the chunk has.
+pub struct ItemArrays {
+    pub keys: Opaque,
+    pub revisions: Opaque,
+    /// NULL when none of the chunk's items has guards.
+    pub guards: Option<Opaque>,
+}
+
+impl ItemArrays {
+    /// The arrays as the change's last three parameters: text[], bigint[], text[].
+    pub fn args(&self) -> [DatumWithOid<'static>; 3] {
+        [
+            self.keys.arg(),
+            self.revisions.arg(),
+            match &self.guards {
+                Some(guards) => guards.arg(),
+                None => DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+            },
+        ]
+    }
 }
 
 /// What records a chunk as committed, besides its audit rows.
@@ -45,28 +81,25 @@ pub enum Mark {
 
 impl OpenChunk {
     /// The chunk that begins at `progress.next_index`, with its keys.
-    pub fn checkpoint(progress: Progress, keys: (String, String), at: Tid) -> Option<OpenChunk> {
-        Self::new(progress, keys, Mark::Checkpoint(at))
+    pub fn checkpoint(progress: Progress, items: ChunkItems, at: Tid) -> Option<OpenChunk> {
+        Self::new(progress, items, Mark::Checkpoint(at))
     }
 
     /// The chunk a parallel job's drainer claimed at `at`.
-    pub fn claimed(progress: Progress, keys: (String, String), at: Tid) -> Option<OpenChunk> {
-        Self::new(progress, keys, Mark::Claim(at))
+    pub fn claimed(progress: Progress, items: ChunkItems, at: Tid) -> Option<OpenChunk> {
+        Self::new(progress, items, Mark::Claim(at))
     }
 
-    fn new(
-        progress: Progress,
-        (first_key, last_key): (String, String),
-        mark: Mark,
-    ) -> Option<OpenChunk> {
+    fn new(progress: Progress, items: ChunkItems, mark: Mark) -> Option<OpenChunk> {
         let range = progress.next_chunk()?;
         let (number, total) = progress.chunk_number();
         Some(OpenChunk {
             number,
             total,
             range,
-            first_key,
-            last_key,
+            first_key: items.first_key,
+            last_key: items.last_key,
+            items: items.arrays,
             mark,
         })
     }

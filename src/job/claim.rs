@@ -22,7 +22,7 @@
 //! before the stop is recorded, and every drainer that comes after waits for it and then
 //! reads the job's new status, and stops.
 
-use super::checkpoint::{chunk_keys, first_audit_from, outside_changes};
+use super::checkpoint::{chunk_items, first_audit_from, outside_changes};
 use super::chunk::{held_back, OpenChunk, Opening, Recheck};
 use super::progress::Progress;
 use super::seal;
@@ -193,11 +193,11 @@ pub fn open(
             claimed.chunk
         )));
     }
-    let keys = match chunk_keys(tables, &range)? {
-        Ok(keys) => keys,
+    let items = match chunk_items(tables, &range)? {
+        Ok(items) => items,
         Err(reason) => return Ok(Opening::Untrusted(reason)),
     };
-    Ok(OpenChunk::claimed(chunk, keys, claimed.at).map_or(Opening::AllCommitted, Opening::Open))
+    Ok(OpenChunk::claimed(chunk, items, claimed.at).map_or(Opening::AllCommitted, Opening::Open))
 }
 
 /// Looks for a chunk that is neither committed nor held, and claims it.

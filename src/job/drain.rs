@@ -66,6 +66,23 @@ pub struct Drained {
     pub paused: bool,
 }
 
+/// Chunks of at least this many items have their change planned for their own items
+/// and key range, each time (target.rs, change_sql): a few hundred microseconds that
+/// buy, where the chunk's items are most of the rows between its first and last key, a
+/// join of that range read once instead of one probe of the target's index per item.
+/// Smaller chunks share one plan, made once, which probes: planning each would cost more
+/// than it saves. Measured in bench/run (docs/benchmark.md, "0.4.0: the compact layout").
+const PLANNED_FOR_ITS_ITEMS_FROM: i32 = 200;
+
+/// How the change of a job of `chunk_size` is planned.
+fn planning(chunk_size: i32) -> query::Planning {
+    if chunk_size >= PLANNED_FOR_ITS_ITEMS_FROM {
+        query::Planning::ForTheValues
+    } else {
+        query::Planning::Generic
+    }
+}
+
 /// The statements of one job, built once per call.
 struct Job {
     activity: Activity,
@@ -84,6 +101,8 @@ struct Job {
     /// The change binds the chunk's first and last key after the constants, to bound
     /// its scan of the target (JobKey::bounds_chunks).
     bounds: bool,
+    /// How the change is planned (see `planning`).
+    planning: query::Planning,
     /// The job's SQL prints rows as text (a digest), the same in every session.
     stable_output: bool,
     /// Since when this drainer has been at work on the job, for its next chunk: the
@@ -372,13 +391,7 @@ impl Job {
         let bounds = target.bounds_chunks();
         let change_sql = match &def.handler {
             Some(handler) => target.handler_sql(items, def.chunk_size, handler),
-            None => target.change_sql(
-                items,
-                def.chunk_size,
-                &def.guard_columns,
-                &constants,
-                bounds,
-            ),
+            None => target.change_sql(&def.guard_columns, &constants, bounds),
         };
         Ok(Job {
             activity: Activity::begin(),
@@ -394,6 +407,7 @@ impl Job {
             row_sql: target.current_row_sql(),
             constants: constants.args(&target)?,
             bounds,
+            planning: planning(def.chunk_size),
             stable_output: target.shape.reads_rows_as_text(),
             at_work_since: clock_timestamp(),
             order: Order::of(&def),
@@ -707,6 +721,7 @@ impl Job {
                 args.push(chunk.first_key.as_str().into());
                 args.push(chunk.last_key.as_str().into());
             }
+            args.extend(chunk.items.args());
         }
         let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
             crate::raised::capturing(|| {
@@ -735,7 +750,7 @@ impl Job {
 
     fn guarded_update(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
         let mut changed = Vec::with_capacity(range.len());
-        query::rows(&self.change_sql, args, 0, |r| {
+        query::rows_planned(&self.change_sql, args, self.planning, 0, |r| {
             changed.push((r.get::<i32>(1)?.unwrap_or(-1), r.get::<i64>(2)?));
             Ok(())
         })?;

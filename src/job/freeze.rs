@@ -3,7 +3,7 @@
 //! fingerprint as it goes; and read back in the same order to compare a new registration
 //! with it or to verify it. Lists of any size take the memory of one batch.
 
-use super::approval::{parse_canonical_object, parse_object, Fingerprint, Item, Key, Terms};
+use super::approval::{Fingerprint, Guards, Item, Key, Terms};
 use super::key::KeyOrder;
 use super::sql;
 use super::tables::JobTables;
@@ -82,7 +82,7 @@ impl<'a> Writer<'a> {
     }
 
     /// The next item; keys must come in ascending order, each once.
-    pub fn push(&mut self, item: &Item) -> Result<()> {
+    pub fn push(&mut self, item: Item) -> Result<()> {
         if let Some(last) = &self.last {
             if item.key == *last {
                 return Err(BatchError::invalid_because(
@@ -105,19 +105,18 @@ impl<'a> Writer<'a> {
             ));
         }
         let key = item.key.text();
-        let guards = item.guards.canonical();
-        self.fingerprint.item(&key, item.revision, &guards);
-        let mut any = false;
-        for column in item.guards.keys() {
-            any = true;
-            if !self.guard_columns.contains(column) {
-                self.guard_columns.insert(column.clone());
+        self.fingerprint
+            .item(&key, item.revision, item.guards.canonical());
+        let columns = &mut self.guard_columns;
+        item.guards.for_each_column(|column| {
+            if !columns.contains(column) {
+                columns.insert(column.to_string());
             }
-        }
+        });
         self.keys.push(key);
         self.revisions.push(item.revision);
-        self.guards.push(any.then_some(guards));
-        self.last = Some(item.key.clone());
+        self.guards.push(item.guards.into_text());
+        self.last = Some(item.key);
         if self.keys.len() == self.chunk_size {
             self.flush()?;
         }
@@ -178,9 +177,6 @@ pub struct ItemCursor {
 #[derive(Clone, Copy)]
 struct ReadAs {
     order: KeyOrder,
-    /// Guards as the cursor gives them are canonicalized (one spelling per number), as
-    /// a jsonb approval's are: the frozen list holds them so already.
-    canonicalize: bool,
     /// Its statement prints rows or keys as text (settings::STABLE_OUTPUT).
     stable_output: bool,
 }
@@ -188,30 +184,28 @@ struct ReadAs {
 impl ItemCursor {
     /// The frozen list of a job, in position (and so key) order.
     pub fn stored(tables: &JobTables, order: KeyOrder) -> Result<ItemCursor> {
-        Self::open(&tables.sql(sql::STORED_ITEMS), &[], order, false, false)
+        Self::open(&tables.sql(sql::STORED_ITEMS), &[], order, false)
     }
 
     /// The rows of an items query (see items_query::ItemsQuery::ordered_sql), in key
     /// order.
     pub fn query(sql: &str, order: KeyOrder) -> Result<ItemCursor> {
-        Self::open(sql, &[], order, true, false)
+        Self::open(sql, &[], order, false)
     }
 
     /// Rows PostgreSQL orders (ordered.rs): with their rank, and whether they name a row.
     pub fn ranked(sql: &str, args: &[DatumWithOid], stable_output: bool) -> Result<ItemCursor> {
-        Self::open(sql, args, KeyOrder::Sql, true, stable_output)
+        Self::open(sql, args, KeyOrder::Sql, stable_output)
     }
 
     fn open(
         sql: &str,
         args: &[DatumWithOid],
         order: KeyOrder,
-        canonicalize: bool,
         stable_output: bool,
     ) -> Result<ItemCursor> {
         let read = ReadAs {
             order,
-            canonicalize,
             stable_output,
         };
         let cursor = read.settings(|| Cursor::open(sql, args))?;
@@ -241,14 +235,10 @@ impl ReadAs {
             )
         })?;
         let revision = row.get::<i64>(2)?;
-        let text = row.get::<String>(3)?.unwrap_or_else(|| "{}".into());
-        let guards = if self.canonicalize {
-            parse_canonical_object(&text)
-        } else {
-            parse_object(&text)
-        }
-        .into_iter()
-        .collect();
+        let guards = match row.get::<String>(3)? {
+            Some(text) => Guards::read(&text),
+            None => Guards::default(),
+        };
         let key = match self.order {
             KeyOrder::Here(_) => Key::from_text(self.order, &key),
             KeyOrder::Sql => {

@@ -42,7 +42,10 @@ impl SqlOrder<'_> {
             Given::Items(items) => {
                 let keys: Vec<String> = items.iter().map(|i| i.key.text()).collect();
                 let revisions: Vec<i64> = items.iter().map(|i| i.revision).collect();
-                let guards: Vec<String> = items.iter().map(|i| i.guards.canonical()).collect();
+                let guards: Vec<String> = items
+                    .iter()
+                    .map(|i| i.guards.canonical().to_string())
+                    .collect();
                 (
                     "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
                      pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.text[])) \

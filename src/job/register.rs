@@ -30,9 +30,22 @@ use std::collections::BTreeMap;
 /// Approved items read one at a time, from wherever they come.
 type ItemStream<'a> = Box<dyn Iterator<Item = Result<Item>> + 'a>;
 
+/// An approved list as its caller holds it (a jsonb argument, api/types.rs): read an
+/// element at a time, so that a list of a million items is never printed whole.
+pub trait JsonList {
+    /// How many elements it has, when it is a JSON array; None for any other value.
+    fn array_len(&self) -> Option<usize>;
+    /// Each element of the array, in order, as JSON text, for `visit`.
+    fn each_element(&self, visit: &mut dyn FnMut(&str) -> Result<()>) -> Result<()>;
+    /// The whole value as JSON text.
+    fn text(&self) -> Result<String>;
+}
+
 /// Where the approved items come from.
 pub enum Items {
-    /// register_job: a jsonb array of item objects, as JSON text.
+    /// register_job: a jsonb array of item objects, read an element at a time.
+    List(Box<dyn JsonList>),
+    /// A list of item objects as JSON text (register_remainder's).
     Json(String),
     /// register_job_from_query: a SELECT whose rows are the items.
     Query(String),
@@ -164,6 +177,13 @@ pub fn register(mut req: Request) -> Result<Registered> {
     let shape = &target.shape;
     let source = match std::mem::replace(&mut req.items, Items::Json(String::new())) {
         // read an item at a time, and the text let go as soon as the normal form exists
+        Items::List(list) => Source::List(match list.array_len() {
+            Some(count) => {
+                shape.normalize_each("items", count, |visit| list.each_element(visit))?
+            }
+            // not an array: read whole, to say what it is
+            None => shape.normalize_json("items", &list.text()?)?,
+        }),
         Items::Json(items) => Source::List(shape.normalize_json("items", &items)?),
         Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
     };
@@ -226,10 +246,20 @@ pub fn register(mut req: Request) -> Result<Registered> {
             })?;
             let mut writer = Writer::new(&req.job_id, &tables, &terms, owner)?;
             let tenant = terms.tenant.as_ref().map(|(v, _)| v.as_str());
-            for item in source.items(&target, tenant)? {
-                writer.push(&item?)?;
+            let ordered_here = source.by_sql(&target)?.is_none();
+            match source {
+                // a list ordered here is handed over item by item, never copied
+                Source::List(items) if ordered_here => {
+                    for item in items {
+                        writer.push(item)?;
+                    }
+                }
+                source => {
+                    for item in source.items(&target, tenant)? {
+                        writer.push(item?)?;
+                    }
+                }
             }
-            drop(source);
             let frozen = writer.finish()?;
             if frozen.count == 0 {
                 return Err(BatchError::invalid_because(
@@ -395,9 +425,18 @@ fn check_casts(
             }
         }
     };
+    // an item's values are read back from its guards' text only where a column needs it
+    let checked = |column: &str| {
+        let kind = target.shape.columns.get(column).map(|c| c.kind);
+        matches!(kind, Some(Kind::Other | Kind::Numeric))
+    };
     for item in items {
-        for (column, value) in item.guards.iter() {
-            add(column, value);
+        let mut any = false;
+        item.guards.for_each_column(|column| any |= checked(column));
+        if any {
+            for (column, value) in item.guards.entries() {
+                add(&column, &value);
+            }
         }
     }
     if let Action::Set(set) = action {

@@ -461,7 +461,7 @@ fn fingerprint(def: &Definition) -> Result<String> {
     // the keys as stored: only their text is hashed
     for item in ItemCursor::stored(&def.tables, KeyOrder::Here(Kind::Text))? {
         let item = item?;
-        f.item(&item.key.text(), item.revision, &item.guards.canonical());
+        f.item(&item.key.text(), item.revision, item.guards.canonical());
     }
     Ok(f.finish())
 }

@@ -185,6 +185,19 @@ impl Target {
         )
     }
 
+    /// The chunk's approved items as `it(position, item_key, revision, guards)`, unfolded
+    /// from its row's arrays bound as parameters `$at` (keys), `$at + 1` (revisions) and
+    /// `$at + 2` (guards), the first at position $1.
+    fn bound_items(at: usize) -> String {
+        format!(
+            "(SELECT u.position, u.item_key, u.revision, u.guards\n          FROM \
+             etc_batch.chunk_items($1, ${at}::pg_catalog.text[], ${}::pg_catalog.int8[], \
+             ${}::pg_catalog.text[]) u) it",
+            at + 1,
+            at + 2
+        )
+    }
+
     /// SQL: the target's row `t` is of the job's tenant (`tenant`, an expression of
     /// text), if it has one.
     pub fn tenant_condition(&self, tenant: &str) -> Option<String> {
@@ -259,17 +272,18 @@ impl Target {
     }
 
     /// The guarded change of one chunk, one statement, run as the registering role: the
-    /// chunk's items read from the job's own partition, every one that still matches
-    /// changed (with what its guard adds, a revision incremented). Returns the position
-    /// of each item changed and its guard value now, for the audit. $1, $2 the chunk's
-    /// positions, $3 tenant, then the job's constants; with `key_bounds` (see
-    /// bounds_chunks), then the chunk's first and last key, so that the planner reads
-    /// the chunk's rows of the target by one range of its key instead of one probe per
-    /// item.
+    /// chunk's items, bound as its row of the frozen list holds them, every one that
+    /// still matches changed (with what its guard adds, a revision incremented). Returns
+    /// the position of each item changed and its guard value now, for the audit. $1 the
+    /// chunk's first position, $3 tenant, then the job's constants; with `key_bounds`
+    /// (see bounds_chunks), then the chunk's first and last key; last, the chunk's
+    /// arrays (ItemArrays::args). Bound as values, the arrays tell the planner how many
+    /// items the chunk has, and the key bounds how many rows of the target lie between
+    /// its first and last key: planned for them (drain.rs, planning), a chunk whose
+    /// items are most of the rows of its key range reads that range once and joins it,
+    /// where one of scattered items probes the target by index once per item.
     pub fn change_sql(
         &self,
-        items: &str,
-        chunk_size: i32,
         guard_columns: &[String],
         constants: &Constants,
         key_bounds: bool,
@@ -284,16 +298,18 @@ impl Target {
             .collect();
         assignments.extend(s.guard.assignments());
         let mut conditions = self.item_matches(guard_columns, constants);
+        let mut arrays = constants.after();
         if key_bounds {
             conditions.push_str("\n     AND ");
             conditions.push_str(&s.key.between(constants.after(), &s.columns));
+            arrays += 2;
         }
         format!(
             "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
              RETURNING it.position, {}",
             self.sql_name,
             assignments.join(", "),
-            Self::chunk_items(items, chunk_size),
+            Self::bound_items(arrays),
             conditions,
             s.guard_now(),
         )

@@ -459,7 +459,7 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             Key::from_text(KeyOrder::Here(key_kind), &item.key.text()),
             item.key
         );
-        for (column, value) in item.guards.iter() {
+        for (column, value) in &item.guards.entries() {
             assert!(shape.columns.contains_key(column), "{column:?}");
             assert!(
                 !shape.roles().any(|r| r == column),
@@ -468,7 +468,7 @@ fn assert_normal_form(shape: &Shape, input: &Value, items: &[Item], any_float: b
             if any_float && value.is_f64() {
                 continue;
             }
-            let stored: Value = serde_json::from_str(&item.guards.canonical()).unwrap();
+            let stored: Value = serde_json::from_str(item.guards.canonical()).unwrap();
             assert_eq!(
                 stored.get(column),
                 Some(value),
@@ -534,7 +534,7 @@ fn as_stored(key_kind: Kind, items: &[Item]) -> Vec<Item> {
         .map(|i| Item {
             key: Key::from_text(KeyOrder::Here(key_kind), &i.key.text()),
             revision: i.revision,
-            guards: match serde_json::from_str(&i.guards.canonical()).unwrap() {
+            guards: match serde_json::from_str(i.guards.canonical()).unwrap() {
                 Value::Object(m) => m.into_iter().collect(),
                 other => panic!("guards stored as {other}"),
             },
