@@ -136,6 +136,7 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
             return (time.perf_counter() - t) * 1e6 / (items // 10)
 
         tenth_before = register_tenth("tenth-before")
+        since = lsn(c)
         t = time.perf_counter()
         with Watch(pid) as w:
             created = c.execute(
@@ -145,6 +146,7 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
                 (chunk,),
             ).fetchone()
         seconds = time.perf_counter() - t
+        r["register_wal_bytes_per_item"] = round(wal_since(c, since) / items, 1)
         tenth_after = register_tenth("tenth-after")
         r["tenth_register_us_per_item"] = [round(tenth_before, 2), round(tenth_after, 2)]
         r["register_per_item_over_tenth"] = round(
@@ -162,10 +164,12 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
         c.execute("CHECKPOINT")
         checkpoints = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
         checkpoints_before = c.execute(checkpoints).fetchone()[0]
+        since = lsn(c)
         t = time.perf_counter()
         with Watch(pid) as w:
             result = c.execute("CALL etc_batch.drain_job('big')").fetchone()
         seconds = time.perf_counter() - t
+        r["drain_wal_bytes_per_item"] = round(wal_since(c, since) / items, 1)
         r["drain_result"] = list(result)
         r["drain_seconds"] = round(seconds, 1)
         r["drain_rows_per_s"] = round(items / seconds)
