@@ -70,8 +70,8 @@ pub struct Drained {
 /// and key range, each time (target.rs, change_sql): a few hundred microseconds that
 /// buy, where the chunk's items are most of the rows between its first and last key, a
 /// join of that range read once instead of one probe of the target's index per item.
-/// Smaller chunks share one plan, made once, which probes: planning each would cost more
-/// than it saves. Measured in bench/run (docs/benchmark.md, "0.4.0: the compact layout").
+/// Smaller chunks share one plan, made once, which probes (`changing`): planning each
+/// would cost more than it saves. Measured in bench/run (docs/benchmark.md, "0.4.0: the compact layout").
 const PLANNED_FOR_ITS_ITEMS_FROM: i32 = 200;
 
 /// How the change of a job of `chunk_size` is planned.
@@ -440,19 +440,26 @@ impl Job {
     /// the target's statistics say: a table never analyzed can look small enough to scan
     /// whole, once per item. A handler's own statements are planned as it plans them.
     fn changing<R>(&self, work: impl FnOnce() -> R) -> R {
-        let mut extra = [(c"enable_seqscan", "off"); 1 + crate::settings::STABLE_OUTPUT.len()];
-        let mut set = usize::from(self.def.handler.is_none());
-        if self.stable_output {
-            for setting in crate::settings::STABLE_OUTPUT {
-                extra[set] = *setting;
-                set += 1;
+        let mut extra = Vec::with_capacity(3 + crate::settings::STABLE_OUTPUT.len());
+        if self.def.handler.is_none() {
+            // the change reads the target by its key's index, whatever its statistics
+            // say; and a plan shared by every chunk, which cannot know how a chunk's
+            // items lie in their key range, probes the index once per item, which costs
+            // the same however scattered they are (see PLANNED_FOR_ITS_ITEMS_FROM)
+            extra.push((c"enable_seqscan", "off"));
+            if self.planning == query::Planning::Generic {
+                extra.push((c"enable_hashjoin", "off"));
+                extra.push((c"enable_mergejoin", "off"));
             }
+        }
+        if self.stable_output {
+            extra.extend_from_slice(crate::settings::STABLE_OUTPUT);
         }
         as_author(
             self.def.registered_by,
             &self.def.search_path,
             self.caller,
-            &extra[..set],
+            &extra,
             work,
         )
     }

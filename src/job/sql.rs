@@ -52,25 +52,31 @@ SELECT i.position, i.item_key
  ORDER BY i.position
  LIMIT $3";
 
-/// How many approved items positions [$1, $2), a chunk's, hold. Read when a chunk
-/// changed fewer rows than it has positions: the list itself may be what is short. Reads
-/// the one chunk row that holds $1, if any.
-pub const ITEMS_IN_RANGE: &str = "\
-SELECT pg_catalog.count(*)::pg_catalog.int4
-  FROM (SELECT c.* FROM {item_chunks} c
+/// The items of the one chunk row of the job's item partition that holds position $1
+/// (if any), unfolded as `u`: what ITEMS_IN_RANGE and ITEM read.
+macro_rules! items_of_the_chunk_holding_1 {
+    () => {
+        "(SELECT c.* FROM {item_chunks} c
          WHERE c.last_position OPERATOR(pg_catalog.>=) $1
          ORDER BY c.last_position LIMIT 1) c,
-       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
- WHERE u.position OPERATOR(pg_catalog.>=) $1 AND u.position OPERATOR(pg_catalog.<) $2";
+       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u"
+    };
+}
+
+/// How many approved items positions [$1, $2), a chunk's, hold. Read when a chunk
+/// changed fewer rows than it has positions: the list itself may be what is short.
+pub const ITEMS_IN_RANGE: &str = concat!(
+    "SELECT pg_catalog.count(*)::pg_catalog.int4\n  FROM ",
+    items_of_the_chunk_holding_1!(),
+    "\n WHERE u.position OPERATOR(pg_catalog.>=) $1 AND u.position OPERATOR(pg_catalog.<) $2"
+);
 
 /// One approved item, from the chunk row that holds it. $1 position.
-pub const ITEM: &str = "\
-SELECT u.item_key, u.revision, u.guards::pg_catalog.text
-  FROM (SELECT c.* FROM {item_chunks} c
-         WHERE c.last_position OPERATOR(pg_catalog.>=) $1
-         ORDER BY c.last_position LIMIT 1) c,
-       etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
- WHERE u.position OPERATOR(pg_catalog.=) $1";
+pub const ITEM: &str = concat!(
+    "SELECT u.item_key, u.revision, u.guards::pg_catalog.text\n  FROM ",
+    items_of_the_chunk_holding_1!(),
+    "\n WHERE u.position OPERATOR(pg_catalog.=) $1"
+);
 
 /// Waits for a parallel job's chunks in flight and keeps new ones from starting, until
 /// the end of the transaction (see claim::stop).

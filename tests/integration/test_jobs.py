@@ -1446,3 +1446,58 @@ def test_a_parallel_handler_job_drains_to_done(db):
     assert sum(d.result["committed_chunks"] for d in drainers) == 3
     assert_parallel_job_complete(db, orders, job, keys)
     assert_others_untouched(orders, keys)
+
+
+def change_plans(conn, job):
+    """The plans of the UPDATEs a drain of `job` ran, as auto_explain tells them."""
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    for setting in (
+        "LOAD 'auto_explain'",
+        "SET auto_explain.log_min_duration = 0",
+        "SET auto_explain.log_nested_statements = on",
+        "SET auto_explain.log_level = notice",
+    ):
+        conn.execute(setting)
+    conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+    return [n for n in notices if "Update on" in n]
+
+
+def test_a_large_chunk_reads_its_dense_range_once_and_probes_scattered_items(db):
+    """A chunk of 200 items or more is planned for its own items and key range: where
+    its items are the rows of its range, the range is read once and joined; where they
+    are scattered among other rows, the key's index is probed once per item. A smaller
+    chunk shares one plan, which probes."""
+    admin = db.admin
+    admin.execute(
+        "CREATE TABLE plan_rows (id int PRIMARY KEY, revision int NOT NULL DEFAULT 1, "
+        "status text NOT NULL DEFAULT 'new')"
+    )
+    admin.execute("INSERT INTO plan_rows (id) SELECT g FROM generate_series(1, 300000) g")
+    admin.execute("ANALYZE plan_rows")
+    jobs = {
+        # name: (the items, chunk size)
+        "dense": ("id <= 2000", 500),
+        "scattered": ("id > 3000 AND id % 200 = 0", 500),
+        "small": ("id > 2000 AND id <= 2400", 100),
+    }
+    plans = {}
+    for name, (where, chunk) in jobs.items():
+        job = db.new_batch(f"plans-{name}")
+        admin.execute(
+            "SELECT etc_batch.register_job_from_query(%s, NULL, 'plan_rows', "
+            "format('SELECT id, revision FROM plan_rows WHERE %%s', %s::text), %s, "
+            "'{\"status\": \"done\"}')",
+            (job, where, chunk),
+        )
+        with db.connect() as conn:
+            plans[name] = change_plans(conn, job)
+        count = admin.execute(
+            f"SELECT count(*) FROM plan_rows WHERE status = 'done' AND revision = 2 AND {where}"
+        ).fetchone()["count"]
+        total = admin.execute(f"SELECT count(*) FROM plan_rows WHERE {where}").fetchone()["count"]
+        assert count == total, (name, count, total)
+    assert len(plans["dense"]) == 4 and len(plans["scattered"]) == 3 and len(plans["small"]) == 4
+    assert all("Nested Loop" not in p and "Join" in p for p in plans["dense"]), plans["dense"]
+    assert all("Nested Loop" in p for p in plans["scattered"]), plans["scattered"]
+    assert all("Nested Loop" in p for p in plans["small"]), plans["small"]
