@@ -1117,23 +1117,26 @@ END
 $convert$;
 
 -- Who could read a table reads its view, and the table of chunk rows: the grants,
--- copied to the new tables before the old ones are dropped, then to the views.
-DO $grants$
+-- copied to the new tables before the old ones are dropped, then to the views, by one
+-- function of this script's own (gone with its session).
+CREATE FUNCTION pg_temp.copy_select_grants(source regclass, target regclass)
+RETURNS void LANGUAGE plpgsql AS $copy$
 DECLARE
     g record;
 BEGIN
     FOR g IN
-        SELECT CASE c.relname WHEN 'job_item' THEN 'job_item_chunk' ELSE 'job_audit_chunk' END AS chunks,
-               x.grantee
+        SELECT x.grantee
           FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) x
-         WHERE c.oid IN ('etc_batch.job_item'::pg_catalog.regclass, 'etc_batch.job_audit'::pg_catalog.regclass)
-           AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
+         WHERE c.oid = source AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
     LOOP
-        EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', g.chunks,
+        EXECUTE format('GRANT SELECT ON %s TO %s', target,
                        CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
     END LOOP;
 END
-$grants$;
+$copy$;
+
+SELECT pg_temp.copy_select_grants('etc_batch.job_item', 'etc_batch.job_item_chunk'),
+       pg_temp.copy_select_grants('etc_batch.job_audit', 'etc_batch.job_audit_chunk');
 
 DROP VIEW etc_batch.job_audit_items;
 DROP TABLE etc_batch.job_audit, etc_batch.job_item;
@@ -1170,23 +1173,9 @@ COMMENT ON VIEW etc_batch.job_audit_items IS
 
 REVOKE ALL ON etc_batch.job_item, etc_batch.job_audit, etc_batch.job_audit_items FROM PUBLIC;
 
-DO $grants$
-DECLARE
-    g record;
-BEGIN
-    FOR g IN
-        SELECT CASE c.relname WHEN 'job_item_chunk' THEN 'job_item' ELSE 'job_audit' END AS view,
-               x.grantee
-          FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) x
-         WHERE c.oid IN ('etc_batch.job_item_chunk'::pg_catalog.regclass,
-                         'etc_batch.job_audit_chunk'::pg_catalog.regclass)
-           AND x.privilege_type = 'SELECT' AND x.grantee <> c.relowner
-    LOOP
-        EXECUTE format('GRANT SELECT ON etc_batch.%I TO %s', g.view,
-                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
-    END LOOP;
-END
-$grants$;
+SELECT pg_temp.copy_select_grants('etc_batch.job_item_chunk', 'etc_batch.job_item'),
+       pg_temp.copy_select_grants('etc_batch.job_audit_chunk', 'etc_batch.job_audit');
+DROP FUNCTION pg_temp.copy_select_grants(regclass, regclass);
 
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';

@@ -503,7 +503,7 @@ impl Fields<'_> {
         // SAFETY: the tuple is a row of the open table, whose descriptor this is; the
         // column is a varlena one, checked before its value is copied.
         unsafe {
-            if pg_sys::get_typlen(column.type_oid) != -1 {
+            if column.len != -1 {
                 return Err(self.table.layout_error(name));
             }
             let mut is_null = false;
@@ -540,6 +540,8 @@ fn holds<T: pgrx::IntoDatum>(type_oid: pg_sys::Oid) -> bool {
 struct TableColumn {
     attnum: i32,
     type_oid: pg_sys::Oid,
+    /// Its length in bytes; -1 for a varlena type.
+    len: i16,
 }
 
 /// One of etc_batch's tables, open for the span of `with_table`'s closure, its rows read
@@ -616,12 +618,13 @@ impl Table<'_> {
                     (!a.attisdropped
                         && std::ffi::CStr::from_ptr(a.attname.data.as_ptr()).to_bytes()
                             == name.as_bytes())
-                    .then_some(a.atttypid)
+                    .then_some((a.atttypid, a.attlen))
                 });
-                if let Some(type_oid) = found {
+                if let Some((type_oid, len)) = found {
                     return Ok(TableColumn {
                         attnum: i as i32 + 1,
                         type_oid,
+                        len,
                     });
                 }
             }

@@ -116,40 +116,17 @@ argument_type!(
 );
 
 impl Jsonb {
-    /// The value as JSON text (jsonb_out).
+    /// The value as JSON text, as jsonb_out prints it.
     pub fn text(&self, what: &str) -> crate::error::Result<String> {
-        // SAFETY: the datum is a jsonb argument of this call. It is detoasted here, once,
-        // and the copy freed as soon as jsonb_out has printed it (a list of a million
-        // items is tens of megabytes, which the call would otherwise keep to its end);
-        // jsonb_out returns a C string palloc'd in the current memory context, freed
-        // below.
-        unsafe {
-            let stored = self.0.cast_mut_ptr::<pg_sys::varlena>();
-            let detoasted = pg_sys::pg_detoast_datum(stored);
-            let printed = pgrx::direct_function_call::<&CStr>(
-                pg_sys::jsonb_out,
-                &[Some(pg_sys::Datum::from(detoasted))],
-            );
-            if detoasted != stored {
-                pg_sys::pfree(detoasted.cast());
-            }
-            let text = printed.ok_or_else(|| {
-                BatchError::Internal(format!("jsonb_out returned NULL for {what}"))
-            })?;
-            let value = match text.to_str() {
-                Ok(text) => Ok(text.to_string()),
-                Err(_) => Err(not_utf8(what)),
-            };
-            pg_sys::pfree(text.as_ptr() as *mut std::ffi::c_void);
-            value
-        }
+        use crate::job::register::JsonList;
+        self.list(what).text()
     }
 }
 
 /// A jsonb approved list, detoasted once and read an element at a time
 /// (register::JsonList); the detoasted copy, if one was made, is freed with it.
 pub struct JsonbList {
-    what: &'static str,
+    what: String,
     jsonb: *mut pg_sys::Jsonb,
     /// Whether `jsonb` is a copy made by detoasting, to free.
     copied: bool,
@@ -157,13 +134,13 @@ pub struct JsonbList {
 
 impl Jsonb {
     /// The value as a list read an element at a time; `what` names it in errors.
-    pub fn list(&self, what: &'static str) -> JsonbList {
+    pub fn list(&self, what: &str) -> JsonbList {
         // SAFETY: the datum is a jsonb argument of this call; detoasted here, once.
         unsafe {
             let stored = self.0.cast_mut_ptr::<pg_sys::varlena>();
             let detoasted = pg_sys::pg_detoast_datum(stored);
             JsonbList {
-                what,
+                what: what.to_string(),
                 jsonb: detoasted.cast(),
                 copied: detoasted != stored,
             }
@@ -193,7 +170,7 @@ impl JsonbList {
         let printed = pg_sys::JsonbToCString(buffer, container, len);
         match CStr::from_ptr(printed).to_str() {
             Ok(text) => read(text),
-            Err(_) => Err(not_utf8(self.what)),
+            Err(_) => Err(not_utf8(&self.what)),
         }
     }
 }
