@@ -153,7 +153,7 @@ BEGIN
     END LOOP;
     FOR r IN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
-               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by,
+               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by, p.pause_reason,
                p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
                p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last,
                j.target_name, NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target) AS target_gone
@@ -176,8 +176,12 @@ BEGIN
                        r.job_id, 'target dropped');
         ELSIF r.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
-                format('The job is paused, by %s since %s: %s of %s items committed.',
-                       r.paused_by, r.paused_at, r.committed, r.approved),
+                CASE WHEN r.pause_reason IS NULL
+                     THEN format('The job is paused, by %s since %s: %s of %s items committed.',
+                                 r.paused_by, r.paused_at, r.committed, r.approved)
+                     ELSE format('The job was paused by etc_batch at %s: %s; %s of %s items committed.',
+                                 r.paused_at, r.pause_reason, r.committed, r.approved)
+                END,
                 format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
         ELSIF r.drainers = 0 AND r.failed_last THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',

@@ -36,6 +36,23 @@ SELECT pg_catalog.set_config('etc_batch_update.job_progress_acl',
                                         WHERE c.oid = 'etc_batch.job_progress'::regclass), '{}'), true);
 DROP VIEW etc_batch.job_progress;
 
+-- The signals of the whole system a job's pace yields to, and the reason of a pause
+-- etc_batch made itself for a critical one (src/job/pace.rs).
+ALTER TABLE etc_batch.job_pace
+    ADD COLUMN max_archive_backlog integer CHECK (max_archive_backlog >= 0),
+    ADD COLUMN yield_to_vacuum boolean NOT NULL DEFAULT false,
+    ADD COLUMN windows text[],
+    ADD COLUMN time_zone text,
+    ADD COLUMN throttle_query text,
+    ADD COLUMN pause_above_replica_lag_bytes bigint CHECK (pause_above_replica_lag_bytes >= 0),
+    ADD COLUMN pause_above_archive_backlog integer CHECK (pause_above_archive_backlog >= 0),
+    ADD COLUMN critical_query text;
+COMMENT ON TABLE etc_batch.job_pace IS
+    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query.';
+ALTER TABLE etc_batch.job_pause ADD COLUMN reason text;
+COMMENT ON TABLE etc_batch.job_pause IS
+    'The jobs paused by pause_job, when and by whom, or by etc_batch itself for a critical signal of their pace, with the reason: their drainers stop before their next chunk and return with status paused, until resume_job.';
+
 -- A handler is kept by its name, which pg_upgrade keeps, not by a regprocedure, an OID
 -- pg_upgrade refuses to carry over (it stops at any reg* column but regclass, regrole and
 -- regtype); the names are written below.
@@ -197,7 +214,9 @@ DECLARE
          'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text)'],
         ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean)',
          'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text)'],
-        ['etc_batch.job_summary(text)', 'etc_batch.job_summary(text)']];
+        ['etc_batch.job_summary(text)', 'etc_batch.job_summary(text)'],
+        ['etc_batch.pace_job(text, integer, bigint)',
+         'etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text)']];
     grants text[] := '{}';
 BEGIN
     FOR i IN 1 .. array_length(signatures, 1) LOOP
@@ -248,6 +267,19 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'job_summary_wrapper';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS
     'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 REVOKE ALL ON FUNCTION etc_batch.job_summary(text) FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.pace_job(
+    job_id text, rows_per_second integer DEFAULT NULL, max_replica_lag_bytes bigint DEFAULT NULL,
+    max_archive_backlog integer DEFAULT NULL, yield_to_vacuum boolean DEFAULT false,
+    windows text[] DEFAULT NULL, time_zone text DEFAULT NULL, throttle_query text DEFAULT NULL,
+    pause_above_replica_lag_bytes bigint DEFAULT NULL, pause_above_archive_backlog integer DEFAULT NULL,
+    critical_query text DEFAULT NULL)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'pace_job_wrapper';
+COMMENT ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text) IS
+    'Sets a job''s whole pace: rows per second for all its drainers together, the signals they wait for (replica lag, WAL archive backlog, a VACUUM of the table, windows, a throttle query) and those that pause the job (pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query); what a call does not name has no limit afterwards, and pace_job(job_id) clears it all. Not part of the approval.';
+REVOKE ALL ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text) FROM PUBLIC;
 $ddl$;
     FOREACH grant_sql IN ARRAY grants LOOP
         EXECUTE grant_sql;
@@ -407,6 +439,7 @@ SELECT p.job_id, p.status,
        COALESCE(p.pids, '{}') AS drainer_pids,
        z.paused_at,
        z.paused_by,
+       z.reason AS pause_reason,
        c.rows_per_second,
        c.max_replica_lag_bytes,
        -- what a drainer waits for now, as its pg_stat_activity says
@@ -450,7 +483,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused, its pace, what its drainers wait for (a pace, the replicas, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
 
 GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 DO $grants$
@@ -731,7 +764,7 @@ BEGIN
     END LOOP;
     FOR r IN
         SELECT p.job_id, p.status, p.status_reason, p.committed, p.approved, p.parallel,
-               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by,
+               p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by, p.pause_reason,
                p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
                p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last,
                j.target_name, NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target) AS target_gone
@@ -754,8 +787,12 @@ BEGIN
                        r.job_id, 'target dropped');
         ELSIF r.paused_at IS NOT NULL THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
-                format('The job is paused, by %s since %s: %s of %s items committed.',
-                       r.paused_by, r.paused_at, r.committed, r.approved),
+                CASE WHEN r.pause_reason IS NULL
+                     THEN format('The job is paused, by %s since %s: %s of %s items committed.',
+                                 r.paused_by, r.paused_at, r.committed, r.approved)
+                     ELSE format('The job was paused by etc_batch at %s: %s; %s of %s items committed.',
+                                 r.paused_at, r.pause_reason, r.committed, r.approved)
+                END,
                 format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
         ELSIF r.drainers = 0 AND r.failed_last THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',

@@ -10,11 +10,13 @@
 CREATE TABLE etc_batch.job_pause (
     job_id    text        PRIMARY KEY,
     paused_at timestamptz NOT NULL,
-    paused_by regrole     NOT NULL
+    paused_by regrole     NOT NULL,
+    -- why etc_batch paused it itself (a critical signal of its pace); NULL: a person did
+    reason    text
 );
 
 COMMENT ON TABLE etc_batch.job_pause IS
-    'The jobs paused by pause_job, when and by whom: their drainers stop before their next chunk and return with status paused, until resume_job.';
+    'The jobs paused by pause_job, when and by whom, or by etc_batch itself for a critical signal of their pace, with the reason: their drainers stop before their next chunk and return with status paused, until resume_job.';
 
 CREATE TABLE etc_batch.job_pace (
     job_id                text        PRIMARY KEY,
@@ -23,11 +25,22 @@ CREATE TABLE etc_batch.job_pace (
     set_at                timestamptz NOT NULL,
     set_by                regrole     NOT NULL,
     -- where the pace's clock is: the next chunk of any drainer starts no earlier
-    next_slot             timestamptz
+    next_slot             timestamptz,
+    -- the signals of the whole system (src/job/signals.rs): drainers wait while one
+    -- trips, read at most once per etc_batch.signal_interval
+    max_archive_backlog   integer     CHECK (max_archive_backlog >= 0),
+    yield_to_vacuum       boolean     NOT NULL DEFAULT false,
+    windows               text[],
+    time_zone             text,
+    throttle_query        text,
+    -- the critical ones: the job is paused, with the reason in job_pause
+    pause_above_replica_lag_bytes bigint  CHECK (pause_above_replica_lag_bytes >= 0),
+    pause_above_archive_backlog   integer CHECK (pause_above_archive_backlog >= 0),
+    critical_query        text
 );
 
 COMMENT ON TABLE etc_batch.job_pace IS
-    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start.';
+    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query.';
 
 CREATE TABLE etc_batch.job_retry (
     job_id     text        NOT NULL,

@@ -118,6 +118,7 @@ pub extern "C-unwind" fn _PG_init() {
     job::crash::register();
     retries::register();
     progress_notices::register();
+    job::signals::register();
     launch::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
     // aid of a test build, set against the release build) is refused, not kept silently.

@@ -24,6 +24,9 @@ pub struct Paused {
     pub at: String,
     /// The worker's launch and its status, when that is what stops the work.
     pub launch: Option<(i64, String)>,
+    /// Why etc_batch itself paused it (a critical signal of its pace); None: a person
+    /// did.
+    pub reason: Option<String>,
 }
 
 impl Paused {
@@ -33,7 +36,14 @@ impl Paused {
             by: by.map(role_name).unwrap_or_default(),
             at: at.to_string(),
             launch: None,
+            reason: None,
         })
+    }
+
+    /// As `from_row`, with etc_batch's reason for a pause it made itself.
+    pub fn with_reason(mut self, reason: Option<String>) -> Paused {
+        self.reason = reason;
+        self
     }
 
     /// A worker's launch that ended, with its status, who stopped it (if stop_launch
@@ -48,6 +58,7 @@ impl Paused {
             by: by.map(role_name).unwrap_or_default(),
             at: at.map(|at| at.to_string()).unwrap_or_default(),
             launch: Some((launch_id, status.to_string())),
+            reason: None,
         }
     }
 
@@ -61,10 +72,16 @@ impl Paused {
         let (message, detail) = match &self.launch {
             None => (
                 format!("{what} is paused; this call stops here"),
-                format!(
-                    "It was paused by {} at {}. {resume} lets it go on.",
-                    self.by, self.at
-                ),
+                match &self.reason {
+                    None => format!(
+                        "It was paused by {} at {}. {resume} lets it go on.",
+                        self.by, self.at
+                    ),
+                    Some(reason) => format!(
+                        "etc_batch paused it at {}: {reason}. {resume} lets it go on.",
+                        self.at
+                    ),
+                },
             ),
             Some((launch_id, status)) => (
                 format!("launch {launch_id} is {status}; its worker stops before {what} goes on"),
@@ -92,10 +109,15 @@ pub fn of_job(job_id: &str) -> Result<Option<Paused>> {
 fn read(table: &str, column: &str, name: &str) -> Result<Option<Paused>> {
     let found = own_rows::reading_table(table, |pauses| {
         pauses.first(column, Compare::Equal, Key::Text(name), |row| {
+            let reason = match table {
+                "job_pause" => row.get::<String>("reason")?,
+                _ => None,
+            };
             Ok(Paused::from_row(
                 row.get::<TimestampWithTimeZone>("paused_at")?,
                 row.get::<pg_sys::Oid>("paused_by")?,
-            ))
+            )
+            .map(|paused| paused.with_reason(reason)))
         })
     })?;
     Ok(found.flatten())

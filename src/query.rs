@@ -449,6 +449,77 @@ pub fn describe(sql: &str) -> Result<Vec<ResultColumn>> {
     }
 }
 
+/// What a statement is, as PostgreSQL parses and analyzes it, without running it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// A plain SELECT: no INSERT, UPDATE, DELETE or MERGE, not in a WITH either, and no
+    /// FOR UPDATE or FOR SHARE.
+    pub reads_only: bool,
+    /// The types of the columns it returns (the last statement's).
+    pub columns: Vec<pg_sys::Oid>,
+    /// How many statements it is.
+    pub statements: usize,
+}
+
+/// The shape of `sql`, prepared as the current user with the current search_path: a
+/// statement that does not parse, names what does not exist or what the user may not
+/// read fails here with PostgreSQL's own error.
+pub fn shape(sql: &str) -> Result<Shape> {
+    let text = CString::new(sql)
+        .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
+    // SAFETY: a plain atomic SPI connection, finished before returning; the plan's
+    // sources and their analyzed queries are read before the plan is freed.
+    unsafe {
+        pg_sys::SPI_connect();
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), 0, std::ptr::null_mut());
+        if plan.is_null() {
+            pg_sys::SPI_finish();
+            return Err(BatchError::Internal(format!(
+                "SPI_prepare returned {}",
+                std::ptr::addr_of!(pg_sys::SPI_result).read()
+            )));
+        }
+        let sources = list_pointers(pg_sys::SPI_plan_get_plan_sources(plan));
+        let mut shape = Shape {
+            reads_only: true,
+            columns: Vec::new(),
+            statements: sources.len(),
+        };
+        for source in sources {
+            let source = source as *mut pg_sys::CachedPlanSource;
+            for query in list_pointers((*source).query_list) {
+                let query = query as *mut pg_sys::Query;
+                if (*query).commandType != pg_sys::CmdType::CMD_SELECT
+                    || (*query).hasModifyingCTE
+                    || !(*query).rowMarks.is_null()
+                    || !(*query).utilityStmt.is_null()
+                {
+                    shape.reads_only = false;
+                }
+            }
+            let desc = (*source).resultDesc;
+            if !desc.is_null() {
+                shape.columns = (0..(*desc).natts as usize)
+                    .map(|i| attribute(desc, i, |a| a.atttypid))
+                    .collect();
+            }
+        }
+        pg_sys::SPI_freeplan(plan);
+        pg_sys::SPI_finish();
+        Ok(shape)
+    }
+}
+
+/// The pointers a List holds.
+unsafe fn list_pointers(list: *mut pg_sys::List) -> Vec<*mut std::ffi::c_void> {
+    if list.is_null() {
+        return Vec::new();
+    }
+    (0..(*list).length as usize)
+        .map(|i| (*(*list).elements.add(i)).ptr_value)
+        .collect()
+}
+
 /// A cursor over the rows of one statement, fetched a batch at a time so that a
 /// statement of any size is read in the memory of one batch. It runs in one snapshot,
 /// the one it was opened with, and lives until it is closed or the transaction ends.

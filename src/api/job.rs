@@ -245,14 +245,26 @@ fn pause_job(job_id: Option<String>) {
     }
 }
 
-/// Sets how fast a job may go: rows per second for all its drainers together, and how
-/// many WAL bytes the slowest standby or replication slot may be behind before they
-/// wait; NULL: no limit. Read by every drainer at its next chunk.
+/// Sets a job's whole pace: how fast it may go (rows per second for all its drainers
+/// together), the signals of the system its drainers wait for (replica lag, WAL archive
+/// backlog, a VACUUM of its table, its windows, a throttle query) and those that pause it
+/// (pause_above_*, critical_query). What a call does not name has no limit afterwards;
+/// pace_job(job_id) clears it all. Read by every drainer at its next chunk, the signals
+/// at most once per etc_batch.signal_interval.
+#[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn pace_job(
     job_id: Option<String>,
-    rows_per_second: Option<i32>,
+    rows_per_second: default!(Option<i32>, "NULL"),
     max_replica_lag_bytes: default!(Option<i64>, "NULL"),
+    max_archive_backlog: default!(Option<i32>, "NULL"),
+    yield_to_vacuum: default!(Option<bool>, "false"),
+    windows: default!(Option<Vec<String>>, "NULL"),
+    time_zone: default!(Option<String>, "NULL"),
+    throttle_query: default!(Option<String>, "NULL"),
+    pause_above_replica_lag_bytes: default!(Option<i64>, "NULL"),
+    pause_above_archive_backlog: default!(Option<i32>, "NULL"),
+    critical_query: default!(Option<String>, "NULL"),
 ) {
     crate::standby::refuse_writes("etc_batch.pace_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
@@ -261,6 +273,14 @@ fn pace_job(
         pace::Pace {
             rows_per_second,
             max_replica_lag_bytes,
+            max_archive_backlog,
+            yield_to_vacuum: yield_to_vacuum.unwrap_or(false),
+            windows,
+            time_zone,
+            throttle_query,
+            pause_above_replica_lag_bytes,
+            pause_above_archive_backlog,
+            critical_query,
         },
     )
     .or_raise()
@@ -300,7 +320,13 @@ c_procedure!(
             args.get("lease_holder")?,
             args.get("lease_generation")?,
         )?;
-        let d = drain::drain(tx, &job_id, args.get("max_chunks")?, fence)?;
+        let d = drain::drain(
+            tx,
+            &job_id,
+            args.get("max_chunks")?,
+            fence,
+            drain::AtWindowClose::Return,
+        )?;
         Ok(DrainResult {
             committed_chunks: d.chunks,
             committed_items: d.items,
@@ -308,6 +334,8 @@ c_procedure!(
             last_key: d.last_key,
             status: if d.paused {
                 "paused"
+            } else if d.outside_windows {
+                "outside_windows"
             } else {
                 d.status.as_str()
             },

@@ -29,7 +29,8 @@ use super::conflict::{self, Expected};
 use super::crash::{self, Point};
 use super::definition::Definition;
 use super::order::Order;
-use super::pace::{self, Wait};
+use super::pace::{self, Signal, Wait};
+use super::signals;
 use super::sql;
 use super::target::Constants;
 use crate::activity::Activity;
@@ -64,6 +65,8 @@ pub struct Drained {
     pub status: JobStatus,
     /// The call stopped because the job is paused.
     pub paused: bool,
+    /// The call stopped because the hour is outside the job's windows.
+    pub outside_windows: bool,
 }
 
 /// Chunks of at least this many items have their change planned for their own items
@@ -109,8 +112,35 @@ struct Job {
     /// call's start, then each of its commits (job.seconds_at_work).
     at_work_since: TimestampWithTimeZone,
     bookkeeper: pg_sys::Oid,
+    signals: SignalsRead,
     /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
     caller: pg_sys::Oid,
+}
+
+/// What a drain does when its job's windows close: a CALL returns, status
+/// outside_windows; a launched worker waits, holding nothing, until one opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtWindowClose {
+    Return,
+    Wait,
+}
+
+/// What the pace let the next chunk do.
+enum BeforeChunk {
+    Go,
+    /// A critical signal paused the job (who paused it, as its pause row says).
+    Paused(Option<Paused>),
+    OutsideWindows {
+        opens_in: u32,
+    },
+}
+
+/// When a drainer last read its job's signals, and the pace they were read for: read
+/// again after etc_batch.signal_interval, or at once when the pace changed.
+#[derive(Default)]
+struct SignalsRead {
+    read_at: Option<std::time::Instant>,
+    pace: pace::Pace,
 }
 
 /// What one round of the loop came to, for the loop to end its transaction.
@@ -174,6 +204,7 @@ pub fn drain<T: Transactions>(
     job_id: &str,
     max_chunks: Option<i32>,
     fence: Option<Fence>,
+    at_window_close: AtWindowClose,
 ) -> Result<Drained> {
     if let Some(max) = max_chunks.filter(|m| *m < 0) {
         return Err(BatchError::invalid_because(
@@ -193,6 +224,7 @@ pub fn drain<T: Transactions>(
         last_key: None,
         status: JobStatus::Pending,
         paused: false,
+        outside_windows: false,
     };
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
@@ -202,10 +234,36 @@ pub fn drain<T: Transactions>(
     while !finished
         && !all_held
         && !drained.paused
+        && !drained.outside_windows
         && max_chunks.is_none_or(|max| drained.chunks < max)
     {
         // the pace: wait, holding nothing, until the next chunk may go
-        job.wait_for_pace(tx)?;
+        match job.wait_for_pace(tx, at_window_close)? {
+            BeforeChunk::Go => {}
+            BeforeChunk::Paused(paused) => {
+                if let Some(paused) = paused {
+                    paused.notice(
+                        &format!("job \"{job_id}\""),
+                        &format!("etc_batch.resume_job({})", quote_literal(job_id)),
+                    );
+                }
+                drained.paused = true;
+                continue;
+            }
+            BeforeChunk::OutsideWindows { opens_in } => {
+                ereport!(
+                    NOTICE,
+                    PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+                    format!("job \"{job_id}\" is outside its windows; this call stops here"),
+                    format!(
+                        "Its next window opens in {}. pace_job sets the windows.",
+                        super::window::human_minutes(opens_in)
+                    )
+                );
+                drained.outside_windows = true;
+                continue;
+            }
+        }
         let round = tx.item(|_| job.next_chunk(&mut audit))?;
         if !matches!(round, Round::Transient { .. }) {
             failed_attempts = 0;
@@ -299,7 +357,7 @@ pub fn drain<T: Transactions>(
     }
     drained.status = if finished {
         JobStatus::Done
-    } else if drained.chunks > 0 || all_held || drained.paused {
+    } else if drained.chunks > 0 || all_held || drained.paused || drained.outside_windows {
         // the loop stopped at max_chunks, after a chunk that was not the last, or found
         // every open chunk of a parallel job held by other drainers
         JobStatus::Pending
@@ -414,6 +472,7 @@ impl Job {
             def,
             fence,
             bookkeeper,
+            signals: SignalsRead::default(),
             caller: crate::roles::current_user(),
         })
     }
@@ -482,50 +541,105 @@ impl Job {
         JobStatus::parse(&status)
     }
 
-    /// Waits until the job's pace (pace.rs) lets its next chunk go: for its slot of the
-    /// rate, and while the replicas are too far behind, saying so once. Every wait begins
-    /// with a COMMIT, so that it holds nothing.
-    fn wait_for_pace(&self, tx: &mut impl Transactions) -> Result<()> {
-        let mut told = false;
+    /// Waits until the job's pace (pace.rs) lets its next chunk go: while a signal holds
+    /// it back (saying so once per kind of wait), then for its slot of the rate. Every
+    /// wait begins with a COMMIT, so that it holds nothing. A critical signal pauses the
+    /// job instead; outside its windows, a call returns at once (`at_window_close`).
+    fn wait_for_pace(
+        &mut self,
+        tx: &mut impl Transactions,
+        at_window_close: AtWindowClose,
+    ) -> Result<BeforeChunk> {
+        let mut told: Option<Wait> = None;
         loop {
-            let (pace, wait) = tx.item(|_| {
+            let now = std::time::Instant::now();
+            let waiting = told.is_some();
+            let (pace, due, signal, slot) = tx.item(|_| {
                 self.owner(|| {
                     let pace = pace::of(self.id())?;
-                    Ok((
-                        pace,
-                        pace::wait_before(self.id(), pace, self.def.chunk_size)?,
-                    ))
+                    let due = pace.has_signals()
+                        && (waiting
+                            || pace != self.signals.pace
+                            || self
+                                .signals
+                                .read_at
+                                .is_none_or(|at| now.duration_since(at) >= signals::interval()));
+                    let signal = if due {
+                        pace::read_signals(&pace, self.def.target, |text| {
+                            self.as_author(|| signals::ask(text))
+                        })?
+                    } else {
+                        Signal::Go
+                    };
+                    if let Signal::Pause(reason) = &signal {
+                        pace::pause_for(self.id(), self.bookkeeper, reason)?;
+                        let paused = crate::pauses::of_job(self.id())?;
+                        return Ok((pace, due, Signal::Go, Err(paused)));
+                    }
+                    let slot = match signal {
+                        Signal::Go => pace::take_slot(self.id(), &pace, self.def.chunk_size)?,
+                        _ => None,
+                    };
+                    Ok((pace, due, signal, Ok(slot)))
                 })
             })?;
+            if due {
+                self.signals.read_at = Some(now);
+                self.signals.pace = pace.clone();
+            }
+            let slot = match slot {
+                Ok(slot) => slot,
+                Err(paused) => {
+                    tx.commit();
+                    if let Some(paused) = &paused {
+                        log!(
+                            "etc_batch paused job \"{}\": {}",
+                            self.id(),
+                            paused.reason.as_deref().unwrap_or("paused")
+                        );
+                    }
+                    return Ok(BeforeChunk::Paused(paused));
+                }
+            };
             // a slot taken locks the pace's row: let it go before the chunk, so that
             // other drainers take theirs meanwhile
-            if wait.is_some() || pace.rows_per_second.is_some() {
+            if !matches!(signal, Signal::Go) || pace.rows_per_second.is_some() {
                 tx.commit();
             }
-            match wait {
-                None => return Ok(()),
-                Some(Wait::Slot(delay)) => {
-                    self.activity.report(&format!(
-                        "job \"{}\": paced, the next chunk in {} ms",
-                        self.id(),
-                        delay.as_millis()
-                    ));
-                    crate::txn::sleep(delay);
-                    return Ok(());
-                }
-                Some(Wait::Replicas { behind, limit }) => {
-                    if !told {
-                        notice!(
-                            "job \"{}\" waits: the replicas are {behind} bytes of WAL behind, more than max_replica_lag_bytes {limit}",
-                            self.id()
-                        );
-                        told = true;
+            match signal {
+                Signal::Pause(_) => unreachable!("a pause is returned above"),
+                Signal::Go => {
+                    if let Some(delay) = slot {
+                        self.activity.report(&format!(
+                            "job \"{}\": {}",
+                            self.id(),
+                            Wait::Slot(delay).reason()
+                        ));
+                        crate::txn::sleep(delay);
                     }
-                    self.activity.report(&format!(
-                        "job \"{}\": waiting for the replicas, {behind} bytes behind, more than {limit}",
-                        self.id()
-                    ));
-                    crate::txn::sleep(pace::REPLICA_RECHECK);
+                    return Ok(BeforeChunk::Go);
+                }
+                Signal::Wait(Wait::OutsideWindows { opens_in })
+                    if at_window_close == AtWindowClose::Return =>
+                {
+                    return Ok(BeforeChunk::OutsideWindows { opens_in });
+                }
+                Signal::Wait(wait) => {
+                    if !told.as_ref().is_some_and(|t| t.same_kind(&wait)) {
+                        notice!("job \"{}\" waits: {}", self.id(), wait.reason());
+                        told = Some(wait.clone());
+                    }
+                    self.activity
+                        .report(&format!("job \"{}\": {}", self.id(), wait.activity()));
+                    let pause = match wait {
+                        // a worker outside its windows sleeps until they open, looking
+                        // again each interval (the pace may change meanwhile)
+                        Wait::OutsideWindows { opens_in } => signals::recheck().min(
+                            std::time::Duration::from_secs(u64::from(opens_in.max(1)) * 60),
+                        ),
+                        _ => signals::recheck(),
+                    };
+                    crate::txn::sleep(pause);
                 }
             }
         }

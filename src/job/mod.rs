@@ -26,7 +26,9 @@
 //! - `remainder`  register_remainder: what a job did not change, approved again.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
-//! - `pace`       pace_job: rows per second, replica lag, and the waits before a chunk.
+//! - `pace`       pace_job: rows per second, the signals, and the waits before a chunk.
+//! - `signals`    what the system says: archive backlog, a VACUUM, the DBA's queries.
+//! - `window`     the hours a job may run (pure Rust).
 //! - `crash`      the crash_at test aid, in test builds only.
 //! - `sql`        the fixed statements.
 
@@ -54,6 +56,8 @@ pub mod remainder;
 pub mod report;
 pub mod seal;
 pub mod shape;
+pub mod signals;
 pub mod sql;
 pub mod tables;
 pub mod target;
+pub mod window;

@@ -198,12 +198,45 @@ SELECT i.position, i.item_key
 /// Sets a job's pace, keeping the clock it has. $1 job, $2 rows per second, $3 max
 /// replica lag in bytes, $4 the role setting it.
 pub const PACE_JOB: &str = "\
-INSERT INTO etc_batch.job_pace (job_id, rows_per_second, max_replica_lag_bytes, set_at, set_by)
-VALUES ($1, $2, $3, pg_catalog.now(), $4::pg_catalog.oid::pg_catalog.regrole)
+INSERT INTO etc_batch.job_pace (job_id, rows_per_second, max_replica_lag_bytes, set_at, set_by,
+       max_archive_backlog, yield_to_vacuum, windows, time_zone, throttle_query,
+       pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query)
+VALUES ($1, $2, $3, pg_catalog.now(), $4::pg_catalog.oid::pg_catalog.regrole,
+        $5, $6, $7, $8, $9, $10, $11, $12)
 ON CONFLICT (job_id) DO UPDATE
    SET rows_per_second = EXCLUDED.rows_per_second,
        max_replica_lag_bytes = EXCLUDED.max_replica_lag_bytes,
-       set_at = EXCLUDED.set_at, set_by = EXCLUDED.set_by";
+       set_at = EXCLUDED.set_at, set_by = EXCLUDED.set_by,
+       max_archive_backlog = EXCLUDED.max_archive_backlog,
+       yield_to_vacuum = EXCLUDED.yield_to_vacuum,
+       windows = EXCLUDED.windows, time_zone = EXCLUDED.time_zone,
+       throttle_query = EXCLUDED.throttle_query,
+       pause_above_replica_lag_bytes = EXCLUDED.pause_above_replica_lag_bytes,
+       pause_above_archive_backlog = EXCLUDED.pause_above_archive_backlog,
+       critical_query = EXCLUDED.critical_query";
+
+/// A VACUUM at work on table $1 or one of its partitions, in this database: its pid.
+/// (pg_partition_tree has no rows for a table that is not partitioned.)
+pub const VACUUM_OF: &str = "\
+SELECT v.pid FROM pg_catalog.pg_stat_progress_vacuum v
+ WHERE v.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+   AND (v.relid OPERATOR(pg_catalog.=) $1
+        OR v.relid IN (SELECT t.relid FROM pg_catalog.pg_partition_tree($1::pg_catalog.oid::pg_catalog.regclass) t))
+ LIMIT 1";
+
+/// The minute of the week now (Monday 00:00 is 0) in time zone $1.
+pub const MINUTE_OF_WEEK: &str = "\
+SELECT (((pg_catalog.date_part('isodow', t) OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) 1440)
+        OPERATOR(pg_catalog.+) (pg_catalog.date_part('hour', t) OPERATOR(pg_catalog.*) 60)
+        OPERATOR(pg_catalog.+) pg_catalog.date_part('minute', t))::pg_catalog.int4
+  FROM (SELECT pg_catalog.timezone($1, pg_catalog.clock_timestamp())) s(t)";
+
+/// Job $1 paused by etc_batch itself (as role $2, its owner) for reason $3, unless it
+/// is paused already.
+pub const PAUSE_FOR_SIGNAL: &str = "\
+INSERT INTO etc_batch.job_pause (job_id, paused_at, paused_by, reason)
+VALUES ($1, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole, $3)
+ON CONFLICT (job_id) DO NOTHING";
 
 /// No pace for a job. $1 job.
 pub const UNPACE_JOB: &str =

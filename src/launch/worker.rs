@@ -118,15 +118,17 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
     show_statement(&statement);
     let ended = run_loop(|tx| {
         as_worker_of(launch_id, || match &run.work {
-            Work::Job(job) => drain::drain(tx, job, None, None).map(|d| {
-                if d.paused {
-                    Outcome::plain("paused")
-                } else if d.status == JobStatus::Done {
-                    Outcome::plain("done")
-                } else {
-                    Outcome::plain("pending")
-                }
-            }),
+            Work::Job(job) => {
+                drain::drain(tx, job, None, None, drain::AtWindowClose::Wait).map(|d| {
+                    if d.paused {
+                        Outcome::plain("paused")
+                    } else if d.status == JobStatus::Done {
+                        Outcome::plain("done")
+                    } else {
+                        Outcome::plain("pending")
+                    }
+                })
+            }
             Work::Chain(step) => crate::chain::runner::exec_batch_from_id(tx, *step, true, None)
                 .map(|()| Outcome::plain("done")),
         })

@@ -256,6 +256,43 @@ def test_a_paused_replay_holds_the_drain_back_until_it_resumes(primary, standby)
         close_quietly([p, s])
 
 
+def test_a_critical_replica_lag_pauses_the_job_with_its_reason(primary, standby):
+    """pause_above_replica_lag_bytes: a standby whose replay is paused falls behind by
+    more than the limit, and the job is paused by etc_batch itself, the reason kept in
+    job_progress and the server's log; a person resumes it once the standby caught up."""
+    p = primary.connect()
+    s = standby.connect()
+    try:
+        table = make_orders(p, 100)
+        job = tag("critical_lag")
+        register(p, job, table, 100, 10)
+        p.execute("SELECT etc_batch.pace_job(%s, pause_above_replica_lag_bytes => %s)", (job, MEGABYTE))
+        replayed(p, s)
+        s.execute("SELECT pg_wal_replay_pause()")
+        wait_until(lambda: s.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()[0] == "paused",
+                   "replay to pause")
+        write_wal(p, 3)
+        drain = Call(primary.connect(), "CALL etc_batch.drain_job(%s)", (job,))
+        drain.join()
+        assert drain.error is None, drain.error
+        assert drain.result[4] == "paused" and drain.result[1] == 0, drain.result
+        assert any("is paused; this call stops here" in n for n in drain.notices), drain.notices
+        reason = p.execute("SELECT pause_reason FROM etc_batch.job_progress WHERE job_id = %s",
+                           (job,)).fetchone()[0]
+        assert reason.startswith("the replicas were ") and reason.endswith(
+            f"bytes of WAL behind, more than pause_above_replica_lag_bytes {MEGABYTE}"), reason
+        assert f'etc_batch paused job "{job}": the replicas were ' in primary.server_log()
+        assert audit_by_key(p, job) == Counter()
+        s.execute("SELECT pg_wal_replay_resume()")
+        replayed(p, s)
+        p.execute("SELECT etc_batch.resume_job(%s)", (job,))
+        again = Call(primary.connect(), "CALL etc_batch.drain_job(%s)", (job,))
+        assert_drained_once(p, again, job, table)
+    finally:
+        s.execute("SELECT pg_wal_replay_resume()")
+        close_quietly([p, s])
+
+
 def test_a_logical_slot_nobody_reads_holds_the_drain_back_until_it_is_read(primary, standby):
     p = primary.connect()
     slot = tag("cdc")
