@@ -40,6 +40,7 @@ pub mod activity;
 pub mod api;
 pub mod chain;
 pub mod error;
+pub mod events;
 pub mod installed;
 pub mod job;
 pub mod launch;

@@ -200,7 +200,16 @@ fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool)> {
 pub fn pause_job(job_id: &str) -> Result<bool> {
     match change(PAUSE_JOB, job_id, true)? {
         (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
-        (true, changed) => Ok(changed),
+        (true, changed) => {
+            if changed {
+                crate::events::job(
+                    job_id,
+                    "paused",
+                    serde_json::json!({"by": role_name(current_user())}),
+                );
+            }
+            Ok(changed)
+        }
     }
 }
 
@@ -208,7 +217,16 @@ pub fn pause_job(job_id: &str) -> Result<bool> {
 pub fn resume_job(job_id: &str) -> Result<bool> {
     match change(RESUME_JOB, job_id, false)? {
         (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
-        (true, changed) => Ok(changed),
+        (true, changed) => {
+            if changed {
+                crate::events::job(
+                    job_id,
+                    "resumed",
+                    serde_json::json!({"by": role_name(current_user())}),
+                );
+            }
+            Ok(changed)
+        }
     }
 }
 

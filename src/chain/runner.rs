@@ -556,6 +556,9 @@ impl Runner {
                 ran: Some((started, finished)),
                 ..locked.attempt(id, &batch, attempt, added_by)
             })?;
+            if next.is_none() {
+                crate::events::chain(&batch, "done", serde_json::json!({"last_step": id}));
+            }
             Ok(next)
         })?;
         Ok(Flow::Ran(next))
@@ -639,6 +642,12 @@ impl Runner {
             );
             return Ok(Flow::Again(backoff, retried));
         }
+        crate::events::chain(
+            &self.batch,
+            "step failed",
+            serde_json::json!({"step": id, "attempt": attempt, "sqlstate": sqlstate,
+                               "message": failure.message, "timed_out": timed_out}),
+        );
         let detail = if timed_out {
             format!(
                 "Step {id} of batch \"{}\" timed out after {} ms, its timeout, and failed on attempt {attempt}.",

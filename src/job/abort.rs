@@ -30,7 +30,13 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
                 Ok(())
             }
             JobStatus::Pending | JobStatus::Conflict | JobStatus::Corrupt => {
-                query::run(sql::ABORT_JOB, &[job_id.into(), reason.into(), by.into()])
+                query::run(sql::ABORT_JOB, &[job_id.into(), reason.into(), by.into()])?;
+                crate::events::job(
+                    job_id,
+                    "aborted",
+                    serde_json::json!({"reason": reason, "by": crate::pauses::role_name(by)}),
+                );
+                Ok(())
             }
         }
     })

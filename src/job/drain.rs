@@ -551,6 +551,7 @@ impl Job {
         at_window_close: AtWindowClose,
     ) -> Result<BeforeChunk> {
         let mut told: Option<Wait> = None;
+        let mut since_told = std::time::Instant::now();
         loop {
             let now = std::time::Instant::now();
             let waiting = told.is_some();
@@ -609,6 +610,19 @@ impl Job {
             match signal {
                 Signal::Pause(_) => unreachable!("a pause is returned above"),
                 Signal::Go => {
+                    if let Some(waited) = told.take() {
+                        // the wait is over: said in a transaction of its own
+                        tx.item(|_| {
+                            crate::events::job(
+                                self.id(),
+                                "waited",
+                                serde_json::json!({"for": waited.kind(),
+                                                   "seconds": since_told.elapsed().as_secs_f64()}),
+                            );
+                            Ok::<_, BatchError>(())
+                        })?;
+                        tx.commit();
+                    }
                     if let Some(delay) = slot {
                         self.activity.report(&format!(
                             "job \"{}\": {}",
@@ -627,7 +641,17 @@ impl Job {
                 Signal::Wait(wait) => {
                     if !told.as_ref().is_some_and(|t| t.same_kind(&wait)) {
                         notice!("job \"{}\" waits: {}", self.id(), wait.reason());
+                        tx.item(|_| {
+                            crate::events::job(
+                                self.id(),
+                                "waiting",
+                                serde_json::json!({"for": wait.kind(), "reason": wait.reason()}),
+                            );
+                            Ok::<_, BatchError>(())
+                        })?;
+                        tx.commit();
                         told = Some(wait.clone());
+                        since_told = std::time::Instant::now();
                     }
                     self.activity
                         .report(&format!("job \"{}\": {}", self.id(), wait.activity()));
@@ -775,6 +799,16 @@ impl Job {
         })?;
         // nothing runs between the audit rows and the mark: one point after both
         crash::reached(Point::AfterCheckpoint);
+        if chunk.number == 1 {
+            crate::events::job(
+                self.id(),
+                "started",
+                serde_json::json!({"chunks": chunk.total}),
+            );
+        }
+        if last {
+            self.tell_done();
+        }
         Ok(Round::Committed {
             number: chunk.number,
             total: chunk.total,
@@ -790,7 +824,10 @@ impl Job {
     /// and its audit agree; otherwise its progress is corrupt.
     fn finish(&self) -> Result<Round> {
         match self.owner(|| self.order.finish(&self.def))? {
-            None => Ok(Round::Finished),
+            None => {
+                self.tell_done();
+                Ok(Round::Finished)
+            }
             Some(reason) => self.stop(JobStatus::Corrupt, &reason, Value::Null),
         }
     }
@@ -982,7 +1019,23 @@ impl Job {
                     number.into(),
                 ],
             )
-        })
+        })?;
+        crate::events::job(
+            self.id(),
+            "failed",
+            serde_json::json!({"chunk": number, "sqlstate": failure.sqlstate(),
+                               "message": failure.message}),
+        );
+        Ok(())
+    }
+
+    /// The job is done, in the transaction that made it so.
+    fn tell_done(&self) {
+        crate::events::job(
+            self.id(),
+            "done",
+            serde_json::json!({"items": self.def.item_count}),
+        );
     }
 
     /// An error of the chunk's change, raised again with what it means for the job: the
@@ -1079,7 +1132,7 @@ impl Job {
         };
         self.owner(|| {
             self.order.before_stop(&self.def)?;
-            query::run(
+            let stopped = query::one::<bool>(
                 sql::SET_PROBLEM,
                 &[
                     self.id().into(),
@@ -1087,7 +1140,15 @@ impl Job {
                     problem.to_string().into(),
                     reason.into(),
                 ],
-            )
+            )?;
+            if stopped == Some(true) {
+                crate::events::job(
+                    self.id(),
+                    status.as_str(),
+                    serde_json::json!({"reason": reason}),
+                );
+            }
+            Ok(())
         })?;
         Ok(Round::Stopped(stopped_error(
             self.id(),

@@ -110,6 +110,18 @@ impl Wait {
         }
     }
 
+    /// The kind of wait, as events name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Wait::Slot(_) => "pace",
+            Wait::Replicas { .. } => "replicas",
+            Wait::Archive { .. } => "archiving",
+            Wait::Vacuum { .. } => "vacuum",
+            Wait::Throttled => "throttle_query",
+            Wait::OutsideWindows { .. } => "windows",
+        }
+    }
+
     /// Whether `other` is a wait of the same kind (told once while it lasts).
     pub fn same_kind(&self, other: &Wait) -> bool {
         std::mem::discriminant(self) == std::mem::discriminant(other)
@@ -340,10 +352,18 @@ pub fn read_signals(
 /// Pauses job `job_id` for `reason`, as etc_batch itself (its owner `by`), unless it is
 /// paused already. Run as the owner.
 pub fn pause_for(job_id: &str, by: pgrx::pg_sys::Oid, reason: &str) -> Result<()> {
-    query::run(
+    let paused = query::one::<bool>(
         sql::PAUSE_FOR_SIGNAL,
         &[job_id.into(), by.into(), reason.into()],
-    )
+    )?;
+    if paused == Some(true) {
+        crate::events::job(
+            job_id,
+            "paused",
+            serde_json::json!({"by": "etc_batch", "reason": reason}),
+        );
+    }
+    Ok(())
 }
 
 /// The slot of the pace's clock the next chunk of `rows` rows takes under `pace`: how

@@ -275,6 +275,12 @@ pub fn register(mut req: Request) -> Result<Registered> {
                 }
                 tables.attach(&req.job_id)
             })?;
+            crate::events::job(
+                &req.job_id,
+                "registered",
+                serde_json::json!({"items": frozen.count, "chunks": chunks,
+                                   "by": crate::pauses::role_name(registrant)}),
+            );
             Registered {
                 created: true,
                 items: frozen.count,

@@ -243,15 +243,18 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 .map(|c| c.detail.as_str())
                 .collect::<Vec<_>>()
                 .join(" ");
-            query::run(
+            let stopped = query::one::<bool>(
                 sql::SET_PROBLEM,
                 &[
                     job_id.into(),
                     JobStatus::Corrupt.as_str().into(),
                     serde_json::json!({"reason": reason}).to_string().into(),
-                    reason.into(),
+                    reason.as_str().into(),
                 ],
             )?;
+            if stopped == Some(true) {
+                crate::events::job(job_id, "corrupt", serde_json::json!({"reason": reason}));
+            }
             warning!("job \"{job_id}\" failed verification and is now corrupt");
         }
         Ok(checks)

@@ -114,13 +114,15 @@ UPDATE etc_batch.job
        status = 'done', finished_at = pg_catalog.now()
  WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'";
 
-/// Puts a pending job into conflict, corrupt or aborted, with what was found.
-/// $1 job, $2 status, $3 problem (jsonb text), $4 reason.
+/// Puts a pending job into conflict, corrupt or aborted, with what was found: true when
+/// it did (another may have stopped it first). $1 job, $2 status, $3 problem (jsonb
+/// text), $4 reason.
 pub const SET_PROBLEM: &str = "\
 UPDATE etc_batch.job
    SET status = $2, problem = $3::pg_catalog.jsonb, status_reason = $4,
        finished_at = pg_catalog.now()
- WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'";
+ WHERE job_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'pending'
+RETURNING true";
 
 /// A job's number, which names its partitions.
 pub const NEXT_JOB_NUMBER: &str = "\
@@ -232,11 +234,12 @@ SELECT (((pg_catalog.date_part('isodow', t) OPERATOR(pg_catalog.-) 1) OPERATOR(p
   FROM (SELECT pg_catalog.timezone($1, pg_catalog.clock_timestamp())) s(t)";
 
 /// Job $1 paused by etc_batch itself (as role $2, its owner) for reason $3, unless it
-/// is paused already.
+/// is paused already: true when it was paused now.
 pub const PAUSE_FOR_SIGNAL: &str = "\
 INSERT INTO etc_batch.job_pause (job_id, paused_at, paused_by, reason)
 VALUES ($1, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole, $3)
-ON CONFLICT (job_id) DO NOTHING";
+ON CONFLICT (job_id) DO NOTHING
+RETURNING true";
 
 /// No pace for a job. $1 job.
 pub const UNPACE_JOB: &str =

@@ -40,12 +40,13 @@ UPDATE etc_batch.launch_run
  WHERE launch_id OPERATOR(pg_catalog.=) $1 AND worker OPERATOR(pg_catalog.=) $2
    AND run OPERATOR(pg_catalog.=) $3";
 
-/// The launch ends, unless it ended already (stopped, or ended by another worker).
-/// $1 launch, $2 status.
+/// The launch ends, unless it ended already (stopped, or ended by another worker): true
+/// when it ended now. $1 launch, $2 status.
 pub const END_LAUNCH: &str = "\
 UPDATE etc_batch.launch
    SET status = $2, ended_at = pg_catalog.now()
- WHERE launch_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'running'";
+ WHERE launch_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'running'
+RETURNING true";
 
 /// stop_launch: the launch stopped, if it runs; its status either way, and who launched
 /// it. $1 launch, $2 the stopping role.

@@ -114,6 +114,12 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
         )
     })?
     .ok_or_else(|| BatchError::Internal("a launch was not written".into()))?;
+    crate::events::launch(
+        launch_id,
+        "started",
+        serde_json::json!({"job_id": job, "step": step, "workers": workers,
+                           "by": crate::pauses::role_name(role)}),
+    );
     let xid: u64 = xid
         .parse()
         .map_err(|_| BatchError::Internal(format!("a launching transaction id reads {xid}")))?;
@@ -274,6 +280,13 @@ pub fn stop(launch_id: i64) -> Result<bool> {
         })
     })?
     .unwrap_or(false);
+    if stopped {
+        crate::events::launch(
+            launch_id,
+            "ended",
+            serde_json::json!({"status": "stopped", "by": crate::pauses::role_name(caller)}),
+        );
+    }
     Ok(stopped)
 }
 

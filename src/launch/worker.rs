@@ -298,7 +298,10 @@ fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
         }
     }
     if let Some(ended) = ends {
-        query::run(sql::END_LAUNCH, &[run.launch_id.into(), ended.into()])?;
+        if query::one::<bool>(sql::END_LAUNCH, &[run.launch_id.into(), ended.into()])? == Some(true)
+        {
+            crate::events::launch(run.launch_id, "ended", serde_json::json!({"status": ended}));
+        }
     }
     Ok(outcome)
 }
