@@ -77,6 +77,20 @@ ensure_packages() {
     fi
 }
 
+# Debian's prometheus-postgres-exporter, unpacked under target/exporter from its package
+# (apt-get download, dpkg-deb -x), not installed: installing it would start its service
+# against the machine's own PostgreSQL. Prints the program's path.
+ensure_exporter() {
+    local dir="$ROOT/target/exporter" program="$ROOT/target/exporter/usr/bin/prometheus-postgres-exporter"
+    if [ ! -x "$program" ]; then
+        mkdir -p "$dir/deb"
+        (cd "$dir/deb" && rm -f ./*.deb && apt-get download -qq prometheus-postgres-exporter >/dev/null 2>&1) \
+            || { as_root apt-get update -qq && (cd "$dir/deb" && apt-get download -qq prometheus-postgres-exporter >/dev/null); }
+        dpkg-deb -x "$dir"/deb/prometheus-postgres-exporter_*.deb "$dir"
+    fi
+    echo "$program"
+}
+
 ensure_cargo_pgrx() {
     if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
         log "installing cargo-pgrx $PGRX_VERSION (a few minutes, once)"

@@ -50,6 +50,18 @@ ALTER TABLE etc_batch.job_pace
 COMMENT ON TABLE etc_batch.job_pace IS
     'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query.';
 ALTER TABLE etc_batch.job_pause ADD COLUMN reason text;
+CREATE TABLE etc_batch.job_wait (
+    job_id     text   NOT NULL,
+    waited_for text   NOT NULL,
+    waits      bigint NOT NULL,
+    seconds    float8 NOT NULL,
+    PRIMARY KEY (job_id, waited_for)
+);
+
+COMMENT ON TABLE etc_batch.job_wait IS
+    'How often and how long a job''s drainers waited for the signals of its pace, per kind (replicas, archiving, vacuum, windows, throttle_query), added up at the end of each wait: the metrics'' etc_batch_job_waited_seconds and etc_batch_job_waited_waits.';
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_wait', '');
+REVOKE ALL ON etc_batch.job_wait FROM PUBLIC;
 COMMENT ON TABLE etc_batch.job_pause IS
     'The jobs paused by pause_job, when and by whom, or by etc_batch itself for a critical signal of their pace, with the reason: their drainers stop before their next chunk and return with status paused, until resume_job.';
 
@@ -71,7 +83,8 @@ ALTER TABLE etc_batch.job
     ADD COLUMN failure_sqlstate text,
     ADD COLUMN failure_message text,
     ADD COLUMN failure_chunk integer,
-    ADD COLUMN seconds_at_work float8 NOT NULL DEFAULT 0;
+    ADD COLUMN seconds_at_work float8 NOT NULL DEFAULT 0,
+    ADD COLUMN chunk_seconds float8;
 -- a job from before named its key by one column, and its target lives; its handler (a
 -- function dropped since is named as one no function is, so that the job stays stopped)
 UPDATE etc_batch.job j
@@ -96,6 +109,7 @@ ALTER TABLE etc_batch.job_audit
     ADD COLUMN skipped boolean NOT NULL DEFAULT false,
     ADD COLUMN found jsonb;
 ALTER TABLE etc_batch.job_chunk ADD COLUMN started_at timestamptz;
+ALTER TABLE etc_batch.job_chunk ADD COLUMN chunk_seconds float8;
 
 -- Launches (new): work the server finishes by itself. launch_job and launch_batch start
 -- background workers that drain a job or run a chain to the end with no client session
@@ -579,6 +593,7 @@ BEGIN
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_wait w WHERE w.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_chunk_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN
@@ -1216,3 +1231,52 @@ DROP FUNCTION pg_temp.copy_select_grants(regclass, regclass);
 
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';
+
+-- The metrics, one row per sample, in Prometheus's naming (contrib/prometheus-postgres-exporter.yaml
+-- reads them): per job, what job_progress shows its reader, and the seconds its
+-- drainers waited per kind; per chain, its steps by status; the launched workers at work.
+CREATE VIEW etc_batch.metrics WITH (security_barrier) AS
+SELECT m.metric, pg_catalog.jsonb_build_object('job_id', p.job_id) AS labels, m.value
+  FROM etc_batch.job_progress p
+  JOIN etc_batch.job j ON j.job_id OPERATOR(pg_catalog.=) p.job_id
+ CROSS JOIN LATERAL (VALUES
+       ('etc_batch_job_items_approved', p.approved::pg_catalog.float8),
+       ('etc_batch_job_items_committed', p.committed::pg_catalog.float8),
+       ('etc_batch_job_chunks_committed', p.chunks_committed::pg_catalog.float8),
+       ('etc_batch_job_chunks_total', p.chunks_total::pg_catalog.float8),
+       ('etc_batch_job_retries', p.retries::pg_catalog.float8),
+       ('etc_batch_job_seconds_at_work', p.seconds_at_work::pg_catalog.float8),
+       ('etc_batch_job_chunk_seconds_sum',
+        CASE WHEN j.parallel
+             THEN (SELECT COALESCE(pg_catalog.sum(c.chunk_seconds), 0) FROM etc_batch.job_chunk c
+                    WHERE c.job_id OPERATOR(pg_catalog.=) j.job_id AND c.committed)
+             ELSE COALESCE(j.chunk_seconds, 0) END),
+       ('etc_batch_job_chunk_seconds_count', p.chunks_committed::pg_catalog.float8)) m(metric, value)
+UNION ALL
+SELECT 'etc_batch_job_status_current',
+       pg_catalog.jsonb_build_object('job_id', p.job_id, 'status', p.status::pg_catalog.text), 1
+  FROM etc_batch.job_progress p
+UNION ALL
+SELECT m.metric, pg_catalog.jsonb_build_object('job_id', w.job_id, 'waited_for', w.waited_for), m.value
+  FROM etc_batch.job_wait w
+  JOIN etc_batch.job_progress p ON p.job_id OPERATOR(pg_catalog.=) w.job_id
+ CROSS JOIN LATERAL (VALUES ('etc_batch_job_waited_seconds', w.seconds),
+                            ('etc_batch_job_waited_waits', w.waits::pg_catalog.float8)) m(metric, value)
+UNION ALL
+SELECT 'etc_batch_chain_steps', pg_catalog.jsonb_build_object('batch', c.batch, 'status', s.status), s.steps
+  FROM etc_batch.chain_progress c
+ CROSS JOIN LATERAL (VALUES ('done', c.done::pg_catalog.float8), ('failed', c.failed::pg_catalog.float8),
+                            ('pending', c.pending::pg_catalog.float8)) s(status, steps)
+UNION ALL
+-- a launched worker holds its mark (src/session_lock.rs, Space::Worker) while it lives
+SELECT 'etc_batch_workers_running', '{}'::pg_catalog.jsonb, pg_catalog.count(*)::pg_catalog.float8
+  FROM pg_catalog.pg_locks x
+ WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
+   AND x.objsubid OPERATOR(pg_catalog.=) 5
+   AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+
+COMMENT ON VIEW etc_batch.metrics IS
+    'The metrics of etc_batch, one row per sample: its name (etc_batch_...), its labels (job_id; job_id and status; job_id and waited_for; batch and status) and its value. Per job (those job_progress shows the reader): items approved and committed, chunks committed and in all, retries, seconds at work, the chunks'' own seconds (sum and count), its status, and the seconds and number of waits per kind; per chain, its steps by status; the launched workers at work in this database. contrib/prometheus-postgres-exporter.yaml exports them.';
+
+REVOKE ALL ON etc_batch.metrics FROM PUBLIC;

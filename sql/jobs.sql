@@ -49,7 +49,10 @@ CREATE TABLE etc_batch.job (
     failure_sqlstate text,
     failure_message  text,
     failure_chunk    integer,
-    seconds_at_work  float8      NOT NULL DEFAULT 0
+    seconds_at_work  float8      NOT NULL DEFAULT 0,
+    -- a sequential job's chunks' own seconds, from opening to checkpoint, added up
+    -- (the metrics); NULL: none yet. A parallel job's are in job_chunk.
+    chunk_seconds    float8
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -118,7 +121,9 @@ CREATE TABLE etc_batch.job_chunk (
     seal         bigint      NOT NULL,
     txid         bigint,
     committed_at timestamptz,
-    started_at   timestamptz
+    started_at   timestamptz,
+    -- the chunk's own seconds, from its opening to its commit (the metrics)
+    chunk_seconds float8
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_chunk IS

@@ -42,6 +42,17 @@ CREATE TABLE etc_batch.job_pace (
 COMMENT ON TABLE etc_batch.job_pace IS
     'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query.';
 
+CREATE TABLE etc_batch.job_wait (
+    job_id     text   NOT NULL,
+    waited_for text   NOT NULL,
+    waits      bigint NOT NULL,
+    seconds    float8 NOT NULL,
+    PRIMARY KEY (job_id, waited_for)
+);
+
+COMMENT ON TABLE etc_batch.job_wait IS
+    'How often and how long a job''s drainers waited for the signals of its pace, per kind (replicas, archiving, vacuum, windows, throttle_query), added up at the end of each wait: the metrics'' etc_batch_job_waited_seconds and etc_batch_job_waited_waits.';
+
 CREATE TABLE etc_batch.job_retry (
     job_id     text        NOT NULL,
     chunk      integer     NOT NULL,
@@ -60,4 +71,5 @@ COMMENT ON TABLE etc_batch.job_retry IS
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pace', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_retry', '');
-REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace, etc_batch.job_retry FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_wait', '');
+REVOKE ALL ON etc_batch.job_pause, etc_batch.job_pace, etc_batch.job_retry, etc_batch.job_wait FROM PUBLIC;

@@ -153,7 +153,54 @@ SELECT b.batch,
 COMMENT ON VIEW etc_batch.chain_progress IS
     'Per chain: steps done, failed and pending, the step being run now and the pid running it, when a step last finished, the last error of a failed step, when and by whom it was paused; on_standby: read on a hot standby, as of the WAL replayed there; the chain''s launch that runs, whose worker runs it.';
 
-REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress FROM PUBLIC;
+-- The metrics, one row per sample, in Prometheus's naming (contrib/prometheus-postgres-exporter.yaml
+-- reads them): per job, what job_progress shows its reader, and the seconds its
+-- drainers waited per kind; per chain, its steps by status; the launched workers at work.
+CREATE VIEW etc_batch.metrics WITH (security_barrier) AS
+SELECT m.metric, pg_catalog.jsonb_build_object('job_id', p.job_id) AS labels, m.value
+  FROM etc_batch.job_progress p
+  JOIN etc_batch.job j ON j.job_id OPERATOR(pg_catalog.=) p.job_id
+ CROSS JOIN LATERAL (VALUES
+       ('etc_batch_job_items_approved', p.approved::pg_catalog.float8),
+       ('etc_batch_job_items_committed', p.committed::pg_catalog.float8),
+       ('etc_batch_job_chunks_committed', p.chunks_committed::pg_catalog.float8),
+       ('etc_batch_job_chunks_total', p.chunks_total::pg_catalog.float8),
+       ('etc_batch_job_retries', p.retries::pg_catalog.float8),
+       ('etc_batch_job_seconds_at_work', p.seconds_at_work::pg_catalog.float8),
+       ('etc_batch_job_chunk_seconds_sum',
+        CASE WHEN j.parallel
+             THEN (SELECT COALESCE(pg_catalog.sum(c.chunk_seconds), 0) FROM etc_batch.job_chunk c
+                    WHERE c.job_id OPERATOR(pg_catalog.=) j.job_id AND c.committed)
+             ELSE COALESCE(j.chunk_seconds, 0) END),
+       ('etc_batch_job_chunk_seconds_count', p.chunks_committed::pg_catalog.float8)) m(metric, value)
+UNION ALL
+SELECT 'etc_batch_job_status_current',
+       pg_catalog.jsonb_build_object('job_id', p.job_id, 'status', p.status::pg_catalog.text), 1
+  FROM etc_batch.job_progress p
+UNION ALL
+SELECT m.metric, pg_catalog.jsonb_build_object('job_id', w.job_id, 'waited_for', w.waited_for), m.value
+  FROM etc_batch.job_wait w
+  JOIN etc_batch.job_progress p ON p.job_id OPERATOR(pg_catalog.=) w.job_id
+ CROSS JOIN LATERAL (VALUES ('etc_batch_job_waited_seconds', w.seconds),
+                            ('etc_batch_job_waited_waits', w.waits::pg_catalog.float8)) m(metric, value)
+UNION ALL
+SELECT 'etc_batch_chain_steps', pg_catalog.jsonb_build_object('batch', c.batch, 'status', s.status), s.steps
+  FROM etc_batch.chain_progress c
+ CROSS JOIN LATERAL (VALUES ('done', c.done::pg_catalog.float8), ('failed', c.failed::pg_catalog.float8),
+                            ('pending', c.pending::pg_catalog.float8)) s(status, steps)
+UNION ALL
+-- a launched worker holds its mark (src/session_lock.rs, Space::Worker) while it lives
+SELECT 'etc_batch_workers_running', '{}'::pg_catalog.jsonb, pg_catalog.count(*)::pg_catalog.float8
+  FROM pg_catalog.pg_locks x
+ WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
+   AND x.objsubid OPERATOR(pg_catalog.=) 5
+   AND x.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+
+COMMENT ON VIEW etc_batch.metrics IS
+    'The metrics of etc_batch, one row per sample: its name (etc_batch_...), its labels (job_id; job_id and status; job_id and waited_for; batch and status) and its value. Per job (those job_progress shows the reader): items approved and committed, chunks committed and in all, retries, seconds at work, the chunks'' own seconds (sum and count), its status, and the seconds and number of waits per kind; per chain, its steps by status; the launched workers at work in this database. contrib/prometheus-postgres-exporter.yaml exports them.';
+
+REVOKE ALL ON etc_batch.job_progress, etc_batch.chain_progress, etc_batch.metrics FROM PUBLIC;
 GRANT SELECT ON etc_batch.job_progress TO PUBLIC;
 
 -- Pruning history. step_audit and job_audit only grow; pg_dump keeps them. A DBA who
@@ -200,6 +247,7 @@ BEGIN
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_wait w WHERE w.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_chunk_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN

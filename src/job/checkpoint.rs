@@ -233,13 +233,15 @@ pub fn short_list(range: &Range<i32>, found: usize) -> String {
 /// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,
 /// once the chunk's audit rows are written, and adds the time at work on it: from
 /// `since` (when its drainer's work towards it began) or the commit before it, whichever
-/// is later, to now. Returns the job's status after it.
+/// is later, to now; and the chunk's own `seconds`, from its opening to its checkpoint, to
+/// the job's chunk_seconds. Returns the job's status after it.
 pub fn advance(
     job_id: &str,
     tables: &JobTables,
     at: Tid,
     range: &Range<i32>,
     since: TimestampWithTimeZone,
+    seconds: f64,
 ) -> Result<JobStatus> {
     // SAFETY: reads the start of the current transaction, now()
     let start = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
@@ -261,6 +263,7 @@ pub fn advance(
             let previous = row.get::<TimestampWithTimeZone>("last_commit_at")?;
             let worked = row.get::<f64>("seconds_at_work")?.unwrap_or(0.0)
                 + seconds_since(since, previous, clock_timestamp());
+            let chunk_seconds = row.get::<f64>("chunk_seconds")?.unwrap_or(0.0) + seconds;
             let set = vec![
                 ("next_index", range.end.into_datum()),
                 ("chunks_committed", chunks.into_datum()),
@@ -273,6 +276,7 @@ pub fn advance(
                 ("status", status.as_str().into_datum()),
                 ("finished_at", done.then_some(now)),
                 ("seconds_at_work", worked.into_datum()),
+                ("chunk_seconds", chunk_seconds.into_datum()),
             ];
             Ok((set, status))
         })

@@ -343,6 +343,7 @@ pub fn mark_committed(
     chunk: i32,
     at: Tid,
     since: TimestampWithTimeZone,
+    seconds: f64,
 ) -> Result<()> {
     let sealed = seal::chunk(job_id, chunk, true);
     let txid = txid_current();
@@ -361,6 +362,7 @@ pub fn mark_committed(
                 ("txid", txid.into_datum()),
                 ("committed_at", now.into_datum()),
                 ("started_at", since.into_datum()),
+                ("chunk_seconds", seconds.into_datum()),
             ];
             Ok((set, ()))
         })
@@ -399,6 +401,7 @@ const CHUNK_COLUMNS: Columns = &[
     ("txid", pg_sys::INT8OID),
     ("committed_at", pg_sys::TIMESTAMPTZOID),
     ("started_at", pg_sys::TIMESTAMPTZOID),
+    ("chunk_seconds", pg_sys::FLOAT8OID),
 ];
 
 /// How many chunk rows are written at once.
@@ -420,6 +423,7 @@ pub fn write_chunk_rows(job_id: &str, tables: &JobTables, chunks: i32) -> Result
                 chunk.into_datum(),
                 open,
                 seal::chunk(job_id, chunk, false).into_datum(),
+                None,
                 None,
                 None,
                 None,

@@ -613,6 +613,16 @@ impl Job {
                     if let Some(waited) = told.take() {
                         // the wait is over: said in a transaction of its own
                         tx.item(|_| {
+                            self.owner(|| {
+                                query::run(
+                                    sql::RECORD_WAIT,
+                                    &[
+                                        self.id().into(),
+                                        waited.kind().into(),
+                                        since_told.elapsed().as_secs_f64().into(),
+                                    ],
+                                )
+                            })?;
                             crate::events::job(
                                 self.id(),
                                 "waited",
@@ -730,6 +740,8 @@ impl Job {
     /// One chunk, in the current transaction: opened (the fence checked, its records
     /// locked and checked), changed, its audit rows written and the chunk closed.
     fn next_chunk(&mut self, audit: &mut AuditWriter) -> Result<Round> {
+        // the chunk's own duration, for job_chunk_seconds (the metrics)
+        let opened = std::time::Instant::now();
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
@@ -795,7 +807,12 @@ impl Job {
                 changed: &changed,
                 skipped: &skipped,
             })?;
-            self.order.close(&self.def, &chunk, self.at_work_since)
+            self.order.close(
+                &self.def,
+                &chunk,
+                self.at_work_since,
+                opened.elapsed().as_secs_f64(),
+            )
         })?;
         // nothing runs between the audit rows and the mark: one point after both
         crash::reached(Point::AfterCheckpoint);

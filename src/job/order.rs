@@ -56,16 +56,23 @@ impl Order {
         def: &Definition,
         chunk: &OpenChunk,
         since: TimestampWithTimeZone,
+        seconds: f64,
     ) -> Result<bool> {
         match chunk.mark {
             Mark::Checkpoint(at) => {
-                let status =
-                    checkpoint::advance(&def.job_id, &def.tables, at, &chunk.range, since)?;
+                let status = checkpoint::advance(
+                    &def.job_id,
+                    &def.tables,
+                    at,
+                    &chunk.range,
+                    since,
+                    seconds,
+                )?;
                 Ok(status == JobStatus::Done)
             }
             // a parallel job is done once its row says so (`finish`), not with a chunk
             Mark::Claim(at) => {
-                claim::mark_committed(&def.job_id, &def.tables, chunk.number, at, since)
+                claim::mark_committed(&def.job_id, &def.tables, chunk.number, at, since, seconds)
                     .map(|()| false)
             }
         }

@@ -226,6 +226,15 @@ SELECT v.pid FROM pg_catalog.pg_stat_progress_vacuum v
         OR v.relid IN (SELECT t.relid FROM pg_catalog.pg_partition_tree($1::pg_catalog.oid::pg_catalog.regclass) t))
  LIMIT 1";
 
+/// A wait of job $1's drainer for $2 (pace.rs, Wait::kind) that lasted $3 seconds,
+/// added up per job and kind for the metrics.
+pub const RECORD_WAIT: &str = "\
+INSERT INTO etc_batch.job_wait AS w (job_id, waited_for, waits, seconds)
+VALUES ($1, $2, 1, $3)
+ON CONFLICT (job_id, waited_for) DO UPDATE
+   SET waits = w.waits OPERATOR(pg_catalog.+) 1,
+       seconds = w.seconds OPERATOR(pg_catalog.+) EXCLUDED.seconds";
+
 /// The minute of the week now (Monday 00:00 is 0) in time zone $1.
 pub const MINUTE_OF_WEEK: &str = "\
 SELECT (((pg_catalog.date_part('isodow', t) OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) 1440)

@@ -496,7 +496,9 @@ ADDED = {
                       "continued_as": None, "failed_at": None, "failure_sqlstate": None,
                       "failure_message": None, "failure_chunk": None,
                       "seconds_at_work": OfRow(lambda got, row: abs(
-                          got - seconds_between(row, "started_at", "last_commit_at")) < 1e-3)},
+                          got - seconds_between(row, "started_at", "last_commit_at")) < 1e-3),
+                      # the chunks' own seconds were not measured before
+                      "chunk_seconds": None},
               "job_audit": {"skipped": False, "found": None}},
 }
 
