@@ -46,10 +46,15 @@ pub struct Pace {
 impl Pace {
     /// Whether any signal is set, besides the rate, which is a slot per chunk.
     pub fn has_signals(&self) -> bool {
-        Pace {
-            rows_per_second: None,
-            ..self.clone()
-        } != Pace::default()
+        // read before every chunk: no copy of the pace's texts
+        self.max_replica_lag_bytes.is_some()
+            || self.max_archive_backlog.is_some()
+            || self.yield_to_vacuum
+            || self.windows.is_some()
+            || self.throttle_query.is_some()
+            || self.pause_above_replica_lag_bytes.is_some()
+            || self.pause_above_archive_backlog.is_some()
+            || self.critical_query.is_some()
     }
 }
 
@@ -375,4 +380,71 @@ pub fn take_slot(job_id: &str, pace: &Pace, rows: i32) -> Result<Option<Duration
     }
     let seconds = query::one::<f64>(sql::TAKE_SLOT, &[job_id.into(), rows.into()])?;
     Ok(seconds.filter(|s| *s > 0.0).map(Duration::from_secs_f64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_alone_is_no_signal_and_every_signal_is_one() {
+        let rate = Pace {
+            rows_per_second: Some(100),
+            ..Pace::default()
+        };
+        assert!(!rate.has_signals());
+        let each = [
+            Pace {
+                max_replica_lag_bytes: Some(0),
+                ..Pace::default()
+            },
+            Pace {
+                max_archive_backlog: Some(1),
+                ..Pace::default()
+            },
+            Pace {
+                yield_to_vacuum: true,
+                ..Pace::default()
+            },
+            Pace {
+                windows: Some(vec!["mon 00:00-24:00".into()]),
+                ..Pace::default()
+            },
+            Pace {
+                throttle_query: Some("SELECT false".into()),
+                ..Pace::default()
+            },
+            Pace {
+                pause_above_replica_lag_bytes: Some(1),
+                ..Pace::default()
+            },
+            Pace {
+                pause_above_archive_backlog: Some(1),
+                ..Pace::default()
+            },
+            Pace {
+                critical_query: Some("SELECT false".into()),
+                ..Pace::default()
+            },
+        ];
+        for pace in each {
+            assert!(pace.has_signals(), "{pace:?}");
+        }
+    }
+
+    #[test]
+    fn each_wait_names_its_kind_and_reason() {
+        let archive = Wait::Archive { ready: 4, limit: 2 };
+        assert_eq!(archive.kind(), "archiving");
+        assert_eq!(
+            archive.activity(),
+            "waiting for WAL archiving, 4 segments ready, more than 2"
+        );
+        assert!(archive.same_kind(&Wait::Archive { ready: 9, limit: 2 }));
+        assert!(!archive.same_kind(&Wait::Throttled));
+        assert_eq!(
+            Wait::OutsideWindows { opens_in: 95 }.activity(),
+            "waiting for its windows, the next opens in 1 h 35 min"
+        );
+    }
 }
