@@ -573,6 +573,9 @@ impl Job {
                         Signal::Go
                     };
                     if let Signal::Pause(reason) = &signal {
+                        if let Some(waited) = &told {
+                            self.end_wait(waited, since_told.elapsed())?;
+                        }
                         pace::pause_for(self.id(), self.bookkeeper, reason)?;
                         let paused = crate::pauses::of_job(self.id())?;
                         return Ok((pace, due, Signal::Go, Err(paused)));
@@ -612,25 +615,7 @@ impl Job {
                 Signal::Go => {
                     if let Some(waited) = told.take() {
                         // the wait is over: said in a transaction of its own
-                        tx.item(|_| {
-                            self.owner(|| {
-                                query::run(
-                                    sql::RECORD_WAIT,
-                                    &[
-                                        self.id().into(),
-                                        waited.kind().into(),
-                                        since_told.elapsed().as_secs_f64().into(),
-                                    ],
-                                )
-                            })?;
-                            crate::events::job(
-                                self.id(),
-                                "waited",
-                                serde_json::json!({"for": waited.kind(),
-                                                   "seconds": since_told.elapsed().as_secs_f64()}),
-                            );
-                            Ok::<_, BatchError>(())
-                        })?;
+                        tx.item(|_| self.end_wait(&waited, since_told.elapsed()))?;
                         tx.commit();
                     }
                     if let Some(delay) = slot {
@@ -652,6 +637,10 @@ impl Job {
                     if !told.as_ref().is_some_and(|t| t.same_kind(&wait)) {
                         notice!("job \"{}\" waits: {}", self.id(), wait.reason());
                         tx.item(|_| {
+                            // a wait of another kind before it is over
+                            if let Some(waited) = &told {
+                                self.end_wait(waited, since_told.elapsed())?;
+                            }
                             crate::events::job(
                                 self.id(),
                                 "waiting",
@@ -677,6 +666,24 @@ impl Job {
                 }
             }
         }
+    }
+
+    /// A wait that is over, after `lasted`: counted in job_wait (the metrics) and told to
+    /// listeners, in the current transaction. Run as anyone: it switches to the owner.
+    fn end_wait(&self, waited: &Wait, lasted: std::time::Duration) -> Result<()> {
+        let seconds = lasted.as_secs_f64();
+        self.owner(|| {
+            query::run(
+                sql::RECORD_WAIT,
+                &[self.id().into(), waited.kind().into(), seconds.into()],
+            )
+        })?;
+        crate::events::job(
+            self.id(),
+            "waited",
+            serde_json::json!({"for": waited.kind(), "seconds": seconds}),
+        );
+        Ok(())
     }
 
     /// After attempt `attempt` of chunk `number` failed with a transient error and was
