@@ -143,9 +143,7 @@ def test_signals_conflicts_chains_and_launches_are_heard(signals):
         started = listener.of(launch_id=launch_id, event="started")[0]
         assert (started["job_id"], started["workers"]) == (launched, 1)
         assert listener.of(launch_id=launch_id, event="ended")[0]["status"] == "done"
+        # nothing per chunk: a job of 4 chunks says registered, started and done, no more
         assert events(heard, "job_id", launched) == ["registered", "started", "done"], heard
-        # nothing per chunk: a job of 4 chunks said registered, started and done, no more
-        for e in heard:
-            assert e["kind"] in ("job", "chain", "launch"), e
     finally:
         close_quietly([listener.conn, admin])
