@@ -36,6 +36,12 @@ COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
 REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) IS
+    'Registers a revert of a job: a new approved, frozen job whose items are the job''s committed items, each expected as its change left the row and set back to the values it had before (the job''s expect values of the columns it set; a handler job''s by the inverse handler given); items whose rows drifted or went away since are left out and named in etc_batch.job_left_out. The job is stopped first and ends reverted. The same revert again changes nothing; a different one under the same job id is refused.';
+REVOKE ALL ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.revert_preview(text, regprocedure) IS
+    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) and what every row must still hold (expected).';
+REVOKE ALL ON FUNCTION etc_batch.revert_preview(text, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
     'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS

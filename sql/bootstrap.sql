@@ -31,4 +31,4 @@ CREATE DOMAIN etc_batch.step_status AS text CHECK (VALUE IN ('pending', 'done', 
 CREATE DOMAIN etc_batch.attempt_outcome AS text
     CHECK (VALUE IN ('done', 'failed', 'skipped', 'timed_out', 'retried'));
 CREATE DOMAIN etc_batch.job_status AS text
-    CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted', 'continued'));
+    CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted', 'continued', 'reverted'));

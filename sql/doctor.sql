@@ -291,7 +291,7 @@ BEGIN
          WHERE p.pronamespace = 'etc_batch'::regnamespace
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
-                             'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'launch_job',
+                             'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'register_revert', 'launch_job',
                              'launch_batch', 'stop_launch', 'resume_launches', 'run_chain', 'define_chain',
                              'abandon_run')
            AND has_function_privilege('public', p.oid, 'EXECUTE')

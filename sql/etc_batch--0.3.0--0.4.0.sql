@@ -27,7 +27,7 @@ REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
 -- says so, a job continued as another, a failure kept where the views show it.
 ALTER DOMAIN etc_batch.job_status DROP CONSTRAINT job_status_check;
 ALTER DOMAIN etc_batch.job_status ADD CONSTRAINT job_status_check
-    CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted', 'continued'));
+    CHECK (VALUE IN ('pending', 'done', 'conflict', 'corrupt', 'aborted', 'continued', 'reverted'));
 
 -- job_progress reads every column of job: made again below, with the grants it has now
 -- (kept meanwhile in a setting of this transaction).
@@ -84,7 +84,9 @@ ALTER TABLE etc_batch.job
     ADD COLUMN failure_message text,
     ADD COLUMN failure_chunk integer,
     ADD COLUMN seconds_at_work float8 NOT NULL DEFAULT 0,
-    ADD COLUMN chunk_seconds float8;
+    ADD COLUMN chunk_seconds float8,
+    ADD COLUMN reverts text,
+    ADD COLUMN reverted_by text;
 -- a job from before named its key by one column, and its target lives; its handler (a
 -- function dropped since is named as one no function is, so that the job stays stopped)
 UPDATE etc_batch.job j
@@ -372,6 +374,10 @@ COMMENT ON COLUMN etc_batch.job.guard IS
 COMMENT ON COLUMN etc_batch.job.on_drift IS
     'What a row that drifted or went away does to the job: stop (the job stops in conflict for a person to decide) or skip (the item is left unchanged, recorded in the audit as skipped with what was found, and the job goes on).';
 COMMENT ON COLUMN etc_batch.job.target_name IS 'The target as it was named when the job was registered, for messages once it is gone.';
+COMMENT ON COLUMN etc_batch.job.reverts IS
+    'For a revert registered by register_revert: the job whose committed items it sets back.';
+COMMENT ON COLUMN etc_batch.job.reverted_by IS
+    'For a job reverted (status reverted): the job registered to set its committed items back.';
 COMMENT ON COLUMN etc_batch.job.continued_as IS 'For a job that ended continued: the job its remaining items were approved as (register_remainder).';
 COMMENT ON COLUMN etc_batch.job.failed_at IS
     'When a drain of the job last failed for a reason other than a conflict (a constraint, a trigger, a permission, a timeout), with failure_sqlstate, failure_message and failure_chunk; the chunk was rolled back and the job is still pending.';
@@ -581,19 +587,20 @@ BEGIN
     DELETE FROM etc_batch.step_audit a
      WHERE coalesce(a.finished_at, a.lock_acquired_at) < cutoff;
     GET DIAGNOSTICS step_audit_rows = ROW_COUNT;
-    -- whole jobs that ended (done, aborted, or continued as another) before the cutoff:
+    -- whole jobs that ended (done, aborted, continued as another, or reverted) before the cutoff:
     -- approval, audit and checkpoint together; a job in conflict or corrupt waits for a
     -- person
     jobs_forgotten := 0;
     FOR gone IN
         DELETE FROM etc_batch.job j
-         WHERE j.status IN ('done', 'aborted', 'continued') AND j.finished_at < cutoff
+         WHERE j.status IN ('done', 'aborted', 'continued', 'reverted') AND j.finished_at < cutoff
         RETURNING j.job_id, j.job_number, j.parallel
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         DELETE FROM etc_batch.job_wait w WHERE w.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_left_out o WHERE o.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_chunk_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN
@@ -609,7 +616,7 @@ END
 $$;
 
 COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
-    'Deletes step_audit rows older than the interval, whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it, and launches (with their workers'' runs) that ended before it. Open jobs, jobs in conflict or corrupt, and launches still running are kept.';
+    'Deletes step_audit rows older than the interval, whole jobs (approval, audit, checkpoint) that ended, done, aborted, continued as another job or reverted, before it, and launches (with their workers'' runs) that ended before it. Open jobs, jobs in conflict or corrupt, and launches still running are kept.';
 REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM PUBLIC;
 DO $grants$
 DECLARE
@@ -917,7 +924,7 @@ BEGIN
          WHERE p.pronamespace = 'etc_batch'::regnamespace
            AND p.proname IN ('exec_batch_from_id', 'drain_job', 'add_step', 'register_job', 'register_job_from_query',
                              'reset_batch', 'retry_step', 'abort_job', 'pause_job', 'resume_job',
-                             'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'launch_job',
+                             'pause_batch', 'resume_batch', 'pace_job', 'register_remainder', 'register_revert', 'launch_job',
                              'launch_batch', 'stop_launch', 'resume_launches', 'run_chain', 'define_chain',
                              'abandon_run')
            AND has_function_privilege('public', p.oid, 'EXECUTE')
@@ -949,6 +956,25 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'register_remainder_wrapper';
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
 REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;
+
+-- A job's committed items set back by a new approval (new).
+CREATE FUNCTION etc_batch.register_revert(
+    job_id text, revert_job_id text, chunk_size integer DEFAULT NULL,
+    parallel boolean DEFAULT NULL, inverse regprocedure DEFAULT NULL)
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_revert_wrapper';
+CREATE FUNCTION etc_batch.revert_preview(job_id text, inverse regprocedure DEFAULT NULL)
+RETURNS TABLE (items integer, drifted integer, gone integer, set_back jsonb, expected jsonb,
+               inverse text, left_out jsonb)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'revert_preview_wrapper';
+COMMENT ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) IS
+    'Registers a revert of a job: a new approved, frozen job whose items are the job''s committed items, each expected as its change left the row and set back to the values it had before (the job''s expect values of the columns it set; a handler job''s by the inverse handler given); items whose rows drifted or went away since are left out and named in etc_batch.job_left_out. The job is stopped first and ends reverted. The same revert again changes nothing; a different one under the same job id is refused.';
+REVOKE ALL ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.revert_preview(text, regprocedure) IS
+    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) and what every row must still hold (expected).';
+REVOKE ALL ON FUNCTION etc_batch.revert_preview(text, regprocedure) FROM PUBLIC;
 
 -- Chains that run every night (new): chain definitions and their runs, run_chain,
 -- define_chain, abandon_run, current_run. As in sql/runs.sql:
@@ -1280,3 +1306,18 @@ COMMENT ON VIEW etc_batch.metrics IS
     'The metrics of etc_batch, one row per sample: its name (etc_batch_...), its labels (job_id; job_id and status; job_id and waited_for; batch and status) and its value. Per job (those job_progress shows the reader): items approved and committed, chunks committed and in all, retries, seconds at work, the chunks'' own seconds (sum and count), its status, and the seconds and number of waits per kind; per chain, its steps by status; the launched workers at work in this database. contrib/prometheus-postgres-exporter.yaml exports them.';
 
 REVOKE ALL ON etc_batch.metrics FROM PUBLIC;
+
+-- A revert's approval leaves out the committed items of the job it reverts whose rows
+-- drifted or went away since that job changed them: never overwritten, named here.
+CREATE TABLE etc_batch.job_left_out (
+    job_id     text    NOT NULL,
+    "position" integer NOT NULL,
+    item_key   text    NOT NULL,
+    state      text    NOT NULL CHECK (state IN ('drifted', 'gone')),
+    PRIMARY KEY (job_id, "position")
+);
+
+COMMENT ON TABLE etc_batch.job_left_out IS
+    'For a revert (register_revert), the committed items of the job it reverts that it left out of its approval: the item''s position in that job, its key, and whether its row had drifted since that job changed it or was gone.';
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_left_out', '');
+REVOKE ALL ON etc_batch.job_left_out FROM PUBLIC;

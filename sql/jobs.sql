@@ -52,7 +52,11 @@ CREATE TABLE etc_batch.job (
     seconds_at_work  float8      NOT NULL DEFAULT 0,
     -- a sequential job's chunks' own seconds, from opening to checkpoint, added up
     -- (the metrics); NULL: none yet. A parallel job's are in job_chunk.
-    chunk_seconds    float8
+    chunk_seconds    float8,
+    -- a revert (register_revert): the job whose committed items it sets back
+    reverts          text,
+    -- a job reverted: the job that sets its committed items back
+    reverted_by      text
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -80,6 +84,10 @@ COMMENT ON COLUMN etc_batch.job.failed_at IS
     'When a drain of the job last failed for a reason other than a conflict (a constraint, a trigger, a permission, a timeout), with failure_sqlstate, failure_message and failure_chunk; the chunk was rolled back and the job is still pending.';
 COMMENT ON COLUMN etc_batch.job.seconds_at_work IS
     'Wall-clock seconds some drainer spent at work on the job, chunks and the waits between them, not time paused or with nobody draining: what the estimated finish is reckoned from.';
+COMMENT ON COLUMN etc_batch.job.reverts IS
+    'For a revert registered by register_revert: the job whose committed items it sets back.';
+COMMENT ON COLUMN etc_batch.job.reverted_by IS
+    'For a job reverted (status reverted): the job registered to set its committed items back.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';
 
@@ -295,3 +303,18 @@ REVOKE ALL ON etc_batch.job, etc_batch.job_item_chunk, etc_batch.job_item, etc_b
 REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
+
+-- A revert's approval leaves out the committed items of the job it reverts whose rows
+-- drifted or went away since that job changed them: never overwritten, named here.
+CREATE TABLE etc_batch.job_left_out (
+    job_id     text    NOT NULL,
+    "position" integer NOT NULL,
+    item_key   text    NOT NULL,
+    state      text    NOT NULL CHECK (state IN ('drifted', 'gone')),
+    PRIMARY KEY (job_id, "position")
+);
+
+COMMENT ON TABLE etc_batch.job_left_out IS
+    'For a revert (register_revert), the committed items of the job it reverts that it left out of its approval: the item''s position in that job, its key, and whether its row had drifted since that job changed it or was gone.';
+SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_left_out', '');
+REVOKE ALL ON etc_batch.job_left_out FROM PUBLIC;

@@ -235,19 +235,20 @@ BEGIN
     DELETE FROM etc_batch.step_audit a
      WHERE coalesce(a.finished_at, a.lock_acquired_at) < cutoff;
     GET DIAGNOSTICS step_audit_rows = ROW_COUNT;
-    -- whole jobs that ended (done, aborted, or continued as another) before the cutoff:
+    -- whole jobs that ended (done, aborted, continued as another, or reverted) before the cutoff:
     -- approval, audit and checkpoint together; a job in conflict or corrupt waits for a
     -- person
     jobs_forgotten := 0;
     FOR gone IN
         DELETE FROM etc_batch.job j
-         WHERE j.status IN ('done', 'aborted', 'continued') AND j.finished_at < cutoff
+         WHERE j.status IN ('done', 'aborted', 'continued', 'reverted') AND j.finished_at < cutoff
         RETURNING j.job_id, j.job_number, j.parallel
     LOOP
         DELETE FROM etc_batch.job_pause z WHERE z.job_id = gone.job_id;
         DELETE FROM etc_batch.job_pace c WHERE c.job_id = gone.job_id;
         DELETE FROM etc_batch.job_retry r WHERE r.job_id = gone.job_id;
         DELETE FROM etc_batch.job_wait w WHERE w.job_id = gone.job_id;
+        DELETE FROM etc_batch.job_left_out o WHERE o.job_id = gone.job_id;
         EXECUTE format('DROP TABLE IF EXISTS etc_batch.%I, etc_batch.%I',
                        'job_item_chunk_' || gone.job_number, 'job_audit_chunk_' || gone.job_number);
         IF gone.parallel THEN
@@ -263,5 +264,5 @@ END
 $$;
 
 COMMENT ON FUNCTION etc_batch.prune_history(interval) IS
-    'Deletes step_audit rows older than the interval, whole jobs (approval, audit, checkpoint) that ended, done, aborted or continued as another job, before it, and launches (with their workers'' runs) that ended before it. Open jobs, jobs in conflict or corrupt, and launches still running are kept.';
+    'Deletes step_audit rows older than the interval, whole jobs (approval, audit, checkpoint) that ended, done, aborted, continued as another job or reverted, before it, and launches (with their workers'' runs) that ended before it. Open jobs, jobs in conflict or corrupt, and launches still running are kept.';
 REVOKE ALL ON FUNCTION etc_batch.prune_history(interval) FROM PUBLIC;

@@ -141,6 +141,12 @@ pub enum BatchError {
         job: String,
         successor: Option<String>,
     },
+    /// A job reverted by register_revert: stopped for good, its committed items set back
+    /// by another job.
+    JobReverted {
+        job: String,
+        by: Option<String>,
+    },
     /// A function named by OID that does not exist (a regprocedure given as a number).
     UnknownFunction {
         oid: u32,
@@ -627,6 +633,15 @@ impl BatchError {
                     .map(|s| format!("What it had not changed was approved as job \"{s}\".")),
             )
             .hint("Drain the job it was continued as."),
+            JobReverted { job, by } => report(
+                Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("job \"{job}\" was reverted"),
+            )
+            .maybe_detail(
+                by.as_ref()
+                    .map(|b| format!("Its committed items are set back by job \"{b}\".")),
+            )
+            .hint("A job reverted changes nothing more; drain the revert."),
             JobFinished { job } => report(
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("job \"{job}\" is already done"),
@@ -979,6 +994,10 @@ mod tests {
                 job: "festival".into(),
                 successor: Some("festival-2".into()),
             },
+            JobReverted {
+                job: "festival".into(),
+                by: Some("festival-undo".into()),
+            },
             TooManyWorkers {
                 asked: 4,
                 running: 6,
@@ -1070,9 +1089,10 @@ mod tests {
                 UnknownRun { .. } => 47,
                 RunDone { .. } => 48,
                 DefinitionStep { .. } => 49,
+                JobReverted { .. } => 50,
             })
             .collect();
-        assert_eq!(covered, (0..=49).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=50).collect(), "every variant has an example");
         all
     }
 

@@ -58,6 +58,7 @@ status!(
         Corrupt = "corrupt",
         Aborted = "aborted",
         Continued = "continued",
+        Reverted = "reverted",
     }
 );
 

@@ -4,7 +4,7 @@
 use super::types::{Jsonb, Name, Names, RegClass, RegProcedure};
 use crate::error::{required, BatchError, OrRaise, Result};
 use crate::job::approval::OnDrift;
-use crate::job::{abort, approval, drain, pace, register, remainder, report};
+use crate::job::{abort, approval, drain, pace, register, remainder, report, revert};
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, results};
@@ -127,6 +127,80 @@ fn register_remainder(
     ))
 }
 
+/// Registers a revert of a job: a new approved job that sets the job's committed items
+/// back to what they were before it, each expected as the job's change left it. The job
+/// itself is stopped first and ends reverted.
+#[pg_extern(volatile, parallel_unsafe)]
+fn register_revert(
+    job_id: Option<String>,
+    revert_job_id: Option<String>,
+    chunk_size: default!(Option<i32>, "NULL"),
+    parallel: default!(Option<bool>, "NULL"),
+    inverse: default!(Option<RegProcedure>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(job_id, String),
+        name!(created, bool),
+        name!(items, i32),
+        name!(chunks, i32),
+    ),
+> {
+    crate::standby::refuse_writes("etc_batch.register_revert").or_raise();
+    let request = (|| -> Result<revert::Revert> {
+        Ok(revert::Revert {
+            job_id: required(job_id, "job_id")?,
+            revert_job_id: required(revert_job_id, "revert_job_id")?,
+            chunk_size,
+            parallel,
+            inverse: inverse.map(|h| h.0),
+        })
+    })()
+    .or_raise();
+    let revert_job_id = request.revert_job_id.clone();
+    let registered = revert::register_revert(request).or_raise();
+    crate::memory::hand_back();
+    TableIterator::once((
+        revert_job_id,
+        registered.created,
+        registered.items,
+        registered.chunks,
+    ))
+}
+
+/// What register_revert would do, without doing it: how many committed items it would
+/// set back, how many drifted or are gone since (and their keys), and which columns go
+/// back to which values.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn revert_preview(
+    job_id: Option<String>,
+    inverse: default!(Option<RegProcedure>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(items, i32),
+        name!(drifted, i32),
+        name!(gone, i32),
+        name!(set_back, Option<pgrx::JsonB>),
+        name!(expected, pgrx::JsonB),
+        name!(inverse, Option<String>),
+        name!(left_out, pgrx::JsonB),
+    ),
+> {
+    let job_id = required(job_id, "job_id").or_raise();
+    let p = revert::preview(&job_id, inverse.map(|h| h.0)).or_raise();
+    TableIterator::once((
+        p.items,
+        p.drifted,
+        p.gone,
+        p.set_back.map(pgrx::JsonB),
+        pgrx::JsonB(p.expected),
+        p.inverse,
+        pgrx::JsonB(p.left_out),
+    ))
+}
+
 /// A jsonb argument read as JSON.
 fn jsonb_arg(arg: Option<Jsonb>, what: &str) -> Result<Option<serde_json::Value>> {
     arg.map(|a| approval::read_json(what, &a.text(what)?))
@@ -143,7 +217,7 @@ fn job_report(
 ) -> TableIterator<
     'static,
     (
-        name!(position, i32),
+        name!(position, Option<i32>),
         name!(item_key, String),
         name!(state, String),
         name!(revision_committed, Option<i64>),

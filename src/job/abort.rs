@@ -25,6 +25,10 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
                 job: job_id.into(),
                 successor: query::one::<String>(sql::JOB_STATUS_REASON, &[job_id.into()])?,
             }),
+            JobStatus::Reverted => Err(BatchError::JobReverted {
+                job: job_id.into(),
+                by: query::one::<String>(sql::JOB_STATUS_REASON, &[job_id.into()])?,
+            }),
             JobStatus::Aborted => {
                 notice!("job \"{job_id}\" was already aborted; nothing changed");
                 Ok(())

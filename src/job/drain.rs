@@ -1204,6 +1204,7 @@ fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchE
             job,
             successor: reason,
         },
+        JobStatus::Reverted => BatchError::JobReverted { job, by: reason },
         JobStatus::Conflict => BatchError::JobConflict {
             job,
             detail: reason.unwrap_or_default(),

@@ -54,6 +54,7 @@ pub mod progress;
 pub mod register;
 pub mod remainder;
 pub mod report;
+pub mod revert;
 pub mod seal;
 pub mod shape;
 pub mod signals;

@@ -387,6 +387,10 @@ fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Va
 }
 
 /// A handler is a function (jsonb) RETURNS jsonb; returns its regprocedure text.
+pub fn handler_name(handler: pg_sys::Oid) -> Result<String> {
+    check_handler(handler)
+}
+
 fn check_handler(handler: pg_sys::Oid) -> Result<String> {
     let row = query::row(sql::HANDLER, &[handler.into()], |r| {
         Ok((r.get::<String>(1)?, r.get::<bool>(2)?))

@@ -71,6 +71,15 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
                 successor,
             });
         }
+        JobStatus::Reverted => {
+            let by = as_role(owner, || {
+                query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
+            })?;
+            return Err(BatchError::JobReverted {
+                job: req.job_id,
+                by,
+            });
+        }
         JobStatus::Corrupt => {
             return Err(BatchError::JobCorrupt {
                 job: req.job_id,
@@ -185,15 +194,7 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
     let constants = Constants::new(def.set_values.as_ref(), &def.expect);
     let first = constants.after();
     let (keys, revisions, guards, drifted) = (first, first + 1, first + 2, first + 3);
-    let key_object = format!(
-        "pg_catalog.jsonb_build_object({})",
-        s.key
-            .columns()
-            .iter()
-            .map(|c| format!("{}, t.{}", quote_literal(c), pgrx::spi::quote_identifier(c)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let key_object = target.key_object_sql();
     let revision = |from: &str| match s.guard.column() {
         Some(column) => format!(
             " OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({}, {from})",

@@ -20,7 +20,8 @@ use pgrx::prelude::*;
 use std::collections::VecDeque;
 
 pub struct ReportRow {
-    pub position: i32,
+    /// NULL for an item a revert left out of its approval (see `left_out`).
+    pub position: Option<i32>,
     pub item_key: String,
     pub state: String,
     pub revision_committed: Option<i64>,
@@ -44,7 +45,26 @@ pub fn report(job_id: &str) -> Result<Report> {
         cursor: Some(cursor),
         batch: VecDeque::new(),
         stable_output,
+        left_out: left_out(job_id)?,
     })
+}
+
+/// For a revert, the committed items of the job it reverts that it left out of its
+/// approval, as the last rows of its report: no position in it, the state "left out,
+/// drifted" or "left out, gone". Read as the owner, once the caller may read the job.
+fn left_out(job_id: &str) -> Result<VecDeque<ReportRow>> {
+    let rows = as_owner(|| {
+        query::rows(sql::LEFT_OUT, &[job_id.into()], 0, |r| {
+            Ok(ReportRow {
+                position: None,
+                item_key: r.get::<String>(1)?.unwrap_or_default(),
+                state: format!("left out, {}", r.get::<String>(2)?.unwrap_or_default()),
+                revision_committed: None,
+                revision_now: None,
+            })
+        })
+    })?;
+    Ok(rows.into())
 }
 
 /// A job's definition, read as the owner, once the caller is found to be one who may
@@ -86,6 +106,8 @@ pub struct Report {
     batch: VecDeque<ReportRow>,
     /// The report takes digests of rows, printed the same in every session.
     stable_output: bool,
+    /// What follows the approved items: a revert's items left out.
+    left_out: VecDeque<ReportRow>,
 }
 
 /// Runs `work` under settings::STABLE_OUTPUT when it takes digests of rows.
@@ -105,11 +127,13 @@ impl Iterator for Report {
 
     fn next(&mut self) -> Option<ReportRow> {
         if self.batch.is_empty() {
-            let cursor = self.cursor.as_ref()?;
+            let Some(cursor) = self.cursor.as_ref() else {
+                return self.left_out.pop_front();
+            };
             let rows = output(self.stable_output, || {
                 cursor.fetch(BATCH as i64, |r| {
                     Ok(ReportRow {
-                        position: r.get::<i32>(1)?.unwrap_or(0),
+                        position: r.get::<i32>(1)?,
                         item_key: r.get::<String>(2)?.unwrap_or_default(),
                         state: r.get::<String>(3)?.unwrap_or_default(),
                         revision_committed: r.get::<i64>(4)?,
@@ -122,7 +146,7 @@ impl Iterator for Report {
                 if let Some(cursor) = self.cursor.take() {
                     cursor.close();
                 }
-                return None;
+                return self.left_out.pop_front();
             }
             self.batch.extend(rows);
         }

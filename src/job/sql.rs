@@ -306,6 +306,42 @@ SELECT i.item_key, i.revision, i.guards::pg_catalog.text
  WHERE a.position IS NULL OR a.skipped
  ORDER BY i.position";
 
+/// The items a job changed (committed, not skipped), in position order: position, key,
+/// the revision (or row digest) the change left, and the guards less the columns $1
+/// (those whose values the change replaced).
+pub const COMMITTED_ITEMS: &str = "\
+SELECT i.position, i.item_key, a.revision_after,
+       (i.guards OPERATOR(pg_catalog.-) $1::pg_catalog.text[])::pg_catalog.text
+  FROM {items} i
+  JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
+ WHERE NOT a.skipped
+ ORDER BY i.position";
+
+/// A job ends, reverted by another (its time of finishing kept if it had one).
+/// $1 job, $2 the revert.
+pub const REVERT_JOB: &str = "\
+UPDATE etc_batch.job
+   SET status = 'reverted', reverted_by = $2, finished_at = COALESCE(finished_at, pg_catalog.now()),
+       status_reason = pg_catalog.format('reverted by job %s', $2)
+ WHERE job_id OPERATOR(pg_catalog.=) $1";
+
+/// A revert records the job it reverts. $1 that job, $2 the revert.
+pub const MARK_REVERT: &str = "\
+UPDATE etc_batch.job SET reverts = $1 WHERE job_id OPERATOR(pg_catalog.=) $2";
+
+/// The items a revert left out, in their order in the job it reverts: key, state. $1 the
+/// revert.
+pub const LEFT_OUT: &str = "\
+SELECT o.item_key, o.state FROM etc_batch.job_left_out o
+ WHERE o.job_id OPERATOR(pg_catalog.=) $1 ORDER BY o.\"position\"";
+
+/// The items a revert left out. $1 the revert, $2 positions, $3 keys, $4 states.
+pub const LEAVE_OUT: &str = "\
+INSERT INTO etc_batch.job_left_out (job_id, \"position\", item_key, state)
+SELECT $1, u.p, u.k, u.s
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[]),
+                  pg_catalog.unnest($4::pg_catalog.text[])) AS u(p, k, s)";
+
 /// A job ends, continued as another. $1 job, $2 the other.
 pub const CONTINUE_JOB: &str = "\
 UPDATE etc_batch.job
@@ -319,7 +355,8 @@ SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
 /// Why a job stopped; for a job continued as another, that one's id. $1 job.
 pub const JOB_STATUS_REASON: &str = "\
-SELECT CASE WHEN j.status OPERATOR(pg_catalog.=) 'continued' THEN j.continued_as ELSE j.status_reason END
+SELECT CASE j.status WHEN 'continued' THEN j.continued_as WHEN 'reverted' THEN j.reverted_by
+                     ELSE j.status_reason END
   FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
 /// A handler: its callable name, and whether it is a function (jsonb) RETURNS jsonb.

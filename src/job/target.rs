@@ -238,6 +238,21 @@ impl Target {
         conditions.join("\n     AND ")
     }
 
+    /// SQL: the key columns of the target's row `t` as a jsonb object, the fields of an
+    /// item of register_job that name it.
+    pub fn key_object_sql(&self) -> String {
+        format!(
+            "pg_catalog.jsonb_build_object({})",
+            self.shape
+                .key
+                .columns()
+                .iter()
+                .map(|c| format!("{}, t.{}", quote_literal(c), quote_identifier(c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
     /// `item_matches`, for a reader of items other than a chunk's (`it`: item_key,
     /// revision, guards).
     pub fn matches_item(&self, guard_columns: &[String], constants: &Constants) -> String {

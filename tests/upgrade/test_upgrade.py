@@ -196,6 +196,24 @@ def carry_on(c):
     assert c.execute("SELECT count(*) AS n FROM public.handled WHERE status = 'cancelled' AND revision = 2"
                      ).fetchone()["n"] == 4
     assert c.execute("SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('handled')").fetchone()["ok"] is True
+    # a job made before the update, reverted after it: each row expected at the revision
+    # its audit says the change left it at, and set back to what the job's expect says it
+    # held; order 7, changed by the application since, is left out and named
+    c.execute("UPDATE public.orders SET qty = qty + 10, revision = revision + 1 WHERE tenant = 'A' AND id = 7")
+    preview = c.execute(
+        "SELECT items, drifted, gone, set_back, left_out FROM etc_batch.revert_preview('half')").fetchone()
+    assert preview == {"items": 19, "drifted": 1, "gone": 0, "set_back": {"status": "pending"},
+                       "left_out": {"drifted": ["7"], "gone": []}}
+    c.execute("SELECT etc_batch.register_revert('half', 'half-reverted')")
+    reverted = c.execute("CALL etc_batch.drain_job('half-reverted')").fetchone()
+    assert (reverted["committed_items"], reverted["status"]) == (19, "done")
+    rows = c.execute("SELECT id, status, revision FROM public.orders "
+                     "WHERE tenant = 'A' AND id <= 20 ORDER BY id").fetchall()
+    assert [(r["id"], r["status"], r["revision"]) for r in rows] == [
+        (i, "cancelled" if i == 7 else "pending", 3) for i in range(1, 21)]
+    assert c.execute("SELECT status FROM etc_batch.job WHERE job_id = 'half'").fetchone()["status"] == "reverted"
+    assert c.execute(
+        "SELECT bool_and(ok) AS ok FROM etc_batch.verify_job('half-reverted')").fetchone()["ok"] is True
     # what the new version adds works on the updated objects: a parallel approval
     c.execute(
         "SELECT etc_batch.register_job_from_query('after-update', 'B', 'public.orders', "
@@ -234,7 +252,7 @@ def carry_on(c):
     ).fetchone()["n"] == 5
     # the chain from before takes steps of the new kinds: one that commits, one with a
     # timeout and retries
-    c.execute("SELECT etc_batch.add_step('nightly', $$CALL etc_batch.drain_job('half')$$, 6, commits => true)")
+    c.execute("SELECT etc_batch.add_step('nightly', $$CALL etc_batch.drain_job('half-reverted')$$, 6, commits => true)")
     c.execute("SELECT etc_batch.add_step('nightly', 'INSERT INTO public.loaded VALUES (7)', 7, "
               "timeout => '1 minute', max_attempts => 3)")
     c.execute("CALL etc_batch.exec_batch_from_id(6)")
@@ -498,7 +516,9 @@ ADDED = {
                       "seconds_at_work": OfRow(lambda got, row: abs(
                           got - seconds_between(row, "started_at", "last_commit_at")) < 1e-3),
                       # the chunks' own seconds were not measured before
-                      "chunk_seconds": None},
+                      "chunk_seconds": None,
+                      # and no job was reverted
+                      "reverts": None, "reverted_by": None},
               "job_audit": {"skipped": False, "found": None}},
 }
 

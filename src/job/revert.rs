@@ -1,0 +1,529 @@
+//! register_revert and revert_preview: what a job committed, set back by a new job.
+//!
+//! The revert is an approval like any other, frozen, guarded and audited: its items are
+//! the job's committed items (not those it skipped, nor those it never reached), each
+//! expected as the job's change left its row (at the revision, or the row digest, its
+//! audit recorded; a job guarded by named columns: holding the values it set), and each
+//! set back to the values it had before, which are the job's `expect` values of the
+//! columns it set. A column set without one has no known value before, and the revert is
+//! refused. An item whose row drifted since the job changed it, or is gone, is left out
+//! of the approval, never overwritten, and named (etc_batch.job_left_out).
+//!
+//! A handler job's change is known only to its handler: its revert is a handler job of
+//! the inverse the caller names, expected at the revisions the job left.
+//!
+//! The job reverted is stopped first, as register_remainder stops a job: its drainers
+//! finish their chunk, and its status becomes reverted, so that nothing changes its
+//! rows while the revert runs. A revert of a revert works the same way.
+
+use super::approval::Action;
+use super::claim;
+use super::definition::Definition;
+use super::register::{self, Items, Registered, Request};
+use super::sql;
+use super::target::{Constants, Target};
+use crate::error::{BatchError, Result};
+use crate::installed;
+use crate::query::{self, Cursor};
+use crate::roles::{as_role, current_user};
+use crate::status::JobStatus;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// How many items are read against their rows at once.
+const AT_ONCE: i64 = 1000;
+
+pub struct Revert {
+    pub job_id: String,
+    pub revert_job_id: String,
+    pub chunk_size: Option<i32>,
+    pub parallel: Option<bool>,
+    /// For a handler job: the handler that undoes its change.
+    pub inverse: Option<pg_sys::Oid>,
+}
+
+/// What a revert of a job sets and expects.
+struct Terms {
+    /// The values the columns the job set had before it: what the revert sets.
+    set_back: Option<BTreeMap<String, Value>>,
+    /// A handler job's inverse.
+    inverse: Option<pg_sys::Oid>,
+    /// What every row must still hold: the values the job set, and the other values it
+    /// expected (which its change left as they were).
+    expect: BTreeMap<String, Value>,
+    /// The columns whose values the job's change replaced: an item's guards on them held
+    /// before the change, and no longer do.
+    replaced: Vec<String>,
+}
+
+/// The job's committed items, read against their rows now.
+#[derive(Default)]
+struct Classified {
+    /// The item objects of the revert's approval, in position order.
+    items: Vec<String>,
+    /// Positions, keys and states ("drifted", "gone") of those left out.
+    left_out: Vec<(i32, String, &'static str)>,
+}
+
+impl Classified {
+    fn count(&self, state: &str) -> i32 {
+        self.left_out.iter().filter(|l| l.2 == state).count() as i32
+    }
+}
+
+/// What a revert would do, before it is registered.
+pub struct Preview {
+    pub items: i32,
+    pub drifted: i32,
+    pub gone: i32,
+    pub set_back: Option<Value>,
+    pub expected: Value,
+    pub inverse: Option<String>,
+    /// The keys left out, by state: {"drifted": [...], "gone": [...]}.
+    pub left_out: Value,
+}
+
+pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
+    let def = revertible(job_id, "preview a revert of")?;
+    let terms = terms_of(&def, inverse)?;
+    let target = def.target()?;
+    let found = classify(&def, &target, &terms)?;
+    let keys = |state: &str| {
+        Value::Array(
+            found
+                .left_out
+                .iter()
+                .filter(|l| l.2 == state)
+                .map(|l| Value::String(l.1.clone()))
+                .collect(),
+        )
+    };
+    Ok(Preview {
+        items: found.items.len() as i32,
+        drifted: found.count("drifted"),
+        gone: found.count("gone"),
+        set_back: terms.set_back.map(object),
+        expected: object(terms.expect),
+        inverse: match terms.inverse {
+            Some(oid) => Some(register::handler_name(oid)?),
+            None => None,
+        },
+        left_out: serde_json::json!({"drifted": keys("drifted"), "gone": keys("gone")}),
+    })
+}
+
+pub fn register_revert(req: Revert) -> Result<Registered> {
+    let owner = installed::owner()?;
+    let def = revertible(&req.job_id, "revert")?;
+    def.require_tables()?;
+    // the job's drainers finish their chunk first, and none starts another
+    let status = as_role(owner, || {
+        if def.parallel {
+            claim::stop(&def.tables)?;
+        }
+        query::one::<String>(sql::LOCK_JOB_STATUS, &[req.job_id.as_str().into()])
+    })?
+    .ok_or_else(|| BatchError::UnknownJob {
+        job: req.job_id.clone(),
+    })?;
+    match JobStatus::parse(&status)? {
+        JobStatus::Pending
+        | JobStatus::Conflict
+        | JobStatus::Aborted
+        | JobStatus::Done
+        | JobStatus::Continued => {}
+        JobStatus::Reverted => {
+            let by = as_role(owner, || {
+                query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
+            })?;
+            if by.as_deref() == Some(req.revert_job_id.as_str()) {
+                return registered_again(&req, owner);
+            }
+            return Err(BatchError::JobReverted {
+                job: req.job_id,
+                by,
+            });
+        }
+        JobStatus::Corrupt => {
+            return Err(BatchError::JobCorrupt {
+                job: req.job_id,
+                detail: "Its records cannot be trusted to tell what it changed.".into(),
+            })
+        }
+    }
+    let terms = terms_of(&def, req.inverse)?;
+    let target = def.target()?;
+    let found = classify(&def, &target, &terms)?;
+    if found.items.is_empty() {
+        return Err(BatchError::invalid_because(
+            format!("nothing of job \"{}\" remains to revert", req.job_id),
+            if found.left_out.is_empty() {
+                "It has committed no change yet.".to_string()
+            } else {
+                format!(
+                    "Every item it changed names a row that drifted since ({}) or is gone ({}).",
+                    found.count("drifted"),
+                    found.count("gone")
+                )
+            },
+        ));
+    }
+    let registered = register::register(Request {
+        job_id: req.revert_job_id.clone(),
+        tenant: def.tenant_value().map(str::to_string),
+        target: def.target,
+        items: Items::Json(format!("[{}]", found.items.join(",\n"))),
+        chunk_size: req.chunk_size.unwrap_or(def.chunk_size),
+        set_values: terms.set_back.map(object),
+        expect: object(terms.expect),
+        key_column: None,
+        key_columns: Some(def.key.columns().to_vec()),
+        tenant_column: def.tenant.as_ref().map(|(_, c)| c.clone()),
+        revision_column: def.guard.column().map(str::to_string),
+        guard: Some(def.guard.kind().to_string()),
+        handler: terms.inverse,
+        parallel: req.parallel.unwrap_or(def.parallel),
+        on_drift: def.on_drift,
+    })?;
+    let (positions, keys, states): (Vec<i32>, Vec<String>, Vec<String>) = found
+        .left_out
+        .into_iter()
+        .map(|(p, k, s)| (p, k, s.to_string()))
+        .fold((vec![], vec![], vec![]), |mut v, (p, k, s)| {
+            v.0.push(p);
+            v.1.push(k);
+            v.2.push(s);
+            v
+        });
+    let left_out = positions.len();
+    as_role(owner, || {
+        query::run(
+            sql::REVERT_JOB,
+            &[
+                req.job_id.as_str().into(),
+                req.revert_job_id.as_str().into(),
+            ],
+        )?;
+        query::run(
+            sql::MARK_REVERT,
+            &[
+                req.job_id.as_str().into(),
+                req.revert_job_id.as_str().into(),
+            ],
+        )?;
+        query::run(
+            sql::LEAVE_OUT,
+            &[
+                req.revert_job_id.as_str().into(),
+                positions.into(),
+                keys.into(),
+                states.into(),
+            ],
+        )
+    })?;
+    crate::events::job(
+        &req.job_id,
+        "reverted",
+        serde_json::json!({"by_job": req.revert_job_id, "items": registered.items,
+                           "left_out": left_out}),
+    );
+    Ok(registered)
+}
+
+/// The job, if the caller may revert it: the role that registered it, or a member of it.
+fn revertible(job_id: &str, doing: &str) -> Result<Definition> {
+    let owner = installed::owner()?;
+    let def = as_role(owner, || Definition::require(job_id))?;
+    let caller = current_user();
+    if !as_role(owner, || {
+        query::one::<bool>(sql::MAY_ACT_FOR, &[caller.into(), def.registered_by.into()])
+    })?
+    .unwrap_or(false)
+    {
+        return Err(BatchError::PermissionDenied {
+            message: format!("permission denied to {doing} job \"{job_id}\""),
+            detail: "A job is reverted by the role that registered it (or a member of it), whose approval its change was.".into(),
+        });
+    }
+    Ok(def)
+}
+
+/// The revert registered before under the same id, asked for again: the same request
+/// unless it names another chunk size or parallel option.
+fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
+    let stored = as_role(owner, || Definition::require(&req.revert_job_id))?;
+    let differs = |what: &str, stored: String, asked: String| BatchError::JobMismatch {
+        job: req.revert_job_id.clone(),
+        detail: format!("Its {what} is {stored}; this request has {asked}."),
+    };
+    if let Some(size) = req.chunk_size.filter(|s| *s != stored.chunk_size) {
+        return Err(differs(
+            "chunk size",
+            stored.chunk_size.to_string(),
+            size.to_string(),
+        ));
+    }
+    if let Some(parallel) = req.parallel.filter(|p| *p != stored.parallel) {
+        return Err(differs(
+            "parallel option",
+            stored.parallel.to_string(),
+            parallel.to_string(),
+        ));
+    }
+    pgrx::notice!(
+        "job \"{}\" is already reverted by job \"{}\"; nothing changed",
+        req.job_id,
+        req.revert_job_id
+    );
+    Ok(Registered {
+        created: false,
+        items: stored.item_count,
+        chunks: super::progress::chunk_count(stored.item_count, stored.chunk_size),
+    })
+}
+
+/// What the revert of `def` sets and expects; refused when a value before the change is
+/// not known.
+fn terms_of(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<Terms> {
+    match def.terms().action {
+        Action::Handler(_) => {
+            let Some(inverse) = inverse else {
+                return Err(BatchError::Unsupported {
+                    message: format!(
+                        "job \"{}\" changed its rows with a handler, whose change etc_batch cannot undo by itself",
+                        def.job_id
+                    ),
+                    detail: "A handler job is reverted by a handler that undoes its change: give it as inverse => 'schema.function(jsonb)'::regprocedure.".into(),
+                });
+            };
+            Ok(Terms {
+                set_back: None,
+                inverse: Some(inverse),
+                expect: BTreeMap::new(),
+                replaced: def.guard_columns.clone(),
+            })
+        }
+        Action::Set(set) => {
+            if inverse.is_some() {
+                return Err(BatchError::invalid_because(
+                    "an inverse is for a handler job",
+                    format!(
+                        "Job \"{}\" set values, which its revert sets back by itself.",
+                        def.job_id
+                    ),
+                ));
+            }
+            set_back(&def.job_id, &set, &def.expect)
+        }
+    }
+}
+
+/// The revert of a job that set `set` on rows expected to hold `expect`: it sets each
+/// column back to its expected value, on rows that hold what the job set and the rest of
+/// what it expected. Refused when the job set a column it expected no value of.
+fn set_back(
+    job_id: &str,
+    set: &BTreeMap<String, Value>,
+    expect: &BTreeMap<String, Value>,
+) -> Result<Terms> {
+    let unknown: Vec<String> = set
+        .keys()
+        .filter(|c| !expect.contains_key(*c))
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(BatchError::invalid_because(
+            format!(
+                "job \"{job_id}\" cannot be reverted: the values of {} before its change are not known",
+                unknown.join(", ")
+            ),
+            "A job knows what a column held before it changed it when its approval expected that value (expect => '{\"column\": value}'); this one set the column without expecting any.",
+        ));
+    }
+    let mut still = expect.clone();
+    still.extend(set.iter().map(|(c, v)| (c.clone(), v.clone())));
+    Ok(Terms {
+        set_back: Some(set.keys().map(|c| (c.clone(), expect[c].clone())).collect()),
+        inverse: None,
+        expect: still,
+        replaced: set.keys().cloned().collect(),
+    })
+}
+
+/// The job's committed items, each read against its row now as the revert would expect
+/// it: approved again, or left out as drifted or gone.
+fn classify(def: &Definition, target: &Target, terms: &Terms) -> Result<Classified> {
+    let owner = installed::owner()?;
+    let guard_columns: Vec<String> = def
+        .guard_columns
+        .iter()
+        .filter(|c| !terms.replaced.contains(c))
+        .cloned()
+        .collect();
+    let constants = Constants::new(None, &terms.expect);
+    let sql = against_rows_sql(def, target, &guard_columns, &constants);
+    let bound = constants.args(target)?;
+    let replaced = terms.replaced.clone();
+    let cursor = as_role(owner, || {
+        Cursor::open(&def.tables.sql(sql::COMMITTED_ITEMS), &[replaced.into()])
+    })?;
+    let mut out = Classified::default();
+    loop {
+        let batch = as_role(owner, || {
+            cursor.fetch(AT_ONCE, |r| {
+                Ok((
+                    r.get::<i32>(1)?.unwrap_or_default(),
+                    r.get::<String>(2)?.unwrap_or_default(),
+                    r.get::<i64>(3)?,
+                    r.get::<String>(4)?.unwrap_or_else(|| "{}".into()),
+                ))
+            })
+        })?;
+        if batch.is_empty() {
+            break;
+        }
+        let mut args: Vec<DatumWithOid> = vec![
+            DatumWithOid::null::<i32>(),
+            DatumWithOid::null::<i32>(),
+            def.tenant_value().into(),
+        ];
+        args.extend(bound.iter().map(query::Opaque::arg));
+        args.push(batch.iter().map(|b| b.1.clone()).collect::<Vec<_>>().into());
+        args.push(
+            batch
+                .iter()
+                .map(|b| b.2)
+                .collect::<Vec<Option<i64>>>()
+                .into(),
+        );
+        args.push(batch.iter().map(|b| b.3.clone()).collect::<Vec<_>>().into());
+        let stable = target.shape.reads_rows_as_text();
+        let rows = crate::settings::with(
+            if stable {
+                crate::settings::STABLE_OUTPUT
+            } else {
+                &[]
+            },
+            || {
+                query::rows(&sql, &args, 0, |r| {
+                    Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?))
+                })
+            },
+        )?;
+        for ((position, key, _, _), (state, item)) in batch.into_iter().zip(rows) {
+            match (state.as_str(), item) {
+                ("revert", Some(item)) => out.items.push(item),
+                ("gone", _) => out.left_out.push((position, key, "gone")),
+                _ => out.left_out.push((position, key, "drifted")),
+            }
+        }
+    }
+    cursor.close();
+    Ok(out)
+}
+
+/// SQL: a batch of committed items (bound as arrays after the revert's constants)
+/// against their rows now, as the caller: for each, in order, its state (revert,
+/// drifted, gone) and, to revert, its item object of the revert's approval. Its
+/// parameters are a chunk's ($3 the tenant, the expected values), then the keys,
+/// the revisions the job left and the guards that still hold.
+fn against_rows_sql(
+    def: &Definition,
+    target: &Target,
+    guard_columns: &[String],
+    constants: &Constants,
+) -> String {
+    let s = &target.shape;
+    let first = constants.after();
+    let (keys, revisions, guards) = (first, first + 1, first + 2);
+    let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
+    names.push(s.key.matches("it.item_key", &s.columns));
+    let present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0]));
+    let revision = match def.guard.column() {
+        Some(column) => format!(
+            " OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({}, it.revision)",
+            pgrx::spi::quote_literal(column)
+        ),
+        None => String::new(),
+    };
+    format!(
+        "SELECT CASE WHEN {present} IS NULL THEN 'gone' WHEN m.matches THEN 'revert' ELSE 'drifted' END,
+       CASE WHEN m.matches THEN ({key_object}{revision} OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END
+  FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
+                  pg_catalog.unnest(${revisions}::pg_catalog.int8[]),
+                  pg_catalog.unnest(${guards}::pg_catalog.text[]::pg_catalog.jsonb[]))
+       WITH ORDINALITY AS it(item_key, revision, guards, n)
+  LEFT JOIN {name} AS t ON {names}
+ CROSS JOIN LATERAL (SELECT COALESCE({matches}, false) AS matches) m
+ ORDER BY it.n",
+        key_object = target.key_object_sql(),
+        matches = target.matches_item(guard_columns, constants),
+        name = target.sql_name,
+        names = names.join(" AND "),
+    )
+}
+
+fn object(values: BTreeMap<String, Value>) -> Value {
+    Value::Object(values.into_iter().collect::<Map<String, Value>>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> BTreeMap<String, Value> {
+        v.as_object().unwrap().clone().into_iter().collect()
+    }
+
+    #[test]
+    fn a_revert_sets_back_what_was_expected_on_rows_that_hold_what_was_set() {
+        let t = set_back(
+            "j",
+            &map(json!({"status": "cancelled", "note": null})),
+            &map(json!({"status": "pending", "note": "x", "region": "eu"})),
+        )
+        .unwrap();
+        assert_eq!(
+            t.set_back.map(object),
+            Some(json!({"status": "pending", "note": "x"}))
+        );
+        assert_eq!(
+            object(t.expect),
+            json!({"status": "cancelled", "note": null, "region": "eu"})
+        );
+        assert_eq!(t.replaced, vec!["note".to_string(), "status".to_string()]);
+    }
+
+    #[test]
+    fn a_revert_of_a_revert_is_the_job_again() {
+        let (set, expect) = (
+            map(json!({"status": "cancelled"})),
+            map(json!({"status": "pending"})),
+        );
+        let back = set_back("j", &set, &expect).unwrap();
+        let again = set_back("j-back", &back.set_back.unwrap(), &back.expect).unwrap();
+        assert_eq!(again.set_back.unwrap(), set);
+        assert_eq!(again.expect, expect);
+    }
+
+    #[test]
+    fn a_column_set_without_a_value_expected_before_is_refused_by_name() {
+        let e = set_back(
+            "move",
+            &map(json!({"plan": "standard", "status": "x"})),
+            &map(json!({"status": "y"})),
+        )
+        .err()
+        .unwrap();
+        let r = e.report();
+        assert!(
+            r.message.contains("the values of \"plan\" before"),
+            "{}",
+            r.message
+        );
+        assert!(!r.message.contains("status"), "{}", r.message);
+    }
+}

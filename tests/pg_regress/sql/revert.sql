@@ -1,0 +1,148 @@
+-- Reverting a job: its committed items set back by a new approved, frozen, guarded
+-- job, built from its audit; rows changed since left out and named; the job reverted
+-- stopped first; refusals. docs/jobs.md quotes this file's output.
+CREATE EXTENSION IF NOT EXISTS etc_batch;
+\set SHOW_CONTEXT never
+SET TimeZone = 'UTC';
+
+-- 1. The festival was not cancelled after all. The job cancelled its pending orders,
+-- expecting status pending: what each row held before is known.
+CREATE TABLE orders (
+    tenant   text   NOT NULL,
+    id       bigint NOT NULL,
+    status   text   NOT NULL,
+    revision bigint NOT NULL DEFAULT 1,
+    note     text,
+    PRIMARY KEY (tenant, id));
+INSERT INTO orders (tenant, id, status) SELECT 'festival', g, 'pending' FROM generate_series(1, 8) g;
+SELECT * FROM etc_batch.register_job('cancel-festival', 'festival', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM orders), 3,
+    '{"status": "cancelled"}', '{"status": "pending"}');
+CALL etc_batch.drain_job('cancel-festival');
+SELECT id, status, revision FROM orders ORDER BY id;
+
+-- The application moves on: order 2 gets a note (its revision moves on), order 5 is
+-- deleted. Before anything is registered, the preview:
+UPDATE orders SET note = 'refund asked', revision = revision + 1 WHERE id = 2;
+DELETE FROM orders WHERE id = 5;
+SELECT * FROM etc_batch.revert_preview('cancel-festival');
+
+SELECT * FROM etc_batch.register_revert('cancel-festival', 'uncancel-festival');
+SELECT job_id, status, status_reason, reverts, reverted_by FROM etc_batch.job
+ WHERE job_id LIKE '%cancel-festival' ORDER BY job_id;
+SELECT set_values, expect, guard, item_count FROM etc_batch.job WHERE job_id = 'uncancel-festival';
+-- each item expected at the revision the job's change left it at
+SELECT position, item_key, revision FROM etc_batch.job_item
+ WHERE job_id = 'uncancel-festival' ORDER BY position;
+SELECT "position", item_key, state FROM etc_batch.job_left_out
+ WHERE job_id = 'uncancel-festival' ORDER BY "position";
+
+-- registered again: the same request; another one under the same id is refused
+SELECT * FROM etc_batch.register_revert('cancel-festival', 'uncancel-festival');
+SELECT * FROM etc_batch.register_revert('cancel-festival', 'uncancel-festival', chunk_size => 2);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_revert('cancel-festival', 'uncancel-festival-2');
+\echo :LAST_ERROR_SQLSTATE
+-- the job reverted changes nothing more
+CALL etc_batch.drain_job('cancel-festival');
+\echo :LAST_ERROR_SQLSTATE
+
+CALL etc_batch.drain_job('uncancel-festival');
+-- back to pending; the revision goes on (never reused); the drifted and gone stay as
+-- they are
+SELECT id, status, revision, note FROM orders ORDER BY id;
+SELECT position, item_key, revision_before, revision_after, outcome FROM etc_batch.job_audit_items
+ WHERE job_id = 'uncancel-festival' ORDER BY position;
+SELECT check_name, ok FROM etc_batch.verify_job('uncancel-festival') ORDER BY check_name;
+-- the revert's report: its items, then those it left out
+SELECT * FROM etc_batch.job_report('uncancel-festival');
+
+-- 2. A revert of a revert: the festival is cancelled after all.
+SELECT * FROM etc_batch.revert_preview('uncancel-festival');
+SELECT * FROM etc_batch.register_revert('uncancel-festival', 'recancel-festival');
+CALL etc_batch.drain_job('recancel-festival');
+SELECT id, status, revision FROM orders ORDER BY id;
+SELECT job_id, status, reverts, reverted_by FROM etc_batch.job
+ WHERE job_id LIKE '%cancel-festival' ORDER BY job_id;
+
+-- 3. A job still running, and one of its rows changed by the application since: the
+-- job is stopped first and ends reverted; only its committed part is set back, the
+-- changed row named and left as it is.
+INSERT INTO orders (tenant, id, status) SELECT 'spring', g, 'pending' FROM generate_series(1, 9) g;
+SELECT * FROM etc_batch.register_job('cancel-spring', 'spring', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision))
+       FROM orders WHERE tenant = 'spring'), 2,
+    '{"status": "cancelled"}', '{"status": "pending"}');
+CALL etc_batch.drain_job('cancel-spring', 2);
+UPDATE orders SET status = 'archived', revision = revision + 1 WHERE tenant = 'spring' AND id = 3;
+SELECT * FROM etc_batch.revert_preview('cancel-spring');
+SELECT * FROM etc_batch.register_revert('cancel-spring', 'uncancel-spring');
+SELECT job_id, status, status_reason FROM etc_batch.job WHERE job_id = 'cancel-spring';
+CALL etc_batch.drain_job('uncancel-spring');
+SELECT id, status, revision FROM orders WHERE tenant = 'spring' ORDER BY id;
+SELECT * FROM etc_batch.job_summary('uncancel-spring');
+
+-- 4. A parallel job reverted by parallel drainers (here two drains, each claiming the
+-- chunks no other holds); no revision column: the rows guarded by their digest, the
+-- revert's by the digest the job's change left.
+CREATE TABLE tickets (id int PRIMARY KEY, state text NOT NULL, seen_at timestamptz);
+INSERT INTO tickets SELECT g, 'open', NULL FROM generate_series(1, 10) g;
+SELECT * FROM etc_batch.register_job('close-tickets', NULL, 'tickets',
+    (SELECT jsonb_agg(jsonb_build_object('id', id)) FROM tickets), 3,
+    '{"state": "closed"}', '{"state": "open"}',
+    tenant_column => NULL, revision_column => NULL, parallel => true);
+CALL etc_batch.drain_job('close-tickets');
+UPDATE tickets SET seen_at = '2026-12-01 10:00+00' WHERE id = 7;
+SELECT * FROM etc_batch.register_revert('close-tickets', 'reopen-tickets');
+SELECT parallel, guard, item_count FROM etc_batch.job WHERE job_id = 'reopen-tickets';
+CALL etc_batch.drain_job('reopen-tickets', 2);
+CALL etc_batch.drain_job('reopen-tickets');
+SELECT id, state, seen_at FROM tickets ORDER BY id;
+SELECT "position", item_key, state FROM etc_batch.job_left_out WHERE job_id = 'reopen-tickets';
+SELECT check_name, ok FROM etc_batch.verify_job('reopen-tickets') ORDER BY check_name;
+
+-- 5. Only what is known is set back. A job that set a column without expecting its
+-- value before cannot be reverted: nobody recorded what the rows held.
+CREATE TABLE accounts (id int PRIMARY KEY, plan text NOT NULL, revision bigint NOT NULL DEFAULT 1);
+INSERT INTO accounts SELECT g, CASE WHEN g % 2 = 0 THEN 'basic' ELSE 'plus' END FROM generate_series(1, 4) g;
+SELECT * FROM etc_batch.register_job('move-plans', NULL, 'accounts',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM accounts), 2,
+    '{"plan": "standard"}', tenant_column => NULL);
+CALL etc_batch.drain_job('move-plans');
+SELECT * FROM etc_batch.revert_preview('move-plans');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_revert('move-plans', 'unmove-plans');
+\echo :LAST_ERROR_SQLSTATE
+SELECT job_id, status FROM etc_batch.job WHERE job_id LIKE '%move-plans';
+
+-- 6. A handler job reverts only by a handler that undoes its change.
+CREATE FUNCTION bump_plan(item jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    UPDATE accounts SET plan = plan || '+', revision = revision + 1
+     WHERE id = (item->>'id')::int AND revision = (item->>'revision')::bigint
+    RETURNING jsonb_build_object('revision', revision) $$;
+CREATE FUNCTION unbump_plan(item jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    UPDATE accounts SET plan = rtrim(plan, '+'), revision = revision + 1
+     WHERE id = (item->>'id')::int AND revision = (item->>'revision')::bigint
+    RETURNING jsonb_build_object('revision', revision) $$;
+SELECT * FROM etc_batch.register_job('bump', NULL, 'accounts',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM accounts), 4,
+    NULL, tenant_column => NULL, handler => 'bump_plan(jsonb)');
+CALL etc_batch.drain_job('bump');
+SELECT * FROM etc_batch.register_revert('bump', 'unbump');
+\echo :LAST_ERROR_SQLSTATE
+SELECT items, drifted, gone, set_back, inverse FROM etc_batch.revert_preview('bump', inverse => 'unbump_plan(jsonb)');
+SELECT * FROM etc_batch.register_revert('bump', 'unbump', inverse => 'unbump_plan(jsonb)');
+CALL etc_batch.drain_job('unbump');
+SELECT id, plan, revision FROM accounts ORDER BY id;
+
+-- 7. Nothing to revert, and the rest of the refusals.
+SELECT * FROM etc_batch.register_job('untouched', 'spring', 'orders',
+    '[{"id": 9, "revision": 1}]', 1, '{"note": "x"}', '{"note": null}');
+SELECT * FROM etc_batch.register_revert('untouched', 'untouched-back');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_revert('no-such-job', 'x');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_revert('cancel-festival', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_revert('untouched', 'x', inverse => 'unbump_plan(jsonb)');
+\echo :LAST_ERROR_SQLSTATE
