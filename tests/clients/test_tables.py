@@ -14,6 +14,10 @@ and through PgBouncer) while other clients work on the same rows.
   of a job stopped half-way; the rate and the estimated finish leave paused time out.
 - A drain that fails for another reason than a conflict is recorded where job_summary,
   job_progress and the doctor show it.
+- A job reverted while the application keeps updating other rows of the same table:
+  the revert, drained by three clients whose backends are killed at random, sets back
+  every item it approved exactly once, and nothing else; the rows the application had
+  changed since the job are left out and named, never overwritten.
 
 ETC_BATCH_TABLES_SEED=<seed> repeats the random choices of a run (printed on failure).
 """
@@ -441,3 +445,127 @@ def test_a_failed_drain_is_recorded_where_a_dba_looks(client):
     assert conn.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[4] == "done"
     assert doctor_rows(pg, job) == []
     assert all(plan == "standard" for plan, _ in accounts.rows().values())
+
+
+def test_a_revert_drained_while_the_application_works_and_drainers_are_killed(pg):
+    """orders: 3,000 rows with a revision column; a job cancels the 2,000 whose id is not
+    a multiple of 3, expecting them pending, and is drained. The application then changes
+    30 of them (their revision moves on), and keeps updating the other 1,000 rows all the
+    time. The revert, parallel, is drained by three clients whose backends are killed at
+    random moments, mostly inside a chunk: in the end each of the 1,970 rows it approved
+    was set back from cancelled to pending exactly once (a trigger records every update
+    that committed), the 30 are named as drifted and keep what the application wrote, and
+    no other row was touched by it."""
+    rng = random.Random(SEED)
+    name = tag("orders")
+    t = sql.Identifier(name)
+    log = sql.Identifier(f"{name}_log")
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', "
+        "revision bigint NOT NULL DEFAULT 1, note text)").format(t))
+    pg.admin.execute(sql.SQL("INSERT INTO {} (id) SELECT g FROM generate_series(1, 3000) g").format(t))
+    job, revert = tag("cancel"), tag("uncancel")
+    row = pg.admin.execute(
+        "SELECT items FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, "
+        "format('SELECT id, revision FROM %%I WHERE id %%%% 3 <> 0', %s::text), 100, "
+        "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}', tenant_column => NULL)",
+        (job, name, name)).fetchone()
+    assert row == (2000,)
+    assert pg.admin.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[4] == "done"
+
+    # from here on, every update that commits is recorded, with the status it replaced
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, was text, became text)").format(log))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {log} VALUES (NEW.id, OLD.status, NEW.status); RETURN NULL; END $$").format(
+            fn=sql.Identifier(f"{name}_record"), log=log))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER recorded AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_record")))
+    # each chunk's statement of the revert lingers before its commit, where most kills land
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF EXISTS (SELECT FROM new_rows WHERE status = 'pending' AND note IS NULL) THEN "
+        "PERFORM pg_sleep(0.05); END IF; RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER linger AFTER UPDATE ON {} REFERENCING NEW TABLE AS new_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(t, sql.Identifier(f"{name}_linger")))
+
+    drifted = sorted(rng.sample([i for i in range(1, 3001) if i % 3 != 0], 30))
+    pg.admin.execute(sql.SQL(
+        "UPDATE {} SET note = 'kept by the application', revision = revision + 1 "
+        "WHERE id = ANY(%s)").format(t), (drifted,))
+    preview = pg.admin.execute(
+        "SELECT items, drifted, gone FROM etc_batch.revert_preview(%s)", (job,)).fetchone()
+    assert preview == (1970, 30, 0)
+    pg.admin.execute("SELECT etc_batch.register_revert(%s, %s, chunk_size => 25, parallel => true)",
+                     (job, revert))
+    named = [int(k) for (k,) in pg.admin.execute(
+        "SELECT item_key FROM etc_batch.job_left_out WHERE job_id = %s AND state = 'drifted' "
+        "ORDER BY position", (revert,))]
+    assert named == drifted
+
+    pids, done, failures = {}, threading.Event(), []
+    killed = Counter()
+    others = [i for i in range(1, 3001) if i % 3 == 0]
+
+    def application():
+        conn = pg.direct()
+        app_rng = random.Random(SEED + 1)
+        while not done.is_set():
+            ids = sorted(app_rng.sample(others, 5))
+            conn.execute(sql.SQL(
+                "UPDATE {} SET note = 'busy', revision = revision + 1 WHERE id = ANY(%s)").format(t), (ids,))
+            time.sleep(0.01)
+
+    def drainer(n):
+        while not done.is_set():
+            try:
+                conn = pg.direct()
+                pids[n] = conn.info.backend_pid
+                while not done.is_set():
+                    r = conn.execute("CALL etc_batch.drain_job(%s, 2)", (revert,)).fetchone()
+                    if r[4] == "done":
+                        done.set()
+            except psycopg.OperationalError:
+                killed[n] += 1  # its backend was terminated: a new connection goes on
+            except BaseException as e:  # kept for the assertion below
+                failures.append(e)
+                done.set()
+
+    app = threading.Thread(target=application, daemon=True)
+    app.start()
+    threads = [threading.Thread(target=drainer, args=(n,), daemon=True) for n in range(3)]
+    for th in threads:
+        th.start()
+    kills = 0
+    deadline = time.monotonic() + 120
+    while not done.is_set() and time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.05, 0.3))
+        victim = pids.get(rng.randrange(3))
+        if victim and not done.is_set():
+            if pg.admin.execute("SELECT pg_terminate_backend(%s)", (victim,)).fetchone()[0]:
+                kills += 1
+    done.set()
+    for th in [app, *threads]:
+        th.join(60)
+        assert not th.is_alive()
+    assert failures == [], (SEED, failures)
+    assert pg.admin.execute("SELECT status FROM etc_batch.job WHERE job_id = %s",
+                            (revert,)).fetchone()[0] == "done", f"the revert did not finish (seed {SEED})"
+    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
+    print(f"{kills} drainers killed (seed {SEED})")
+
+    set_back = Counter(i for (i,) in pg.admin.execute(sql.SQL(
+        "SELECT id FROM {} WHERE was = 'cancelled' AND became = 'pending'").format(log)))
+    approved = {i for i in range(1, 3001) if i % 3 != 0} - set(drifted)
+    assert set_back == Counter({i: 1 for i in approved}), SEED
+    now = {i: (s, n) for i, s, n in pg.admin.execute(sql.SQL("SELECT id, status, note FROM {}").format(t))}
+    assert {i: now[i] for i in drifted} == {i: ("cancelled", "kept by the application") for i in drifted}
+    assert {now[i] for i in approved} == {("pending", None)}
+    assert {now[i][0] for i in others} == {"pending"}
+    counts, _ = audit_counts(pg, revert)
+    assert len(counts) == 1970 and set(counts.values()) == {1}
+    checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (revert,)).fetchall()
+    assert checks and all(ok for _, ok in checks), checks
+    assert pg.admin.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0] == "reverted"
