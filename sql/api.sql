@@ -29,9 +29,9 @@ REVOKE ALL ON FUNCTION etc_batch.define_chain(text, text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.abandon_run(text, text) FROM PUBLIC;
 
 -- Jobs
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) IS
     'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
@@ -40,7 +40,7 @@ COMMENT ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regp
     'Registers a revert of a job: a new approved, frozen job whose items are the job''s committed items, each expected as its change left the row and set back to the values it had before (the job''s expect values of the columns it set; a handler job''s by the inverse handler given); items whose rows drifted or went away since are left out and named in etc_batch.job_left_out. The job is stopped first and ends reverted. The same revert again changes nothing; a different one under the same job id is refused.';
 REVOKE ALL ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.revert_preview(text, regprocedure) IS
-    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) and what every row must still hold (expected).';
+    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) or each to its row''s own value recorded before the change (set_back_per_item), and what every row must still hold (expected).';
 REVOKE ALL ON FUNCTION etc_batch.revert_preview(text, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
     'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
@@ -50,8 +50,8 @@ COMMENT ON FUNCTION etc_batch.verify_job(text) IS
     'Compares every audit row of a job with its approved list; a pending job that fails becomes corrupt.';
 COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
     'Stops a job for good, keeping its approval, audit and checkpoint.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) FROM PUBLIC;
 -- job_report and job_summary are executable by PUBLIC, said explicitly: each shows a
 -- job only to the roles with the privileges of the one that registered it and to
 -- readers of etc_batch.job (42501 for anyone else), as job_progress shows its rows.

@@ -86,7 +86,9 @@ ALTER TABLE etc_batch.job
     ADD COLUMN seconds_at_work float8 NOT NULL DEFAULT 0,
     ADD COLUMN chunk_seconds float8,
     ADD COLUMN reverts text,
-    ADD COLUMN reverted_by text;
+    ADD COLUMN reverted_by text,
+    ADD COLUMN record_before boolean NOT NULL DEFAULT false,
+    ADD COLUMN set_from_items name[] NOT NULL DEFAULT '{}';
 -- a job from before named its key by one column, and its target lives; its handler (a
 -- function dropped since is named as one no function is, so that the job stays stopped)
 UPDATE etc_batch.job j
@@ -227,9 +229,9 @@ DECLARE
     grant_sql text;
     signatures constant text[][] := ARRAY[
         ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean)',
-         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text)'],
+         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)'],
         ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean)',
-         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text)'],
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)'],
         ['etc_batch.job_summary(text)', 'etc_batch.job_summary(text)'],
         ['etc_batch.pace_job(text, integer, bigint)',
          'etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text)']];
@@ -252,26 +254,28 @@ CREATE FUNCTION etc_batch.register_job(
     set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
     tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
     handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
-    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop')
+    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
+    record_before boolean DEFAULT false)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) IS
     'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.register_job_from_query(
     job_id text, tenant text, target regclass, items_query text, chunk_size integer,
     set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
     tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
     handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
-    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop')
+    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
+    record_before boolean DEFAULT false)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) IS
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.job_summary(job_id text)
 RETURNS TABLE (status text, approved integer, committed integer, unprocessed integer,
@@ -378,6 +382,10 @@ COMMENT ON COLUMN etc_batch.job.reverts IS
     'For a revert registered by register_revert: the job whose committed items it sets back.';
 COMMENT ON COLUMN etc_batch.job.reverted_by IS
     'For a job reverted (status reverted): the job registered to set its committed items back.';
+COMMENT ON COLUMN etc_batch.job.record_before IS
+    'Whether registration recorded, in each approved item''s guards, the values its row held then in the columns the job sets (register_job''s record_before): guarded like any guard, they are exactly what the change replaced, and what register_revert sets back.';
+COMMENT ON COLUMN etc_batch.job.set_from_items IS
+    'For a revert of a job that recorded its values before: the columns set to each item''s own value, which its item carries in job_item.guards under the column''s name (not a guard: what the revert sets).';
 COMMENT ON COLUMN etc_batch.job.continued_as IS 'For a job that ended continued: the job its remaining items were approved as (register_remainder).';
 COMMENT ON COLUMN etc_batch.job.failed_at IS
     'When a drain of the job last failed for a reason other than a conflict (a constraint, a trigger, a permission, a timeout), with failure_sqlstate, failure_message and failure_chunk; the chunk was rolled back and the job is still pending.';
@@ -965,15 +973,15 @@ RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_revert_wrapper';
 CREATE FUNCTION etc_batch.revert_preview(job_id text, inverse regprocedure DEFAULT NULL)
-RETURNS TABLE (items integer, drifted integer, gone integer, set_back jsonb, expected jsonb,
-               inverse text, left_out jsonb)
+RETURNS TABLE (items integer, drifted integer, gone integer, set_back jsonb,
+               set_back_per_item text[], expected jsonb, inverse text, left_out jsonb)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'revert_preview_wrapper';
 COMMENT ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) IS
     'Registers a revert of a job: a new approved, frozen job whose items are the job''s committed items, each expected as its change left the row and set back to the values it had before (the job''s expect values of the columns it set; a handler job''s by the inverse handler given); items whose rows drifted or went away since are left out and named in etc_batch.job_left_out. The job is stopped first and ends reverted. The same revert again changes nothing; a different one under the same job id is refused.';
 REVOKE ALL ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.revert_preview(text, regprocedure) IS
-    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) and what every row must still hold (expected).';
+    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) or each to its row''s own value recorded before the change (set_back_per_item), and what every row must still hold (expected).';
 REVOKE ALL ON FUNCTION etc_batch.revert_preview(text, regprocedure) FROM PUBLIC;
 
 -- Chains that run every night (new): chain definitions and their runs, run_chain,

@@ -56,7 +56,9 @@ CREATE TABLE etc_batch.job (
     -- a revert (register_revert): the job whose committed items it sets back
     reverts          text,
     -- a job reverted: the job that sets its committed items back
-    reverted_by      text
+    reverted_by      text,
+    record_before    boolean     NOT NULL DEFAULT false,
+    set_from_items   name[]      NOT NULL DEFAULT '{}'
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -88,6 +90,10 @@ COMMENT ON COLUMN etc_batch.job.reverts IS
     'For a revert registered by register_revert: the job whose committed items it sets back.';
 COMMENT ON COLUMN etc_batch.job.reverted_by IS
     'For a job reverted (status reverted): the job registered to set its committed items back.';
+COMMENT ON COLUMN etc_batch.job.record_before IS
+    'Whether registration recorded, in each approved item''s guards, the values its row held then in the columns the job sets (register_job''s record_before): guarded like any guard, they are exactly what the change replaced, and what register_revert sets back.';
+COMMENT ON COLUMN etc_batch.job.set_from_items IS
+    'For a revert of a job that recorded its values before: the columns set to each item''s own value, which its item carries in job_item.guards under the column''s name (not a guard: what the revert sets).';
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';
 

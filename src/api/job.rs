@@ -35,6 +35,7 @@ macro_rules! registration {
             key_columns: default!(Option<Names>, "NULL"),
             guard: default!(Option<String>, "NULL"),
             on_drift: default!(Option<String>, "'stop'"),
+            record_before: default!(Option<bool>, false),
         ) -> TableIterator<
             'static,
             (
@@ -63,6 +64,8 @@ macro_rules! registration {
                     handler: handler.map(|h| h.0),
                     parallel: required(parallel, "parallel")?,
                     on_drift: OnDrift::parse(&required(on_drift, "on_drift")?)?,
+                    record_before: required(record_before, "record_before")?,
+                    set_from_items: Vec::new(),
                 })
             })()
             .or_raise();
@@ -170,7 +173,8 @@ fn register_revert(
 
 /// What register_revert would do, without doing it: how many committed items it would
 /// set back, how many drifted or are gone since (and their keys), and which columns go
-/// back to which values.
+/// back to which values (set_back), or each to its row's own value recorded before the
+/// change (set_back_per_item).
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn revert_preview(
@@ -183,6 +187,7 @@ fn revert_preview(
         name!(drifted, i32),
         name!(gone, i32),
         name!(set_back, Option<pgrx::JsonB>),
+        name!(set_back_per_item, Vec<String>),
         name!(expected, pgrx::JsonB),
         name!(inverse, Option<String>),
         name!(left_out, pgrx::JsonB),
@@ -195,6 +200,7 @@ fn revert_preview(
         p.drifted,
         p.gone,
         p.set_back.map(pgrx::JsonB),
+        p.set_back_per_item,
         pgrx::JsonB(p.expected),
         p.inverse,
         pgrx::JsonB(p.left_out),

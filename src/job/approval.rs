@@ -455,6 +455,11 @@ pub struct Terms {
     /// Whether chunks may commit in any order (a parallel approval).
     pub parallel: bool,
     pub on_drift: OnDrift,
+    /// Whether each item's values before the change, in the columns it sets, are
+    /// recorded in its guards at registration.
+    pub record_before: bool,
+    /// Columns set to each item's own value, carried in its guards (a revert's).
+    pub set_from_items: Vec<String>,
 }
 
 /// What the approval says to do with an item whose row drifted or went away.
@@ -533,6 +538,12 @@ impl Fingerprint {
         // only when set: a sequential job hashes as it did before parallel ones existed
         if terms.parallel {
             f.field("parallel", "true");
+        }
+        if terms.record_before {
+            f.field("record_before", "true");
+        }
+        if !terms.set_from_items.is_empty() {
+            f.field("set_from_items", &terms.set_from_items.join("\u{0}"));
         }
         f
     }
@@ -628,6 +639,20 @@ impl Terms {
                 "Chunks were approved to commit {} and are now asked to commit {}.",
                 order(self.parallel),
                 order(other.parallel)
+            ));
+        }
+        if self.record_before != other.record_before {
+            let recorded = |r| if r { "recorded" } else { "not recorded" };
+            return Some(format!(
+                "The values before the change were {} and are now {}.",
+                recorded(self.record_before),
+                recorded(other.record_before)
+            ));
+        }
+        if self.set_from_items != other.set_from_items {
+            return Some(format!(
+                "The columns set from each item were {:?} and are now {:?}.",
+                self.set_from_items, other.set_from_items
             ));
         }
         None
@@ -1011,6 +1036,8 @@ mod tests {
                 expect: BTreeMap::new(),
                 parallel: false,
                 on_drift: OnDrift::Stop,
+                record_before: false,
+                set_from_items: Vec::new(),
             },
             items,
         }

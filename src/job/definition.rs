@@ -5,7 +5,7 @@ use super::guard::Guard;
 use super::key::JobKey;
 use super::sql;
 use super::tables::JobTables;
-use super::target::Target;
+use super::target::{Set, Target};
 use crate::error::{BatchError, Result};
 use crate::query;
 use pgrx::pg_sys;
@@ -46,6 +46,11 @@ pub struct Definition {
     pub tables_present: bool,
     /// Whether chunks may commit in any order, each claimed by one of many drainers.
     pub parallel: bool,
+    /// Whether each item's guards hold the values its row had before the change in the
+    /// columns the job sets, recorded at registration.
+    pub record_before: bool,
+    /// A revert's columns set to each item's own value (carried in its guards).
+    pub set_from_items: Vec<String>,
 }
 
 impl Definition {
@@ -112,6 +117,8 @@ impl Definition {
                 parallel: r.get::<bool>(19)?.unwrap_or(false),
                 target_present: r.get::<bool>(22)?.unwrap_or(false),
                 handler_oid: r.get::<pg_sys::Oid>(23)?,
+                record_before: r.get::<bool>(24)?.unwrap_or(false),
+                set_from_items: r.get::<Vec<String>>(25)?.unwrap_or_default(),
             })
         })
     }
@@ -132,6 +139,16 @@ impl Definition {
             expect: self.expect.clone(),
             parallel: self.parallel,
             on_drift: self.on_drift,
+            record_before: self.record_before,
+            set_from_items: self.set_from_items.clone(),
+        }
+    }
+
+    /// What the job sets, as a report reads it.
+    pub fn set(&self) -> Set<'_> {
+        Set {
+            values: self.set_values.as_ref(),
+            from_items: &self.set_from_items,
         }
     }
 

@@ -445,7 +445,8 @@ impl Job {
         def.require_tables()?;
         let target = def.target()?;
         let items = def.tables.items();
-        let constants = Constants::new(def.set_values.as_ref(), &def.expect);
+        let constants = Constants::new(def.set_values.as_ref(), &def.expect)
+            .with_item_values(&def.set_from_items);
         let bounds = target.bounds_chunks();
         let change_sql = match &def.handler {
             Some(handler) => target.handler_sql(items, def.chunk_size, handler),
@@ -1128,7 +1129,9 @@ impl Job {
                 &[self.def.tenant_value().into(), key.as_str().into()],
             )
         })?;
-        let guards = parse_object(&guards);
+        // what an item carries to set (a revert's set_from_items) is no guard
+        let mut guards = parse_object(&guards);
+        guards.retain(|column, _| !self.def.set_from_items.contains(column));
         let expected = Expected {
             key: &key,
             position,

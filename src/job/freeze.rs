@@ -245,7 +245,7 @@ impl ReadAs {
                 if row.get::<bool>(5)? == Some(true) {
                     return Err(BatchError::invalid_because(
                         format!("item {key} names no row of the target"),
-                        "A job guarded by a digest of the row takes each item's digest when it is registered, from the row the item names now.",
+                        "A job guarded by a digest of the row takes each item's digest when it is registered, and one that records the values before its change reads them then, from the row the item names now.",
                     ));
                 }
                 Key::ranked(row.get::<i64>(4)?.unwrap_or_default(), key)

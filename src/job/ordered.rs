@@ -18,7 +18,7 @@ use super::tables::JobTables;
 use super::target::Target;
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
-use pgrx::spi::quote_identifier;
+use pgrx::spi::{quote_identifier, quote_literal};
 
 /// Where the approved items come from.
 pub enum Given<'a> {
@@ -32,6 +32,9 @@ pub enum Given<'a> {
 /// The statements that read an approval in PostgreSQL's order, for one target.
 pub struct SqlOrder<'a> {
     pub target: &'a Target,
+    /// The columns whose values each item's row holds now are recorded in its guards
+    /// (record_before): the values before the change.
+    pub record: &'a [String],
 }
 
 impl SqlOrder<'_> {
@@ -104,15 +107,16 @@ impl SqlOrder<'_> {
 
     /// The given items in order, to be frozen: each with its key as the frozen list keeps
     /// it, its revision (a job guarded by the row: the digest of the row it names, which
-    /// must exist; by named columns: 0), its guards and its rank. `tenant`: the job's, as
-    /// it binds it.
+    /// must exist; by named columns: 0), its guards (with the values its row holds now in
+    /// the columns recorded, where the item does not name them itself; the row must
+    /// exist) and its rank. `tenant`: the job's, as it binds it.
     pub fn frozen(&self, given: &Given, tenant: Option<&str>) -> Result<ItemCursor> {
         let t = self.target;
         let s = &t.shape;
         let (source, mut args) = self.source(given);
         let order = self.order_by("s.k");
         let by_digest = s.guard.is_digest();
-        let sql = if by_digest {
+        let sql = if by_digest || !self.record.is_empty() {
             let tenant_param = args.len() + 1;
             args.push(tenant.into());
             let mut joins: Vec<String> = s
@@ -127,11 +131,24 @@ impl SqlOrder<'_> {
                 })
                 .collect();
             joins.push(s.key.matches("s.k", &s.columns));
+            let guards = if self.record.is_empty() {
+                "s.g".to_string()
+            } else {
+                format!(
+                    "(pg_catalog.jsonb_build_object({}) OPERATOR(pg_catalog.||) \
+                     COALESCE(s.g::pg_catalog.jsonb, '{{}}'))::pg_catalog.text",
+                    self.record
+                        .iter()
+                        .map(|c| format!("{}, t.{}", quote_literal(c), quote_identifier(c)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
             format!(
-                "SELECT {}, {}, s.g, pg_catalog.dense_rank() OVER (ORDER BY {order}), t IS NULL\n  \
+                "SELECT {}, {}, {guards}, pg_catalog.dense_rank() OVER (ORDER BY {order}), t IS NULL\n  \
                  FROM {source}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
                 self.canonical("s.k"),
-                s.guard_now(),
+                if by_digest { s.guard_now() } else { "s.r".to_string() },
                 t.sql_name,
                 joins.join(" AND "),
             )
@@ -148,19 +165,38 @@ impl SqlOrder<'_> {
     /// The frozen list of a job (`stored`) and the given items, each in order, ranked in
     /// one order so that a walk side by side compares them: a registration of the same
     /// job id again. The stored list keeps the revisions frozen; the given items theirs
-    /// as given (a digest is not taken again: it is not part of the request).
+    /// as given (a digest is not taken again: it is not part of the request; nor are the
+    /// values recorded before the change, compared on neither side).
     pub fn compared(&self, given: &Given, stored: &JobTables) -> Result<(ItemCursor, ItemCursor)> {
         let (source, args) = self.source(given);
         let order = self.order_by("u.k");
+        let (stored_guards, given_guards) = if self.record.is_empty() {
+            ("i.guards::pg_catalog.text".to_string(), "s.g".to_string())
+        } else {
+            let columns = format!(
+                "ARRAY[{}]::pg_catalog.text[]",
+                self.record
+                    .iter()
+                    .map(quote_literal)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            (
+                format!("(i.guards OPERATOR(pg_catalog.-) {columns})::pg_catalog.text"),
+                format!(
+                    "(COALESCE(s.g::pg_catalog.jsonb, '{{}}') OPERATOR(pg_catalog.-) {columns})::pg_catalog.text"
+                ),
+            )
+        };
         let side = |which: i32| {
             format!(
                 "SELECT r.k, r.r, r.g, r.rank, false FROM (\n\
                    SELECT {canonical} AS k, u.r, u.g, u.side,\n\
                           pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank\n\
-                     FROM (SELECT i.item_key, i.revision, i.guards::pg_catalog.text, 0\n\
+                     FROM (SELECT i.item_key, i.revision, {stored_guards}, 0\n\
                              FROM {items} i\n\
                            UNION ALL\n\
-                           SELECT s.k, s.r, s.g, 1 FROM {source}) AS u(k, r, g, side)) r\n \
+                           SELECT s.k, s.r, {given_guards}, 1 FROM {source}) AS u(k, r, g, side)) r\n \
                  WHERE r.side OPERATOR(pg_catalog.=) {which}\n ORDER BY r.rank",
                 canonical = self.canonical("u.k"),
                 items = stored.sql("{items}"),

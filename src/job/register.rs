@@ -71,6 +71,12 @@ pub struct Request {
     /// Whether chunks may commit in any order, each claimed by one of many drainers.
     pub parallel: bool,
     pub on_drift: OnDrift,
+    /// Record in each item's guards the values its row holds now in the columns the job
+    /// sets: its values before the change.
+    pub record_before: bool,
+    /// Columns set to each item's own value, which it carries under their names with its
+    /// guards (a revert's, of a job that recorded its values before).
+    pub set_from_items: Vec<String>,
 }
 
 pub struct Registered {
@@ -94,12 +100,13 @@ enum Source {
 impl Source {
     /// The items in key order, one at a time: ordered here, or by PostgreSQL
     /// (ordered.rs), which also takes a digest of each row for a job guarded by one.
-    fn items(
-        &self,
+    fn items<'s>(
+        &'s self,
         target: &Target,
         tenant: Option<&str>,
-    ) -> Result<Box<dyn Iterator<Item = Result<Item>> + '_>> {
-        match (self.by_sql(target)?, self) {
+        record: &[String],
+    ) -> Result<Box<dyn Iterator<Item = Result<Item>> + 's>> {
+        match (self.by_sql(target, record)?, self) {
             (None, Source::List(items)) => Ok(Box::new(items.iter().cloned().map(Ok))),
             (None, Source::Query(q)) => {
                 let order = target.shape.key.order(&target.shape.columns)?;
@@ -109,11 +116,14 @@ impl Source {
         }
     }
 
-    /// The statements that order the items in PostgreSQL, where it orders them.
-    fn by_sql<'t>(&self, target: &'t Target) -> Result<Option<SqlOrder<'t>>> {
+    /// The statements that order the items in PostgreSQL, where it orders them: a key
+    /// of a type it orders, a digest of the row to take, or values before the change in
+    /// the columns `record` to record.
+    fn by_sql<'t>(&self, target: &'t Target, record: &'t [String]) -> Result<Option<SqlOrder<'t>>> {
         let s = &target.shape;
         let here = matches!(s.key.order(&s.columns)?, KeyOrder::Here(_));
-        Ok((!here || s.guard.is_digest()).then_some(SqlOrder { target }))
+        Ok((!here || s.guard.is_digest() || !record.is_empty())
+            .then_some(SqlOrder { target, record }))
     }
 
     fn given(&self) -> Given<'_> {
@@ -129,15 +139,16 @@ impl Source {
         target: &Target,
         stored: &JobTables,
         owner: pg_sys::Oid,
+        record: &[String],
     ) -> Result<(ItemStream<'a>, ItemStream<'a>)> {
-        if let Some(order) = self.by_sql(target)? {
+        if let Some(order) = self.by_sql(target, record)? {
             // the stored list is read as the owner, the items (a query's) as the registrant
             let (old, new) = as_role(owner, || order.compared(&self.given(), stored))?;
             return Ok((Box::new(old), Box::new(new)));
         }
         let key_order = target.shape.key.order(&target.shape.columns)?;
         let old = as_role(owner, || ItemCursor::stored(stored, key_order))?;
-        Ok((Box::new(old), self.items(target, None)?))
+        Ok((Box::new(old), self.items(target, None, record)?))
     }
 }
 
@@ -188,7 +199,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
         Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
     };
     let action = match (&req.set_values, req.handler) {
-        (Some(values), None) => Action::Set(check_set_values(shape, values)?),
+        (Some(values), None) => Action::Set(check_set_values(shape, values, &req.set_from_items)?),
         (None, Some(handler)) => {
             if guard.column().is_none() {
                 return Err(BatchError::Unsupported {
@@ -206,6 +217,17 @@ pub fn register(mut req: Request) -> Result<Registered> {
         }
     };
     let expect = shape.check_columns_object("expect", &req.expect)?;
+    // the columns whose values before the change are recorded
+    let record: Vec<String> = match (&action, req.record_before) {
+        (_, false) => Vec::new(),
+        (Action::Set(values), true) => values.keys().cloned().collect(),
+        (Action::Handler(_), true) => {
+            return Err(BatchError::invalid_because(
+                "record_before is for a job that sets values",
+                "A handler's change is its own: which columns it changes, and so which values to record, is known only to it.",
+            ))
+        }
+    };
     let listed: &[Item] = match &source {
         Source::List(items) => items,
         // an items query's values were cast to the columns' types as they were read
@@ -216,7 +238,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
         Action::Set(_) => None,
     };
-    check_privileges(req.target, &target, handler, &action)?;
+    check_privileges(req.target, &target, handler, &action, &req.set_from_items)?;
 
     let terms = Terms {
         tenant,
@@ -228,6 +250,8 @@ pub fn register(mut req: Request) -> Result<Registered> {
         expect,
         parallel: req.parallel,
         on_drift: req.on_drift,
+        record_before: req.record_before,
+        set_from_items: req.set_from_items.clone(),
     };
     let registrant = current_user();
     let owner = installed::owner()?;
@@ -236,7 +260,15 @@ pub fn register(mut req: Request) -> Result<Registered> {
         query::run(sql::LOCK_JOB_ID, &[req.job_id.as_str().into()])
     })?;
     let registered = match as_role(owner, || Definition::load(&req.job_id))? {
-        Some(stored) => same_request(&req.job_id, &stored, &terms, &source, &target, owner)?,
+        Some(stored) => same_request(
+            &req.job_id,
+            &stored,
+            &terms,
+            &source,
+            &target,
+            owner,
+            &record,
+        )?,
         None => {
             let number = as_role(owner, || query::one::<i64>(sql::NEXT_JOB_NUMBER, &[]))?
                 .unwrap_or_default();
@@ -246,7 +278,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
             })?;
             let mut writer = Writer::new(&req.job_id, &tables, &terms, owner)?;
             let tenant = terms.tenant.as_ref().map(|(v, _)| v.as_str());
-            let ordered_here = source.by_sql(&target)?.is_none();
+            let ordered_here = source.by_sql(&target, &record)?.is_none();
             match source {
                 // a list ordered here is handed over item by item, never copied
                 Source::List(items) if ordered_here => {
@@ -255,12 +287,16 @@ pub fn register(mut req: Request) -> Result<Registered> {
                     }
                 }
                 source => {
-                    for item in source.items(&target, tenant)? {
+                    for item in source.items(&target, tenant, &record)? {
                         writer.push(item?)?;
                     }
                 }
             }
-            let frozen = writer.finish()?;
+            let mut frozen = writer.finish()?;
+            // what an item carries to set is no guard
+            frozen
+                .guard_columns
+                .retain(|c| !req.set_from_items.contains(c));
             if frozen.count == 0 {
                 return Err(BatchError::invalid_because(
                     "items must not be empty",
@@ -341,6 +377,7 @@ fn same_request(
     source: &Source,
     target: &Target,
     owner: pg_sys::Oid,
+    record: &[String],
 ) -> Result<Registered> {
     let mismatch = |detail: String| BatchError::JobMismatch {
         job: job_id.to_string(),
@@ -350,7 +387,7 @@ fn same_request(
         return Err(mismatch(detail));
     }
     stored.require_tables()?;
-    let (old, new) = source.compared(target, &stored.tables, owner)?;
+    let (old, new) = source.compared(target, &stored.tables, owner, record)?;
     let revisions = terms.guard.column().is_some();
     if let Some(detail) = first_difference(old, new, revisions)? {
         return Err(mismatch(detail));
@@ -363,8 +400,26 @@ fn same_request(
     })
 }
 
-fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Value>> {
+/// The values to set, and the columns set from each item (set_from_items): columns of
+/// the target, none of them one that names or guards a row, or generated.
+fn check_set_values(
+    shape: &Shape,
+    values: &Value,
+    from_items: &[String],
+) -> Result<BTreeMap<String, Value>> {
     let values = shape.check_columns_object("set_values", values)?;
+    let named: Value = from_items
+        .iter()
+        .map(|c| (c.clone(), Value::Null))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let mut all = shape.check_columns_object("set_values", &named)?;
+    all.extend(values.clone());
+    check_assigned(shape, &all)?;
+    Ok(values)
+}
+
+fn check_assigned(shape: &Shape, values: &BTreeMap<String, Value>) -> Result<()> {
     if values.is_empty() {
         return Err(BatchError::invalid(
             "set_values must name at least one column",
@@ -383,7 +438,7 @@ fn check_set_values(shape: &Shape, values: &Value) -> Result<BTreeMap<String, Va
             column: generated.clone(),
         });
     }
-    Ok(values)
+    Ok(())
 }
 
 /// A handler is a function (jsonb) RETURNS jsonb; returns its regprocedure text.
@@ -494,11 +549,13 @@ fn check_privileges(
     target: &Target,
     handler: Option<(pg_sys::Oid, &str)>,
     action: &Action,
+    from_items: &[String],
 ) -> Result<()> {
     let mut assigned: Vec<String> = match action {
         Action::Set(values) => values.keys().cloned().collect(),
         Action::Handler(_) => Vec::new(),
     };
+    assigned.extend(from_items.iter().cloned());
     assigned.extend(
         target
             .shape
@@ -590,6 +647,8 @@ fn insert_job(
             terms.guard.kind().into(),
             terms.on_drift.as_str().into(),
             terms.target.as_str().into(),
+            terms.record_before.into(),
+            terms.set_from_items.clone().into(),
         ],
     )
 }

@@ -119,6 +119,8 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
         handler,
         parallel: req.parallel.unwrap_or(def.parallel),
         on_drift: def.on_drift,
+        record_before: def.record_before,
+        set_from_items: def.set_from_items.clone(),
     })?;
     as_role(owner, || {
         query::run(

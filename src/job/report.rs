@@ -37,7 +37,7 @@ pub fn report(job_id: &str) -> Result<Report> {
     let stable_output = target.shape.reads_rows_as_text();
     let cursor = output(stable_output, || {
         Cursor::open(
-            &target.report_sql(def.set_values.as_ref(), &through),
+            &target.report_sql(&def.set(), &through),
             &[job_id.into(), def.tenant_value().into()],
         )
     })?;
@@ -196,7 +196,7 @@ pub fn summary(job_id: &str) -> Result<Summary> {
         .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
         output(target.shape.reads_rows_as_text(), || {
             query::row(
-                &target.counts_sql(def.set_values.as_ref(), &through),
+                &target.counts_sql(&def.set(), &through),
                 &[job_id.into(), def.tenant_value().into()],
                 |r| {
                     Ok(Summary {

@@ -45,17 +45,40 @@ pub struct Revert {
 }
 
 /// What a revert of a job sets and expects.
+#[derive(Debug)]
 struct Terms {
-    /// The values the columns the job set had before it: what the revert sets.
+    /// The values the columns the job set had before it, where one value held for every
+    /// row (the job's expect): what the revert sets them to. None for a handler job.
     set_back: Option<BTreeMap<String, Value>>,
+    /// The columns set back to each item's own value before the change, recorded in its
+    /// guards (record_before): the revert's set_from_items.
+    from_items: Vec<String>,
     /// A handler job's inverse.
     inverse: Option<pg_sys::Oid>,
     /// What every row must still hold: the values the job set, and the other values it
     /// expected (which its change left as they were).
     expect: BTreeMap<String, Value>,
-    /// The columns whose values the job's change replaced: an item's guards on them held
-    /// before the change, and no longer do.
-    replaced: Vec<String>,
+    /// The columns taken out of each item's guards: values that held before the change
+    /// and no longer do, which the revert expects and sets as the job's terms say.
+    strip: Vec<String>,
+}
+
+impl Terms {
+    /// The columns of an item's guards its row must still hold for the revert: the job's
+    /// guards (and the values a revert set from each item, which it expects back), less
+    /// those taken out and those that are values to set.
+    fn guard_columns(&self, def: &Definition) -> Vec<String> {
+        let mut columns: Vec<String> = def
+            .guard_columns
+            .iter()
+            .chain(&def.set_from_items)
+            .filter(|c| !self.strip.contains(c) && !self.from_items.contains(c))
+            .cloned()
+            .collect();
+        columns.sort();
+        columns.dedup();
+        columns
+    }
 }
 
 /// The job's committed items, read against their rows now.
@@ -79,6 +102,8 @@ pub struct Preview {
     pub drifted: i32,
     pub gone: i32,
     pub set_back: Option<Value>,
+    /// The columns set back to each row's own value, recorded before the change.
+    pub set_back_per_item: Vec<String>,
     pub expected: Value,
     pub inverse: Option<String>,
     /// The keys left out, by state: {"drifted": [...], "gone": [...]}.
@@ -105,6 +130,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
         drifted: found.count("drifted"),
         gone: found.count("gone"),
         set_back: terms.set_back.map(object),
+        set_back_per_item: terms.from_items,
         expected: object(terms.expect),
         inverse: match terms.inverse {
             Some(oid) => Some(register::handler_name(oid)?),
@@ -186,6 +212,8 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         handler: terms.inverse,
         parallel: req.parallel.unwrap_or(def.parallel),
         on_drift: def.on_drift,
+        record_before: false,
+        set_from_items: terms.from_items,
     })?;
     let (positions, keys, states): (Vec<i32>, Vec<String>, Vec<String>) = found
         .left_out
@@ -300,9 +328,10 @@ fn terms_of(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<Terms> {
             };
             Ok(Terms {
                 set_back: None,
+                from_items: Vec::new(),
                 inverse: Some(inverse),
                 expect: BTreeMap::new(),
-                replaced: def.guard_columns.clone(),
+                strip: def.guard_columns.clone(),
             })
         }
         Action::Set(set) => {
@@ -315,22 +344,35 @@ fn terms_of(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<Terms> {
                     ),
                 ));
             }
-            set_back(&def.job_id, &set, &def.expect)
+            set_back(
+                &def.job_id,
+                &set,
+                &def.set_from_items,
+                &def.expect,
+                def.record_before,
+            )
         }
     }
 }
 
-/// The revert of a job that set `set` on rows expected to hold `expect`: it sets each
-/// column back to its expected value, on rows that hold what the job set and the rest of
-/// what it expected. Refused when the job set a column it expected no value of.
+/// The revert of a job that set `set` (and the columns `from_items` to each item's own
+/// value) on rows expected to hold `expect`. A column goes back to the value the job
+/// expected of every row, or, where the job recorded its values before the change
+/// (`record_before`), to each item's own. The revert's rows must hold what the job set:
+/// the values of `set`, or each item's own value of a column set from it (which stays
+/// in its guards); and the rest of what the job expected. Refused when the value before
+/// of a column the job set is known neither way.
 fn set_back(
     job_id: &str,
     set: &BTreeMap<String, Value>,
+    from_items: &[String],
     expect: &BTreeMap<String, Value>,
+    record_before: bool,
 ) -> Result<Terms> {
     let unknown: Vec<String> = set
         .keys()
-        .filter(|c| !expect.contains_key(*c))
+        .filter(|c| !expect.contains_key(*c) && !record_before)
+        .chain(from_items.iter().filter(|c| !expect.contains_key(*c)))
         .map(|c| format!("\"{c}\""))
         .collect();
     if !unknown.is_empty() {
@@ -339,16 +381,35 @@ fn set_back(
                 "job \"{job_id}\" cannot be reverted: the values of {} before its change are not known",
                 unknown.join(", ")
             ),
-            "A job knows what a column held before it changed it when its approval expected that value (expect => '{\"column\": value}'); this one set the column without expecting any.",
+            "A job knows what a column held before it changed it when its approval expected that value of every row (expect => '{\"column\": value}'), or when it recorded each row's value at registration (record_before => true); this one did neither.",
         ));
     }
-    let mut still = expect.clone();
+    let changed = |c: &String| set.contains_key(c) || from_items.contains(c);
+    let mut still: BTreeMap<String, Value> = expect
+        .iter()
+        .filter(|(c, _)| !changed(c))
+        .map(|(c, v)| (c.clone(), v.clone()))
+        .collect();
     still.extend(set.iter().map(|(c, v)| (c.clone(), v.clone())));
+    let (constant, recorded): (Vec<&String>, Vec<&String>) = set
+        .keys()
+        .chain(from_items)
+        .partition(|c| expect.contains_key(*c));
     Ok(Terms {
-        set_back: Some(set.keys().map(|c| (c.clone(), expect[c].clone())).collect()),
+        set_back: Some(
+            constant
+                .iter()
+                .map(|c| ((*c).clone(), expect[*c].clone()))
+                .collect(),
+        ),
+        from_items: recorded.into_iter().cloned().collect(),
         inverse: None,
         expect: still,
-        replaced: set.keys().cloned().collect(),
+        strip: set
+            .keys()
+            .filter(|c| expect.contains_key(*c))
+            .cloned()
+            .collect(),
     })
 }
 
@@ -356,18 +417,13 @@ fn set_back(
 /// it: approved again, or left out as drifted or gone.
 fn classify(def: &Definition, target: &Target, terms: &Terms) -> Result<Classified> {
     let owner = installed::owner()?;
-    let guard_columns: Vec<String> = def
-        .guard_columns
-        .iter()
-        .filter(|c| !terms.replaced.contains(c))
-        .cloned()
-        .collect();
+    let guard_columns = terms.guard_columns(def);
     let constants = Constants::new(None, &terms.expect);
     let sql = against_rows_sql(def, target, &guard_columns, &constants);
     let bound = constants.args(target)?;
-    let replaced = terms.replaced.clone();
+    let strip = terms.strip.clone();
     let cursor = as_role(owner, || {
-        Cursor::open(&def.tables.sql(sql::COMMITTED_ITEMS), &[replaced.into()])
+        Cursor::open(&def.tables.sql(sql::COMMITTED_ITEMS), &[strip.into()])
     })?;
     let mut out = Classified::default();
     loop {
@@ -478,23 +534,49 @@ mod tests {
         v.as_object().unwrap().clone().into_iter().collect()
     }
 
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
     fn a_revert_sets_back_what_was_expected_on_rows_that_hold_what_was_set() {
         let t = set_back(
             "j",
             &map(json!({"status": "cancelled", "note": null})),
+            &[],
             &map(json!({"status": "pending", "note": "x", "region": "eu"})),
+            false,
         )
         .unwrap();
         assert_eq!(
             t.set_back.map(object),
             Some(json!({"status": "pending", "note": "x"}))
         );
+        assert!(t.from_items.is_empty());
         assert_eq!(
             object(t.expect),
             json!({"status": "cancelled", "note": null, "region": "eu"})
         );
-        assert_eq!(t.replaced, vec!["note".to_string(), "status".to_string()]);
+        assert_eq!(t.strip, names(&["note", "status"]));
+    }
+
+    #[test]
+    fn values_recorded_before_are_set_back_item_by_item_and_stay_in_the_items() {
+        let t = set_back(
+            "j",
+            &map(json!({"plan": "standard", "status": "moved"})),
+            &[],
+            &map(json!({"status": "active"})),
+            true,
+        )
+        .unwrap();
+        assert_eq!(t.set_back.map(object), Some(json!({"status": "active"})));
+        assert_eq!(t.from_items, names(&["plan"]));
+        assert_eq!(
+            object(t.expect),
+            json!({"plan": "standard", "status": "moved"})
+        );
+        assert_eq!(t.strip, names(&["status"]));
     }
 
     #[test]
@@ -503,18 +585,43 @@ mod tests {
             map(json!({"status": "cancelled"})),
             map(json!({"status": "pending"})),
         );
-        let back = set_back("j", &set, &expect).unwrap();
-        let again = set_back("j-back", &back.set_back.unwrap(), &back.expect).unwrap();
+        let back = set_back("j", &set, &[], &expect, false).unwrap();
+        let again = set_back("j-back", &back.set_back.unwrap(), &[], &back.expect, false).unwrap();
         assert_eq!(again.set_back.unwrap(), set);
         assert_eq!(again.expect, expect);
     }
 
     #[test]
-    fn a_column_set_without_a_value_expected_before_is_refused_by_name() {
+    fn a_revert_of_a_revert_of_values_recorded_before_sets_what_the_job_set() {
+        // the job set plan and recorded each row's plan before; its revert sets each
+        // row's own plan back and expects the job's; the revert of that sets the job's
+        // plan again, on rows that hold their own plan (kept in the items as a guard)
+        let job = set_back(
+            "j",
+            &map(json!({"plan": "standard"})),
+            &[],
+            &BTreeMap::new(),
+            true,
+        )
+        .unwrap();
+        let back = job.set_back.clone().unwrap();
+        let again = set_back("j-back", &back, &job.from_items, &job.expect, false).unwrap();
+        assert_eq!(
+            again.set_back.map(object),
+            Some(json!({"plan": "standard"}))
+        );
+        assert!(again.from_items.is_empty() && again.strip.is_empty());
+        assert_eq!(object(again.expect), json!({}));
+    }
+
+    #[test]
+    fn a_column_set_without_a_value_known_before_is_refused_by_name() {
         let e = set_back(
             "move",
             &map(json!({"plan": "standard", "status": "x"})),
+            &[],
             &map(json!({"status": "y"})),
+            false,
         )
         .err()
         .unwrap();
@@ -525,5 +632,13 @@ mod tests {
             r.message
         );
         assert!(!r.message.contains("status"), "{}", r.message);
+        assert!(set_back(
+            "move",
+            &map(json!({"plan": "standard"})),
+            &[],
+            &BTreeMap::new(),
+            true
+        )
+        .is_ok());
     }
 }

@@ -29,7 +29,8 @@ SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
             OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
        j.parallel, j.guard, j.on_drift,
        EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
-       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid
+       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid,
+       j.record_before, j.set_from_items::pg_catalog.text[]
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -146,7 +147,8 @@ pub const INSERT_JOB: &str = "\
 INSERT INTO etc_batch.job
   (job_id, tenant, target, key_columns, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
-   search_path, seal, job_number, parallel, guard, on_drift, target_name)
+   search_path, seal, job_number, parallel, guard, on_drift, target_name, record_before,
+   set_from_items)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
         (SELECT pg_catalog.format('%I.%I(pg_catalog.jsonb)', n.nspname, p.proname)
@@ -154,7 +156,8 @@ VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
            JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
           WHERE p.oid OPERATOR(pg_catalog.=) $9::pg_catalog.oid),
         $10::pg_catalog.jsonb,
-        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20)";
+        $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20,
+        $21, $22::pg_catalog.name[])";
 
 /// The frozen list in key order, to compare and fingerprint it a batch at a time: its
 /// chunk rows in order, each unfolded in order (a sort within each chunk's row only).

@@ -170,6 +170,17 @@ impl Target {
         format!("({expr})::{}", self.shape.columns[column].sql_type)
     }
 
+    /// SQL: item `item`'s value of `column` in its guards, as the column's type.
+    fn item_value(&self, item: &str, column: &str) -> String {
+        self.cast(
+            &format!(
+                "{item}.guards OPERATOR(pg_catalog.->>) {}",
+                quote_literal(column)
+            ),
+            column,
+        )
+    }
+
     /// The chunk's approved items, positions [$1, $2), as `it(position, item_key,
     /// revision, guards)`: the one row of the job's item partition that begins at $1,
     /// found by its primary key and unfolded. The chunk size as a LIMIT tells the
@@ -311,6 +322,12 @@ impl Target {
                 None => format!("{} = NULL", self.col(column)),
             })
             .collect();
+        assignments.extend(
+            constants
+                .from_items
+                .iter()
+                .map(|column| format!("{} = {}", self.col(column), self.item_value("it", column))),
+        );
         assignments.extend(s.guard.assignments());
         let mut conditions = self.item_matches(guard_columns, constants);
         let mut arrays = constants.after();
@@ -412,12 +429,12 @@ impl Target {
     /// time with the job id known, so that only the job's own partitions are read or
     /// locked. $1 job, $2 tenant. `set`: what the job sets, which a job guarded by named
     /// columns reads as its state.
-    pub fn report_sql(&self, set: Option<&BTreeMap<String, Value>>, through: &Through) -> String {
+    pub fn report_sql(&self, set: &Set, through: &Through) -> String {
         format!("{}\n ORDER BY i.position", self.report_rows(set, through))
     }
 
     /// The job's items counted by state, in one statement. $1, $2 as report_sql.
-    pub fn counts_sql(&self, set: Option<&BTreeMap<String, Value>>, through: &Through) -> String {
+    pub fn counts_sql(&self, set: &Set, through: &Through) -> String {
         let count = |state: &str| {
             format!(
                 "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4"
@@ -434,7 +451,7 @@ impl Target {
         )
     }
 
-    fn report_rows(&self, set: Option<&BTreeMap<String, Value>>, through: &Through) -> String {
+    fn report_rows(&self, set: &Set, through: &Through) -> String {
         let s = &self.shape;
         let present = format!("t.{}", self.col(&s.key.columns()[0]));
         // what the job left the row at: its guard value then, or (named columns) what it set
@@ -444,6 +461,7 @@ impl Target {
                 format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard_now())
             }
             None => set
+                .values
                 .into_iter()
                 .flatten()
                 .map(|(column, value)| match scalar_text(value) {
@@ -454,6 +472,13 @@ impl Target {
                     ),
                     None => format!("t.{} IS NULL", self.col(column)),
                 })
+                .chain(set.from_items.iter().map(|column| {
+                    format!(
+                        "t.{} IS NOT DISTINCT FROM {}",
+                        self.col(column),
+                        self.item_value("i", column)
+                    )
+                }))
                 .chain(std::iter::once("true".to_string()))
                 .collect::<Vec<_>>()
                 .join(" AND "),
@@ -483,6 +508,13 @@ impl Target {
     }
 }
 
+/// What a job sets, as a report of a job guarded by named columns reads a row's state:
+/// the values of set_values, and the columns set to each item's own value.
+pub struct Set<'a> {
+    pub values: Option<&'a BTreeMap<String, Value>>,
+    pub from_items: &'a [String],
+}
+
 /// The tables a report reads a job's items and audit through: the parents
 /// etc_batch.job_item and etc_batch.job_audit, where a reader of every job is granted
 /// SELECT, or the job's own partitions, which the role that registered it may read.
@@ -497,6 +529,9 @@ pub struct Through {
 pub struct Constants {
     set: Vec<(String, Option<String>)>,
     expect: Vec<(String, Option<String>)>,
+    /// Columns set to each item's own value, read from its guards (a revert's
+    /// set_from_items): no constant, nothing bound.
+    from_items: Vec<String>,
 }
 
 impl Constants {
@@ -510,7 +545,14 @@ impl Constants {
         Constants {
             set: set_values.map(texts).unwrap_or_default(),
             expect: texts(expect),
+            from_items: Vec::new(),
         }
+    }
+
+    /// The same, with the columns `from_items` set to each item's own value.
+    pub fn with_item_values(mut self, from_items: &[String]) -> Constants {
+        self.from_items = from_items.to_vec();
+        self
     }
 
     /// Columns to set, with the number of the parameter each is bound to.

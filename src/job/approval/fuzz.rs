@@ -96,6 +96,8 @@ fn approval(items: Vec<Item>) -> Approval {
             expect: BTreeMap::new(),
             parallel: false,
             on_drift: OnDrift::Stop,
+            record_before: false,
+            set_from_items: Vec::new(),
         },
         items,
     }

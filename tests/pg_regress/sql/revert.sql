@@ -115,6 +115,44 @@ SELECT * FROM etc_batch.register_revert('move-plans', 'unmove-plans');
 \echo :LAST_ERROR_SQLSTATE
 SELECT job_id, status FROM etc_batch.job WHERE job_id LIKE '%move-plans';
 
+-- Registered with record_before, the job records with each item the values its row
+-- holds in the columns it sets, when it is registered, and guards them: the change
+-- happens only while they hold, so they are exactly what it replaced. The revert sets
+-- each row back to its own.
+UPDATE accounts SET plan = CASE WHEN id % 2 = 0 THEN 'basic' ELSE 'plus' END, revision = revision + 1;
+SELECT * FROM etc_batch.register_job('upgrade-plans', NULL, 'accounts',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM accounts), 2,
+    '{"plan": "standard"}', tenant_column => NULL, record_before => true);
+SELECT position, item_key, revision, guards FROM etc_batch.job_item
+ WHERE job_id = 'upgrade-plans' ORDER BY position;
+SELECT guard_columns, record_before FROM etc_batch.job WHERE job_id = 'upgrade-plans';
+-- registered again: the same request (what was recorded is not part of it)
+SELECT * FROM etc_batch.register_job('upgrade-plans', NULL, 'accounts',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM accounts), 2,
+    '{"plan": "standard"}', tenant_column => NULL, record_before => true);
+SELECT * FROM etc_batch.register_job('upgrade-plans', NULL, 'accounts',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM accounts), 2,
+    '{"plan": "standard"}', tenant_column => NULL);
+\echo :LAST_ERROR_SQLSTATE
+CALL etc_batch.drain_job('upgrade-plans');
+SELECT * FROM etc_batch.revert_preview('upgrade-plans');
+SELECT * FROM etc_batch.register_revert('upgrade-plans', 'downgrade-plans');
+SELECT set_values, set_from_items, expect, guard_columns FROM etc_batch.job
+ WHERE job_id = 'downgrade-plans';
+CALL etc_batch.drain_job('downgrade-plans');
+SELECT id, plan, revision FROM accounts ORDER BY id;
+SELECT check_name, ok FROM etc_batch.verify_job('downgrade-plans') ORDER BY check_name;
+-- its revert sets the job's plan again, on rows that still hold their own plan
+SELECT items, set_back, set_back_per_item, expected FROM etc_batch.revert_preview('downgrade-plans');
+-- record_before needs values to record
+SELECT * FROM etc_batch.register_job('no-record', NULL, 'accounts', '[{"id": 1, "revision": 1}]', 1,
+    NULL, tenant_column => NULL, handler => 'pg_catalog.jsonb_strip_nulls(jsonb)', record_before => true);
+\echo :LAST_ERROR_SQLSTATE
+-- and every item's row must exist when it is registered
+SELECT * FROM etc_batch.register_job('no-record', NULL, 'accounts', '[{"id": 99, "revision": 1}]', 1,
+    '{"plan": "standard"}', tenant_column => NULL, record_before => true);
+\echo :LAST_ERROR_SQLSTATE
+
 -- 6. A handler job reverts only by a handler that undoes its change.
 CREATE FUNCTION bump_plan(item jsonb) RETURNS jsonb LANGUAGE sql AS $$
     UPDATE accounts SET plan = plan || '+', revision = revision + 1
