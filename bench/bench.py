@@ -59,11 +59,12 @@ sys.path.insert(0, str(HERE))
 from common import connect, lsn, summary, wal_since  # noqa: E402
 
 CHUNKS = (10, 100, 1000)
-METHODS = ("A", "J", "S", "B", "C", "D", "E", "F")
+METHODS = ("A", "J", "S", "R", "B", "C", "D", "E", "F")
 NAMES = {
     "A": "etc_batch.drain_job",
     "J": "etc_batch.drain_job, approved as jsonb",
     "S": "etc_batch.drain_job, every signal set, none tripping",
+    "R": "etc_batch.drain_job, values before the change recorded (record_before)",
     "B": "PL/pgSQL per item",
     "C": "PL/pgSQL per chunk, one statement",
     "D": "Python client loop",
@@ -153,7 +154,7 @@ class Bench:
             c.execute(f"SET synchronous_commit = {sync_commit}")
             job = f"{method}-{chunk}-{time.monotonic_ns()}"
             extra = {}
-            if method in REGISTERING or method == "S":
+            if method in REGISTERING or method in ("S", "R"):
                 history = history_bytes(c)
                 if method == "J":
                     # the list as a client sends it, put together before the clock starts
@@ -167,6 +168,15 @@ class Bench:
                         "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
                         "$$SELECT id, revision, qty FROM orders WHERE tenant = 'A'$$, %s, "
                         "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}')",
+                        (job, chunk),
+                    )
+                elif method == "R":
+                    # the values before are not the same for every row, so that no expect
+                    # can say them: each row's status is recorded with its item instead
+                    c.execute(
+                        "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
+                        "$$SELECT id, revision, qty FROM orders WHERE tenant = 'A'$$, %s, "
+                        "'{\"status\": \"cancelled\"}', record_before => true)",
                         (job, chunk),
                     )
                 else:
@@ -510,13 +520,14 @@ def markdown(r):
             lines.append(f"| {m}: {NAMES[m]} | " + " | ".join(cells) + " |")
         lines.append("")
         ratios = r["ratios"].get(sync)
-        if ratios:
+        shown = ("J", "B", "C", "D", "E", "F")
+        if ratios and any(o in ratios[str(CHUNKS[0])] for o in shown):
             lines.append("A's rows per second over each other method's, the median of the repetitions' "
                          "own ratios (min to max):")
             lines.append("")
             lines.append("| ratio | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
             lines.append("|---|" + "---|" * len(CHUNKS))
-            for other in ("J", "B", "C", "D", "E", "F"):
+            for other in shown:
                 if other not in ratios[str(CHUNKS[0])]:
                     continue
                 cells = []
@@ -536,6 +547,26 @@ def markdown(r):
                       "| ratio | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |",
                       "|---|" + "---|" * len(CHUNKS),
                       "| S / A | " + " | ".join(cells) + " |", ""]
+        recorded = r.get("record_before", {}).get(sync)
+        if recorded:
+            def spread(x, digits=3):
+                return f"{x['median']:.{digits}f}" + (
+                    f" ({x['min']:.{digits}f} to {x['max']:.{digits}f})" if len(x["runs"]) > 1 else "")
+            lines += ["The cost of record_before: R (each row's status recorded with its item at "
+                      "registration and guarded) against A (the status before named once, by "
+                      "expect); the median of the repetitions' own ratios (min to max), and each "
+                      "one's registration in microseconds an item:", "",
+                      "| | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |",
+                      "|---|" + "---|" * len(CHUNKS),
+                      "| drain, R / A rows per second | "
+                      + " | ".join(spread(recorded[str(k)]["drain_over_a"]) for k in CHUNKS) + " |",
+                      "| registration, R / A time | "
+                      + " | ".join(spread(recorded[str(k)]["register_over_a"]) for k in CHUNKS) + " |",
+                      "| registration, A, µs an item | "
+                      + " | ".join(f"{recorded[str(k)]['register_us']['A']['median']:.2f}" for k in CHUNKS) + " |",
+                      "| registration, R, µs an item | "
+                      + " | ".join(f"{recorded[str(k)]['register_us']['R']['median']:.2f}" for k in CHUNKS) + " |",
+                      ""]
         cpu = r.get("cpu", {}).get(sync)
         if cpu and all("A" in cpu[str(k)] for k in CHUNKS):
             lines.append(
@@ -545,7 +576,7 @@ def markdown(r):
             lines.append("")
             lines.append("| method | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |")
             lines.append("|---|" + "---|" * len(CHUNKS))
-            for m in ("A", "B", "C", "E"):
+            for m in ("A", "S", "R", "B", "C", "E"):
                 if all(m in cpu[str(k)] for k in CHUNKS):
                     cells = [f"{cpu[str(k)][m]['median']:.1f}" for k in CHUNKS]
                     lines.append(f"| {m}: {NAMES[m]} | " + " | ".join(cells) + " |")
@@ -782,6 +813,7 @@ def main():
     for sync, reps in (("on", a.reps), ("off", 1)):
         runs = {str(k): {m: [] for m in methods} for k in CHUNKS}
         cpu = {str(k): {m: [] for m in methods} for k in CHUNKS}
+        registered = {str(k): {"A": [], "R": []} for k in CHUNKS}
         for rep in range(reps):
             # the order turns, so that no method always runs first or after another
             order = methods[rep % len(methods):] + methods[:rep % len(methods)]
@@ -791,6 +823,8 @@ def main():
                     runs[str(k)][m].append(r["rows_per_s"])
                     if "cpu_us_per_row" in r:
                         cpu[str(k)][m].append(r["cpu_us_per_row"])
+                    if m in ("A", "R"):
+                        registered[str(k)][m].append(r["register_s"] * 1e6 / a.orders)
                     if m in WAL_METHODS:
                         kept = taxed.setdefault(sync, {}).setdefault(str(k), {}).setdefault(m, {})
                         for key in ("seconds", "wal", "register_s", "register_wal", "history"):
@@ -808,6 +842,14 @@ def main():
         if "S" in methods and "A" in methods:
             result.setdefault("signals_over_a", {})[sync] = {
                 k: paired(ms["S"], ms["A"]) for k, ms in runs.items()}
+        if "R" in methods and "A" in methods:
+            # the drain's rows per second, R over A; and each one's registration, in
+            # microseconds an item
+            result.setdefault("record_before", {})[sync] = {
+                k: {"drain_over_a": paired(ms["R"], ms["A"]),
+                    "register_us": {m: summary(v) for m, v in registered[k].items()},
+                    "register_over_a": paired(registered[k]["R"], registered[k]["A"])}
+                for k, ms in runs.items()}
         result.setdefault("cpu", {})[sync] = {
             k: {m: summary(v) for m, v in ms.items() if v} for k, ms in cpu.items()
         }

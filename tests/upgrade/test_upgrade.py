@@ -517,8 +517,10 @@ ADDED = {
                           got - seconds_between(row, "started_at", "last_commit_at")) < 1e-3),
                       # the chunks' own seconds were not measured before
                       "chunk_seconds": None,
-                      # and no job was reverted
-                      "reverts": None, "reverted_by": None},
+                      # and no job was reverted, recorded its values before, or sets a
+                      # value from each item
+                      "reverts": None, "reverted_by": None, "record_before": False,
+                      "set_from_items": []},
               "job_audit": {"skipped": False, "found": None}},
 }
 

@@ -101,6 +101,26 @@ SELECT id, state, seen_at FROM tickets ORDER BY id;
 SELECT "position", item_key, state FROM etc_batch.job_left_out WHERE job_id = 'reopen-tickets';
 SELECT check_name, ok FROM etc_batch.verify_job('reopen-tickets') ORDER BY check_name;
 
+-- A job guarded by named columns: its revert expects the rows to hold what it set, and
+-- the guards its items named that it did not change; a row whose set column the
+-- application changed since is left out, one whose other columns changed is not.
+CREATE TABLE lines (id int PRIMARY KEY, state text NOT NULL, priority int NOT NULL, seen_at timestamptz);
+INSERT INTO lines SELECT g, 'open', g % 3 FROM generate_series(1, 6) g;
+SELECT * FROM etc_batch.register_job('close-lines', NULL, 'lines',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'priority', priority)) FROM lines), 4,
+    '{"state": "closed"}', '{"state": "open"}',
+    tenant_column => NULL, revision_column => NULL, guard => 'columns');
+CALL etc_batch.drain_job('close-lines');
+UPDATE lines SET state = 'archived' WHERE id = 2;     -- what the job set: drifted
+UPDATE lines SET priority = 9 WHERE id = 3;           -- a guard of the item: drifted
+UPDATE lines SET seen_at = '2026-12-01 10:00+00' WHERE id = 4;   -- not guarded
+SELECT items, drifted, gone, set_back, expected, left_out FROM etc_batch.revert_preview('close-lines');
+SELECT * FROM etc_batch.register_revert('close-lines', 'reopen-lines');
+SELECT position, item_key, guards FROM etc_batch.job_item WHERE job_id = 'reopen-lines' ORDER BY position;
+CALL etc_batch.drain_job('reopen-lines');
+SELECT id, state, priority, seen_at IS NOT NULL AS seen FROM lines ORDER BY id;
+SELECT * FROM etc_batch.job_summary('reopen-lines');
+
 -- 5. Only what is known is set back. A job that set a column without expecting its
 -- value before cannot be reverted: nobody recorded what the rows held.
 CREATE TABLE accounts (id int PRIMARY KEY, plan text NOT NULL, revision bigint NOT NULL DEFAULT 1);
