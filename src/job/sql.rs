@@ -358,8 +358,9 @@ SELECT j.status FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
 /// Why a job stopped; for a job continued as another, that one's id. $1 job.
 pub const JOB_STATUS_REASON: &str = "\
-SELECT CASE j.status WHEN 'continued' THEN j.continued_as WHEN 'reverted' THEN j.reverted_by
-                     ELSE j.status_reason END
+SELECT CASE WHEN j.status OPERATOR(pg_catalog.=) 'continued' THEN j.continued_as
+            WHEN j.status OPERATOR(pg_catalog.=) 'reverted' THEN j.reverted_by
+            ELSE j.status_reason END
   FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
 /// A handler: its callable name, and whether it is a function (jsonb) RETURNS jsonb.

@@ -569,3 +569,79 @@ def test_a_revert_drained_while_the_application_works_and_drainers_are_killed(pg
     checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (revert,)).fetchall()
     assert checks and all(ok for _, ok in checks), checks
     assert pg.admin.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0] == "reverted"
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_job_reverted_while_its_drainers_are_in_a_chunk(pg, parallel):
+    """Two clients drain a job whose every chunk lingers 0.3 s before its commit; a third
+    registers its revert while they are inside chunks. The revert waits for the chunks in
+    flight to commit (it is registered after them, not beside them), the job ends
+    reverted, each drainer's next call fails with 55000 naming the revert, and nothing
+    of the job changes after: the revert sets back exactly the items the job committed,
+    each once."""
+    name = tag("orders")
+    t = sql.Identifier(name)
+    log = sql.Identifier(f"{name}_log")
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', "
+        "revision bigint NOT NULL DEFAULT 1)").format(t))
+    pg.admin.execute(sql.SQL("INSERT INTO {} (id) SELECT g FROM generate_series(1, 400) g").format(t))
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, was text, became text)").format(log))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {log} VALUES (NEW.id, OLD.status, NEW.status); RETURN NULL; END $$").format(
+            fn=sql.Identifier(f"{name}_record"), log=log))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER recorded AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_record")))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_sleep(0.3); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER linger AFTER UPDATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_linger")))
+    job, revert = tag("cancel"), tag("uncancel")
+    pg.admin.execute(
+        "SELECT etc_batch.register_job_from_query(%s, NULL, %s::regclass, "
+        "format('SELECT id, revision FROM %%I', %s::text), 10, "
+        "'{\"status\": \"cancelled\"}', '{\"status\": \"pending\"}', tenant_column => NULL, "
+        "parallel => %s)", (job, name, name, parallel))
+
+    drainers = 2 if parallel else 1
+    ended, started = [], threading.Barrier(drainers + 1)
+
+    def drainer():
+        conn = pg.direct()
+        started.wait()
+        try:
+            while True:
+                conn.execute("CALL etc_batch.drain_job(%s, 1)", (job,))
+        except psycopg.Error as e:
+            ended.append(e)
+
+    threads = [threading.Thread(target=drainer, daemon=True) for _ in range(drainers)]
+    for th in threads:
+        th.start()
+    started.wait()
+    # the drainers are inside a chunk: an update of the target waits to commit
+    wait_until(lambda: pg.admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event = 'PgSleep'").fetchone()[0] >= drainers, "the drainers inside a chunk")
+    time.sleep(0.5)
+    row = pg.admin.execute("SELECT items FROM etc_batch.register_revert(%s, %s)", (job, revert)).fetchone()
+    for th in threads:
+        th.join(30)
+        assert not th.is_alive()
+    assert [e.sqlstate for e in ended] == ["55000"] * drainers, ended
+    assert all(f'job "{job}" was reverted' in str(e) for e in ended), ended
+    committed = pg.admin.execute(
+        "SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)).fetchone()[0]
+    assert row[0] == committed > 0
+    assert pg.admin.execute("SELECT status, reverted_by FROM etc_batch.job WHERE job_id = %s",
+                            (job,)).fetchone() == ("reverted", revert)
+    pg.admin.execute(sql.SQL("DROP TRIGGER linger ON {}").format(t))
+    assert pg.admin.execute("CALL etc_batch.drain_job(%s)", (revert,)).fetchone()[4] == "done"
+    changes = Counter(pg.admin.execute(sql.SQL("SELECT was, became FROM {}").format(log)).fetchall())
+    assert changes == {("pending", "cancelled"): committed, ("cancelled", "pending"): committed}
+    assert pg.admin.execute(sql.SQL("SELECT count(*) FROM {} WHERE status = 'pending' AND revision IN (1, 3)")
+                            .format(t)).fetchone()[0] == 400

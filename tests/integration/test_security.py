@@ -776,6 +776,20 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
             float(progress["percent"]), progress["chunks_committed"],
             progress["chunks_total"]) == ("done", 6, 6, 100.0, 3, 3)
 
+    # its revert, under the same look-alikes: previewed, registered, drained, verified
+    preview = caller.row("SELECT items, drifted, gone, set_back, left_out "
+                         "FROM etc_batch.revert_preview(%s)", (job,))
+    assert preview == {"items": 6, "drifted": 0, "gone": 0, "set_back": {"status": "pending"},
+                       "left_out": {"drifted": [], "gone": []}}
+    undo = f"sec undo {tag}"
+    assert caller.row("SELECT * FROM etc_batch.register_revert(%s, %s)", (job, undo)) == {
+        "job_id": undo, "created": True, "items": 6, "chunks": 3}
+    assert caller.row("CALL etc_batch.drain_job(%s)", (undo,))["status"] == "done"
+    checks = caller.rows("SELECT * FROM etc_batch.verify_job(%s)", (undo,))
+    assert len(checks) == 6 and all(c["ok"] for c in checks), checks
+    assert [(r["item_key"], r["state"]) for r in caller.rows(
+        "SELECT * FROM etc_batch.job_report(%s)", (undo,))] == [(str(i), "matching") for i in ids]
+
     # a conflict: the first chunk stays, the job stops
     job2 = f"sec conflict {tag}"
     caller.row(register_sql(), (job2, "A", target, Jsonb(world.items("A", [1, 4, 6, 9])), 2,
@@ -834,12 +848,15 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
     assert drained == committed(["5", "6", "7"], 2, "done")
 
     # the business table: exactly what the jobs committed, nothing else
-    changes = {("A", i): "cancelled" for i in ids + [1, 4, 10]}
+    changes = {("A", i): "cancelled" for i in [1, 4, 10]}
     changes.update({("B", 1): "cancelled"})
     changes.update({("B", i): "handled" for i in (5, 6, 7)})
     want = world.expected_rows(changes)
     revision, qty, status, due = want[("A", 6)]
     want[("A", 6)] = (revision + 1, qty, status, due)  # the other operator's change
+    for i in ids:  # the first job's, set back by its revert: pending, two revisions on
+        revision, qty, status, due = want[("A", i)]
+        want[("A", i)] = (revision + 2, qty, status, due)
     assert world.snapshot() == want
     assert audit_keys(db, job) == [str(i) for i in ids]
     assert audit_keys(db, job2) == ["1", "4"]
@@ -898,7 +915,7 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
         """SELECT (SELECT count(*) FROM etc_batch.step_audit
                     WHERE coalesce(finished_at, lock_acquired_at) < clock_timestamp()) AS steps,
                   (SELECT count(*) FROM etc_batch.job
-                    WHERE status IN ('done', 'aborted')
+                    WHERE status IN ('done', 'aborted', 'reverted')
                       AND finished_at < clock_timestamp()) AS jobs,
                   (SELECT count(*) FROM etc_batch.launch
                     WHERE status <> 'running' AND ended_at < clock_timestamp()) AS launches"""
@@ -1310,7 +1327,8 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
                      "define_chain", "doctor", "drain_job",
                      "exec_batch_from_id", "job_report", "job_summary", "launch_batch", "launch_job",
                      "lock_key", "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
-                     "register_job_from_query", "register_remainder", "release_lease", "reset_batch",
+                     "register_job_from_query", "register_remainder", "register_revert",
+                     "release_lease", "reset_batch", "revert_preview",
                      "resume_batch", "resume_job", "resume_launches", "retry_step", "run_chain",
                      "stop_launch",
                      "try_xact_lock",
