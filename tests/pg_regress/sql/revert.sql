@@ -82,6 +82,30 @@ CALL etc_batch.drain_job('uncancel-spring');
 SELECT id, status, revision FROM orders WHERE tenant = 'spring' ORDER BY id;
 SELECT * FROM etc_batch.job_summary('uncancel-spring');
 
+-- A paused job and one in conflict are reverted the same way; a row that drifts after
+-- the revert is registered stops the revert in conflict, like any job.
+INSERT INTO orders (tenant, id, status) SELECT 'summer', g, 'pending' FROM generate_series(1, 6) g;
+SELECT * FROM etc_batch.register_job('cancel-summer', 'summer', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision))
+       FROM orders WHERE tenant = 'summer' AND id <= 3), 1,
+    '{"status": "cancelled"}', '{"status": "pending"}');
+CALL etc_batch.drain_job('cancel-summer', 2);
+SELECT etc_batch.pause_job('cancel-summer');
+SELECT * FROM etc_batch.register_revert('cancel-summer', 'uncancel-summer');
+SELECT job_id, status, reverted_by FROM etc_batch.job WHERE job_id LIKE '%cancel-summer' ORDER BY job_id;
+UPDATE orders SET status = 'shipped', revision = revision + 1 WHERE tenant = 'summer' AND id = 2;
+CALL etc_batch.drain_job('uncancel-summer');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.register_job('cancel-autumn', 'summer', 'orders',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision))
+       FROM orders WHERE tenant = 'summer' AND id > 3), 2,
+    '{"status": "cancelled"}', '{"status": "pending"}');
+UPDATE orders SET note = 'held', revision = revision + 1 WHERE tenant = 'summer' AND id = 6;
+CALL etc_batch.drain_job('cancel-autumn');
+SELECT * FROM etc_batch.register_revert('cancel-autumn', 'uncancel-autumn');
+CALL etc_batch.drain_job('uncancel-autumn');
+SELECT id, status, revision, note FROM orders WHERE tenant = 'summer' ORDER BY id;
+
 -- 4. A parallel job reverted by parallel drainers (here two drains, each claiming the
 -- chunks no other holds); no revision column: the rows guarded by their digest, the
 -- revert's by the digest the job's change left.
@@ -164,6 +188,12 @@ SELECT id, plan, revision FROM accounts ORDER BY id;
 SELECT check_name, ok FROM etc_batch.verify_job('downgrade-plans') ORDER BY check_name;
 -- its revert sets the job's plan again, on rows that still hold their own plan
 SELECT items, set_back, set_back_per_item, expected FROM etc_batch.revert_preview('downgrade-plans');
+-- from an items query the same way
+SELECT * FROM etc_batch.register_job_from_query('gold-plans', NULL, 'accounts',
+    'SELECT id, revision FROM accounts WHERE id <= 2', 2,
+    '{"plan": "gold"}', tenant_column => NULL, record_before => true);
+SELECT position, item_key, guards FROM etc_batch.job_item WHERE job_id = 'gold-plans' ORDER BY position;
+SELECT etc_batch.abort_job('gold-plans', 'shown only');
 -- record_before needs values to record
 SELECT * FROM etc_batch.register_job('no-record', NULL, 'accounts', '[{"id": 1, "revision": 1}]', 1,
     NULL, tenant_column => NULL, handler => 'pg_catalog.jsonb_strip_nulls(jsonb)', record_before => true);
