@@ -24,6 +24,7 @@
 //! - `seal`       the seals written with every record of progress.
 //! - `audit`      a chunk's audit rows, written into the job's partition.
 //! - `remainder`  register_remainder: what a job did not change, approved again.
+//! - `revert`     register_revert and revert_preview: what a job committed, set back.
 //! - `report`     job_report, job_summary, verify_job.
 //! - `abort`      abort_job.
 //! - `pace`       pace_job: rows per second, the signals, and the waits before a chunk.
@@ -62,3 +63,19 @@ pub mod sql;
 pub mod tables;
 pub mod target;
 pub mod window;
+
+/// register_remainder and register_revert read what a job committed after its drainers'
+/// chunks in flight have committed (they wait for them): a snapshot taken before, as a
+/// REPEATABLE READ or SERIALIZABLE transaction keeps, would not see those chunks.
+pub fn require_read_committed(what: &str) -> crate::error::Result<()> {
+    // SAFETY: reads the backend's isolation level, a plain global
+    let repeatable =
+        unsafe { pgrx::pg_sys::XactIsoLevel } >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32;
+    if repeatable {
+        return Err(crate::error::BatchError::Unsupported {
+            message: format!("{what} cannot run in a REPEATABLE READ or SERIALIZABLE transaction"),
+            detail: "It reads what a job committed once the job's chunks in flight have committed, which the snapshot of such a transaction, taken before, does not see. Call it in a READ COMMITTED transaction.".into(),
+        });
+    }
+    Ok(())
+}

@@ -12,10 +12,11 @@
 //! time, under settings that print every value the same way in every session.
 
 use super::approval::Item;
+use super::columns::Kind;
 use super::freeze::ItemCursor;
 use super::items_query::ItemsQuery;
 use super::tables::JobTables;
-use super::target::Target;
+use super::target::{text_array_sql, Target};
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
 use pgrx::spi::{quote_identifier, quote_literal};
@@ -139,7 +140,19 @@ impl SqlOrder<'_> {
                      COALESCE(s.g::pg_catalog.jsonb, '{{}}'))::pg_catalog.text",
                     self.record
                         .iter()
-                        .map(|c| format!("{}, t.{}", quote_literal(c), quote_identifier(c)))
+                        .map(|c| {
+                            // a value JSON has no kind of its own for (an array, json, a
+                            // composite, a date), and a number, as its text, which the guard
+                            // casts back: a number's scale (9.50) kept, NaN as PostgreSQL
+                            // spells it
+                            let value = match s.columns[c].kind {
+                                Kind::Other | Kind::Numeric => {
+                                    format!("t.{}::pg_catalog.text", quote_identifier(c))
+                                }
+                                _ => format!("t.{}", quote_identifier(c)),
+                            };
+                            format!("{}, {value}", quote_literal(c))
+                        })
                         .collect::<Vec<_>>()
                         .join(", ")
                 )
@@ -173,14 +186,7 @@ impl SqlOrder<'_> {
         let (stored_guards, given_guards) = if self.record.is_empty() {
             ("i.guards::pg_catalog.text".to_string(), "s.g".to_string())
         } else {
-            let columns = format!(
-                "ARRAY[{}]::pg_catalog.text[]",
-                self.record
-                    .iter()
-                    .map(quote_literal)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let columns = text_array_sql(self.record);
             (
                 format!("(i.guards OPERATOR(pg_catalog.-) {columns})::pg_catalog.text"),
                 format!(

@@ -228,6 +228,12 @@ pub fn register(mut req: Request) -> Result<Registered> {
             ))
         }
     };
+    if let Some(column) = names_recorded(&source, &record) {
+        return Err(BatchError::invalid_because(
+            format!("items must not name column \"{column}\", whose values record_before records"),
+            "With record_before => true, the value of each column the job sets is read from the item's row when the job is registered; an item does not give it.",
+        ));
+    }
     let listed: &[Item] = match &source {
         Source::List(items) => items,
         // an items query's values were cast to the columns' types as they were read
@@ -325,6 +331,29 @@ pub fn register(mut req: Request) -> Result<Registered> {
         }
     };
     Ok(registered)
+}
+
+/// The first of the columns `record` that an item names as a guard, if any.
+fn names_recorded(source: &Source, record: &[String]) -> Option<String> {
+    if record.is_empty() {
+        return None;
+    }
+    match source {
+        Source::List(items) => items.iter().find_map(|item| {
+            let mut named = None;
+            item.guards.for_each_column(|c| {
+                if named.is_none() && record.iter().any(|r| r == c) {
+                    named = Some(c.to_string());
+                }
+            });
+            named
+        }),
+        Source::Query(query) => query
+            .guard_columns
+            .iter()
+            .find(|c| record.contains(c))
+            .cloned(),
+    }
 }
 
 /// The job's key: the columns given (key_columns, or key_column), or the target's

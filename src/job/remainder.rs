@@ -13,7 +13,7 @@ use super::claim;
 use super::definition::Definition;
 use super::register::{self, Items, Registered, Request};
 use super::sql;
-use super::target::{Constants, Target};
+use super::target::{text_array_sql, Constants, Target};
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::query::{self, Cursor};
@@ -35,6 +35,7 @@ pub struct Remainder {
 }
 
 pub fn register_remainder(req: Remainder) -> Result<Registered> {
+    super::require_read_committed("etc_batch.register_remainder")?;
     let owner = installed::owner()?;
     let def = as_role(owner, || Definition::require(&req.job_id))?;
     let caller = current_user();
@@ -204,15 +205,30 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
         ),
         None => String::new(),
     };
-    let current_guards = "COALESCE((SELECT pg_catalog.jsonb_object_agg(g.k, pg_catalog.to_jsonb(t) OPERATOR(pg_catalog.->) g.k) \
-         FROM pg_catalog.jsonb_object_keys(it.guards) AS g(k)), '{}'::pg_catalog.jsonb)";
+    // a drifted item's guards as its row holds them now; but the values a revert sets
+    // (set_from_items) are not the row's: kept as approved
+    let current_guards = format!(
+        "COALESCE((SELECT pg_catalog.jsonb_object_agg(g.k, CASE WHEN g.k OPERATOR(pg_catalog.=) ANY({kept}) \
+         THEN it.guards ELSE pg_catalog.to_jsonb(t) END OPERATOR(pg_catalog.->) g.k) \
+         FROM pg_catalog.jsonb_object_keys(it.guards) AS g(k)), '{{}}'::pg_catalog.jsonb)",
+        kept = text_array_sql(&def.set_from_items)
+    );
+    // the values a job recorded before its change are recorded again, as the rows hold
+    // them when the rest is approved (register refuses items that give them)
+    let recorded = match (&def.set_values, def.record_before) {
+        (Some(set), true) => format!(
+            " OPERATOR(pg_catalog.-) {}",
+            text_array_sql(&set.keys().cloned().collect::<Vec<_>>())
+        ),
+        _ => String::new(),
+    };
     let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
     names.push(s.key.matches("it.item_key", &s.columns));
     let present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0]));
     format!(
         "SELECT (CASE WHEN {present} IS NULL THEN NULL
-             WHEN {matches} THEN {key_object}{approved} OPERATOR(pg_catalog.||) it.guards
-             WHEN ${drifted} THEN {key_object}{now} OPERATOR(pg_catalog.||) {current_guards}
+             WHEN {matches} THEN {key_object}{approved} OPERATOR(pg_catalog.||) (it.guards{recorded})
+             WHEN ${drifted} THEN {key_object}{now} OPERATOR(pg_catalog.||) ({current_guards}{recorded})
         END)::pg_catalog.text
   FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
                   pg_catalog.unnest(${revisions}::pg_catalog.int8[]),

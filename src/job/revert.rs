@@ -19,6 +19,7 @@
 use super::approval::Action;
 use super::claim;
 use super::definition::Definition;
+use super::guard::Guard;
 use super::register::{self, Items, Registered, Request};
 use super::sql;
 use super::target::{Constants, Target};
@@ -141,6 +142,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
 }
 
 pub fn register_revert(req: Revert) -> Result<Registered> {
+    super::require_read_committed("etc_batch.register_revert")?;
     let owner = installed::owner()?;
     let def = revertible(&req.job_id, "revert")?;
     def.require_tables()?;
@@ -215,6 +217,23 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         record_before: false,
         set_from_items: terms.from_items,
     })?;
+    if def.guard == Guard::Row {
+        // the revert took its digests in a statement of its own, after the rows were read
+        // against the audit: a row changed in between is not the one the job left
+        let moved = as_role(owner, || {
+            let revert = Definition::require(&req.revert_job_id)?;
+            query::one::<i64>(
+                &def.tables.sql(
+                    &sql::DIGESTS_MOVED.replace("{revert_items}", &revert.tables.sql("{items}")),
+                ),
+                &[],
+            )
+        })?
+        .unwrap_or(0);
+        if moved > 0 {
+            return Err(BatchError::SerializationFailure);
+        }
+    }
     let (positions, keys, states): (Vec<i32>, Vec<String>, Vec<String>) = found
         .left_out
         .into_iter()
@@ -291,6 +310,17 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
             "chunk size",
             stored.chunk_size.to_string(),
             size.to_string(),
+        ));
+    }
+    if req.inverse != stored.handler_oid {
+        let name = |oid: Option<pg_sys::Oid>| match oid {
+            Some(oid) => register::handler_name(oid).unwrap_or_else(|_| oid.to_u32().to_string()),
+            None => "none".to_string(),
+        };
+        return Err(differs(
+            "inverse",
+            name(stored.handler_oid),
+            name(req.inverse),
         ));
     }
     if let Some(parallel) = req.parallel.filter(|p| *p != stored.parallel) {

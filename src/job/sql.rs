@@ -332,6 +332,16 @@ UPDATE etc_batch.job
 pub const MARK_REVERT: &str = "\
 UPDATE etc_batch.job SET reverts = $1 WHERE job_id OPERATOR(pg_catalog.=) $2";
 
+/// For a revert of a job guarded by row digests: how many of its items were frozen at a
+/// digest other than the one the job's change left. `{revert_items}` the revert's
+/// items, `{items}` and `{audit}` the job's.
+pub const DIGESTS_MOVED: &str = "\
+SELECT pg_catalog.count(*)
+  FROM {revert_items} r
+  JOIN {items} i ON i.item_key OPERATOR(pg_catalog.=) r.item_key
+  JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
+ WHERE r.revision OPERATOR(pg_catalog.<>) a.revision_after";
+
 /// The items a revert left out, in their order in the job it reverts: key, state. $1 the
 /// revert.
 pub const LEFT_OUT: &str = "\

@@ -465,18 +465,19 @@ impl Target {
                 .into_iter()
                 .flatten()
                 .map(|(column, value)| match scalar_text(value) {
+                    // the operators spelled out, never the search_path's (as IS NOT
+                    // DISTINCT FROM would look them up)
                     Some(text) => format!(
-                        "t.{} IS NOT DISTINCT FROM {}",
+                        "COALESCE(t.{} OPERATOR(pg_catalog.=) {}, false)",
                         self.col(column),
                         self.cast(&quote_literal(&text), column)
                     ),
                     None => format!("t.{} IS NULL", self.col(column)),
                 })
                 .chain(set.from_items.iter().map(|column| {
+                    let (col, value) = (self.col(column), self.item_value("i", column));
                     format!(
-                        "t.{} IS NOT DISTINCT FROM {}",
-                        self.col(column),
-                        self.item_value("i", column)
+                        "COALESCE(t.{col} OPERATOR(pg_catalog.=) {value}, t.{col} IS NULL AND {value} IS NULL)"
                     )
                 }))
                 .chain(std::iter::once("true".to_string()))
@@ -506,6 +507,18 @@ impl Target {
             joins.join(" AND "),
         )
     }
+}
+
+/// SQL: a text[] of the names `values`, each a quoted literal (an empty one for none).
+pub fn text_array_sql(values: &[String]) -> String {
+    format!(
+        "ARRAY[{}]::pg_catalog.text[]",
+        values
+            .iter()
+            .map(quote_literal)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// What a job sets, as a report of a job guarded by named columns reads a row's state:

@@ -194,6 +194,47 @@ SELECT * FROM etc_batch.register_job_from_query('gold-plans', NULL, 'accounts',
     '{"plan": "gold"}', tenant_column => NULL, record_before => true);
 SELECT position, item_key, guards FROM etc_batch.job_item WHERE job_id = 'gold-plans' ORDER BY position;
 SELECT etc_batch.abort_job('gold-plans', 'shown only');
+-- items do not give what record_before records
+SELECT * FROM etc_batch.register_job('given-plans', NULL, 'accounts', '[{"id": 1, "revision": 7, "plan": "plus"}]', 1,
+    '{"plan": "gold"}', tenant_column => NULL, record_before => true);
+\echo :LAST_ERROR_SQLSTATE
+-- a revert of such a job stopped by a row drifting after it was registered, and the rest
+-- approved again with the drifted row at its state now: each row still goes back to its
+-- own value
+UPDATE accounts SET plan = CASE id WHEN 3 THEN 'silver' ELSE 'gold' END, revision = revision + 1
+ WHERE id IN (3, 4);
+SELECT * FROM etc_batch.register_job('platinum-plans', NULL, 'accounts',
+    (SELECT jsonb_agg(jsonb_build_object('id', id, 'revision', revision)) FROM accounts WHERE id >= 3), 1,
+    '{"plan": "platinum"}', tenant_column => NULL, record_before => true);
+CALL etc_batch.drain_job('platinum-plans');
+SELECT * FROM etc_batch.register_revert('platinum-plans', 'unplatinum-plans');
+UPDATE accounts SET revision = revision + 1 WHERE id = 4;
+CALL etc_batch.drain_job('unplatinum-plans');
+SELECT * FROM etc_batch.register_remainder('unplatinum-plans', 'unplatinum-plans-2', include_drifted => true);
+SELECT position, item_key, guards FROM etc_batch.job_item WHERE job_id = 'unplatinum-plans-2';
+CALL etc_batch.drain_job('unplatinum-plans-2');
+SELECT id, plan FROM accounts WHERE id >= 3 ORDER BY id;
+-- a revert is registered again only as it was asked: another inverse is another request
+SELECT * FROM etc_batch.register_revert('platinum-plans', 'unplatinum-plans');
+SELECT * FROM etc_batch.register_revert('platinum-plans', 'unplatinum-plans', inverse => 'pg_catalog.jsonb_strip_nulls(jsonb)');
+\echo :LAST_ERROR_SQLSTATE
+-- and in a READ COMMITTED transaction only
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT * FROM etc_batch.register_revert('platinum-plans', 'unplatinum-plans');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- values JSON has no kind for are recorded as their text, and a number JSON has none
+-- for as PostgreSQL spells it
+CREATE TABLE shelves (id int PRIMARY KEY, tags text[] NOT NULL, at date NOT NULL, price numeric);
+INSERT INTO shelves VALUES (1, '{new,sale}', '2026-01-05', 9.50), (2, '{}', '2026-02-01', 'NaN');
+SELECT * FROM etc_batch.register_job('retag', NULL, 'shelves', '[{"id": 1}, {"id": 2}]', 2,
+    '{"tags": "{archived}", "at": "2026-12-01", "price": 0}', tenant_column => NULL,
+    revision_column => NULL, record_before => true);
+SELECT item_key, guards FROM etc_batch.job_item WHERE job_id = 'retag' ORDER BY position;
+CALL etc_batch.drain_job('retag');
+SELECT * FROM etc_batch.register_revert('retag', 'untag');
+CALL etc_batch.drain_job('untag');
+SELECT * FROM shelves ORDER BY id;
 -- record_before needs values to record
 SELECT * FROM etc_batch.register_job('no-record', NULL, 'accounts', '[{"id": 1, "revision": 1}]', 1,
     NULL, tenant_column => NULL, handler => 'pg_catalog.jsonb_strip_nulls(jsonb)', record_before => true);
