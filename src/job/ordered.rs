@@ -142,11 +142,9 @@ impl SqlOrder<'_> {
                         .iter()
                         .map(|c| {
                             // a value JSON has no kind of its own for (an array, json, a
-                            // composite, a date), and a number, as its text, which the guard
-                            // casts back: a number's scale (9.50) kept, NaN as PostgreSQL
-                            // spells it
+                            // composite, a date) as its text, which the guard casts back
                             let value = match s.columns[c].kind {
-                                Kind::Other | Kind::Numeric => {
+                                Kind::Other => {
                                     format!("t.{}::pg_catalog.text", quote_identifier(c))
                                 }
                                 _ => format!("t.{}", quote_identifier(c)),
