@@ -30,6 +30,12 @@ pub fn with<R>(settings: &[(&CStr, &str)], work: impl FnOnce() -> R) -> R {
     result
 }
 
+/// Runs `work` under STABLE_OUTPUT when `stable` (a statement that prints rows or keys
+/// as text, or takes digests of rows), as it is otherwise.
+pub fn stable_output_if<R>(stable: bool, work: impl FnOnce() -> R) -> R {
+    with(if stable { STABLE_OUTPUT } else { &[] }, work)
+}
+
 /// Sets `name` to `value` for the session, as SET does, and returns the value it had:
 /// for work that commits on its way, across which a setting of `with` would not last
 /// (a commit ends every nesting level). The caller sets the old value back afterwards.

@@ -219,12 +219,7 @@ impl ItemCursor {
 
 impl ReadAs {
     fn settings<R>(self, work: impl FnOnce() -> R) -> R {
-        let settings = if self.stable_output {
-            crate::settings::STABLE_OUTPUT
-        } else {
-            &[]
-        };
-        crate::settings::with(settings, work)
+        crate::settings::stable_output_if(self.stable_output, work)
     }
 
     fn item(self, row: &Row) -> Result<Item> {

@@ -23,6 +23,7 @@
 //! - `claim`      a parallel job's chunks, each claimed by one of many drainers.
 //! - `seal`       the seals written with every record of progress.
 //! - `audit`      a chunk's audit rows, written into the job's partition.
+//! - `against_rows` a job's items read against their rows now, a batch at a time.
 //! - `remainder`  register_remainder: what a job did not change, approved again.
 //! - `revert`     register_revert and revert_preview: what a job committed, set back.
 //! - `report`     job_report, job_summary, verify_job.
@@ -34,6 +35,7 @@
 //! - `sql`        the fixed statements.
 
 pub mod abort;
+pub mod against_rows;
 pub mod approval;
 pub mod audit;
 pub mod checkpoint;

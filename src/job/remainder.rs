@@ -8,6 +8,7 @@
 //! include_drifted, approved again at its row's current state (its revision and the
 //! values of its guard columns now); one whose row is gone is left out.
 
+use super::against_rows;
 use super::approval::Action;
 use super::claim;
 use super::definition::Definition;
@@ -16,15 +17,11 @@ use super::sql;
 use super::target::{text_array_sql, Constants, Target};
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::query::{self, Cursor};
+use crate::query;
 use crate::roles::{as_role, current_user};
 use crate::status::JobStatus;
-use pgrx::datum::DatumWithOid;
 use pgrx::spi::quote_literal;
 use serde_json::Value;
-
-/// How many items are read against their rows at once.
-const AT_ONCE: i64 = 1000;
 
 pub struct Remainder {
     pub job_id: String,
@@ -139,52 +136,19 @@ fn remaining_items(
     target: &Target,
     include_drifted: bool,
 ) -> Result<Vec<String>> {
-    let owner = installed::owner()?;
-    let sql = against_rows_sql(def, target);
-    let constants = Constants::new(def.set_values.as_ref(), &def.expect);
-    let constants = constants.args(target)?;
-    let cursor = as_role(owner, || {
-        Cursor::open(&def.tables.sql(sql::REMAINING_ITEMS), &[])
-    })?;
+    let constants = Constants::new(def.set_values.as_ref(), &def.expect).args(target)?;
     let mut out = Vec::new();
-    loop {
-        let batch = as_role(owner, || {
-            cursor.fetch(AT_ONCE, |r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<i64>(2)?.unwrap_or_default(),
-                    r.get::<String>(3)?.unwrap_or_else(|| "{}".into()),
-                ))
-            })
-        })?;
-        if batch.is_empty() {
-            break;
-        }
-        let mut args: Vec<DatumWithOid> = vec![
-            DatumWithOid::null::<i32>(),
-            DatumWithOid::null::<i32>(),
-            def.tenant_value().into(),
-        ];
-        args.extend(constants.iter().map(query::Opaque::arg));
-        let keys: Vec<String> = batch.iter().map(|b| b.0.clone()).collect();
-        let revisions: Vec<i64> = batch.iter().map(|b| b.1).collect();
-        let guards: Vec<String> = batch.iter().map(|b| b.2.clone()).collect();
-        args.push(keys.into());
-        args.push(revisions.into());
-        args.push(guards.into());
-        args.push(include_drifted.into());
-        let stable = target.shape.reads_rows_as_text();
-        let rows = crate::settings::with(
-            if stable {
-                crate::settings::STABLE_OUTPUT
-            } else {
-                &[]
-            },
-            || query::rows(&sql, &args, 0, |r| r.get::<String>(1)),
-        )?;
-        out.extend(rows.into_iter().flatten());
-    }
-    cursor.close();
+    against_rows::each_batch(
+        def,
+        target,
+        sql::REMAINING_ITEMS,
+        Vec::new(),
+        &against_rows_sql(def, target),
+        &constants,
+        &[include_drifted],
+        |r| r.get::<String>(1),
+        |_, rows| out.extend(rows.into_iter().flatten()),
+    )?;
     Ok(out)
 }
 

@@ -35,7 +35,7 @@ pub fn report(job_id: &str) -> Result<Report> {
     let (def, through) = readable(job_id)?;
     let target = def.target()?;
     let stable_output = target.shape.reads_rows_as_text();
-    let cursor = output(stable_output, || {
+    let cursor = crate::settings::stable_output_if(stable_output, || {
         Cursor::open(
             &target.report_sql(&def.set(), &through),
             &[job_id.into(), def.tenant_value().into()],
@@ -110,18 +110,6 @@ pub struct Report {
     left_out: VecDeque<ReportRow>,
 }
 
-/// Runs `work` under settings::STABLE_OUTPUT when it takes digests of rows.
-fn output<R>(stable: bool, work: impl FnOnce() -> R) -> R {
-    crate::settings::with(
-        if stable {
-            crate::settings::STABLE_OUTPUT
-        } else {
-            &[]
-        },
-        work,
-    )
-}
-
 impl Iterator for Report {
     type Item = ReportRow;
 
@@ -130,7 +118,7 @@ impl Iterator for Report {
             let Some(cursor) = self.cursor.as_ref() else {
                 return self.left_out.pop_front();
             };
-            let rows = output(self.stable_output, || {
+            let rows = crate::settings::stable_output_if(self.stable_output, || {
                 cursor.fetch(BATCH as i64, |r| {
                     Ok(ReportRow {
                         position: r.get::<i32>(1)?,
@@ -194,7 +182,7 @@ pub fn summary(job_id: &str) -> Result<Summary> {
             })
         })?
         .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-        output(target.shape.reads_rows_as_text(), || {
+        crate::settings::stable_output_if(target.shape.reads_rows_as_text(), || {
             query::row(
                 &target.counts_sql(&def.set(), &through),
                 &[job_id.into(), def.tenant_value().into()],

@@ -16,6 +16,7 @@
 //! finish their chunk, and its status becomes reverted, so that nothing changes its
 //! rows while the revert runs. A revert of a revert works the same way.
 
+use super::against_rows;
 use super::approval::Action;
 use super::claim;
 use super::definition::Definition;
@@ -25,16 +26,12 @@ use super::sql;
 use super::target::{Constants, Target};
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::query::{self, Cursor};
+use crate::query;
 use crate::roles::{as_role, current_user};
 use crate::status::JobStatus;
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-
-/// How many items are read against their rows at once.
-const AT_ONCE: i64 = 1000;
 
 pub struct Revert {
     pub job_id: String,
@@ -446,67 +443,28 @@ fn set_back(
 /// The job's committed items, each read against its row now as the revert would expect
 /// it: approved again, or left out as drifted or gone.
 fn classify(def: &Definition, target: &Target, terms: &Terms) -> Result<Classified> {
-    let owner = installed::owner()?;
-    let guard_columns = terms.guard_columns(def);
     let constants = Constants::new(None, &terms.expect);
-    let sql = against_rows_sql(def, target, &guard_columns, &constants);
-    let bound = constants.args(target)?;
-    let strip = terms.strip.clone();
-    let cursor = as_role(owner, || {
-        Cursor::open(&def.tables.sql(sql::COMMITTED_ITEMS), &[strip.into()])
-    })?;
+    let against = against_rows_sql(def, target, &terms.guard_columns(def), &constants);
     let mut out = Classified::default();
-    loop {
-        let batch = as_role(owner, || {
-            cursor.fetch(AT_ONCE, |r| {
-                Ok((
-                    r.get::<i32>(1)?.unwrap_or_default(),
-                    r.get::<String>(2)?.unwrap_or_default(),
-                    r.get::<i64>(3)?,
-                    r.get::<String>(4)?.unwrap_or_else(|| "{}".into()),
-                ))
-            })
-        })?;
-        if batch.is_empty() {
-            break;
-        }
-        let mut args: Vec<DatumWithOid> = vec![
-            DatumWithOid::null::<i32>(),
-            DatumWithOid::null::<i32>(),
-            def.tenant_value().into(),
-        ];
-        args.extend(bound.iter().map(query::Opaque::arg));
-        args.push(batch.iter().map(|b| b.1.clone()).collect::<Vec<_>>().into());
-        args.push(
-            batch
-                .iter()
-                .map(|b| b.2)
-                .collect::<Vec<Option<i64>>>()
-                .into(),
-        );
-        args.push(batch.iter().map(|b| b.3.clone()).collect::<Vec<_>>().into());
-        let stable = target.shape.reads_rows_as_text();
-        let rows = crate::settings::with(
-            if stable {
-                crate::settings::STABLE_OUTPUT
-            } else {
-                &[]
-            },
-            || {
-                query::rows(&sql, &args, 0, |r| {
-                    Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?))
-                })
-            },
-        )?;
-        for ((position, key, _, _), (state, item)) in batch.into_iter().zip(rows) {
-            match (state.as_str(), item) {
-                ("revert", Some(item)) => out.items.push(item),
-                ("gone", _) => out.left_out.push((position, key, "gone")),
-                _ => out.left_out.push((position, key, "drifted")),
+    against_rows::each_batch(
+        def,
+        target,
+        sql::COMMITTED_ITEMS,
+        vec![terms.strip.clone().into()],
+        &against,
+        &constants.args(target)?,
+        &[],
+        |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?)),
+        |batch, rows| {
+            for (item, (state, approved)) in batch.into_iter().zip(rows) {
+                match (state.as_str(), approved) {
+                    ("revert", Some(approved)) => out.items.push(approved),
+                    ("gone", _) => out.left_out.push((item.position, item.key, "gone")),
+                    _ => out.left_out.push((item.position, item.key, "drifted")),
+                }
             }
-        }
-    }
-    cursor.close();
+        },
+    )?;
     Ok(out)
 }
 

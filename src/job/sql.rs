@@ -301,9 +301,9 @@ pub const MAY_ACT_FOR: &str = "\
 SELECT pg_catalog.pg_has_role($1::pg_catalog.oid, $2::pg_catalog.oid, 'MEMBER')";
 
 /// The items of a job it did not change: without an audit row, or skipped; in position
-/// order: key, revision, guards.
+/// order: position, key, revision, guards.
 pub const REMAINING_ITEMS: &str = "\
-SELECT i.item_key, i.revision, i.guards::pg_catalog.text
+SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text
   FROM {items} i
   LEFT JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
  WHERE a.position IS NULL OR a.skipped

@@ -62,6 +62,67 @@ def doctor_rows(pg, job):
         (f"job {job}",)).fetchall()
 
 
+def drain_while_killed(pg, job, rng, pause=(0.05, 0.4)):
+    """Three clients drain parallel job `job`, two chunks a call, until it is done, while
+    their backends are killed at random moments (a pause of `pause` seconds between
+    kills); a killed drainer reconnects and goes on. Fails the test on any other error,
+    if the job does not finish within 120 s, or if fewer than 3 kills landed; returns how
+    many did."""
+    pids, done, failures = {}, threading.Event(), []
+
+    def drainer(n):
+        while not done.is_set():
+            try:
+                conn = pg.direct()
+                pids[n] = conn.info.backend_pid
+                while not done.is_set():
+                    r = conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,)).fetchone()
+                    if r[4] == "done":
+                        done.set()
+            except psycopg.OperationalError:
+                pass  # its backend was terminated: a new connection goes on
+            except BaseException as e:  # kept for the assertion below
+                failures.append(e)
+                done.set()
+
+    threads = [threading.Thread(target=drainer, args=(n,), daemon=True) for n in range(3)]
+    for th in threads:
+        th.start()
+    kills = 0
+    deadline = time.monotonic() + 120
+    while not done.is_set() and time.monotonic() < deadline:
+        time.sleep(rng.uniform(*pause))
+        victim = pids.get(rng.randrange(3))
+        if victim and not done.is_set():
+            if pg.admin.execute("SELECT pg_terminate_backend(%s)", (victim,)).fetchone()[0]:
+                kills += 1
+    finished = done.is_set()
+    done.set()
+    for th in threads:
+        th.join(60)
+        assert not th.is_alive()
+    assert failures == [], (SEED, failures)
+    assert finished, f"job {job} did not finish (seed {SEED})"
+    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
+    print(f"{kills} drainers killed (seed {SEED})")
+    return kills
+
+
+def record_status_changes(pg, name):
+    """From now on, every update of table `name` that commits is recorded in
+    <name>_log(id, was, became), with the status it replaced; returns that table."""
+    log = sql.Identifier(f"{name}_log")
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, was text, became text)").format(log))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {log} VALUES (NEW.id, OLD.status, NEW.status); RETURN NULL; END $$").format(
+            fn=sql.Identifier(f"{name}_record"), log=log))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER recorded AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            sql.Identifier(name), sql.Identifier(f"{name}_record")))
+    return log
+
+
 class Accounts:
     """accounts_<tag>(id bigint PRIMARY KEY, plan text, balance numeric): no tenant, no
     revision column, ids 1..n on plan 'basic'."""
@@ -218,42 +279,7 @@ def test_a_partitioned_table_drained_in_parallel_while_drainers_are_killed(pg):
         "parallel => true)", (job, name, name)).fetchone()
     assert row == (2000, 80)
 
-    pids, done, failures = {}, threading.Event(), []
-    killed = Counter()
-
-    def drainer(n):
-        while not done.is_set():
-            try:
-                conn = pg.direct()
-                pids[n] = conn.info.backend_pid
-                while not done.is_set():
-                    r = conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,)).fetchone()
-                    if r[4] == "done":
-                        done.set()
-            except psycopg.OperationalError:
-                killed[n] += 1  # its backend was terminated: a new connection goes on
-            except BaseException as e:  # kept for the assertion below
-                failures.append(e)
-                done.set()
-
-    threads = [threading.Thread(target=drainer, args=(n,), daemon=True) for n in range(3)]
-    for th in threads:
-        th.start()
-    kills = 0
-    deadline = time.monotonic() + 120
-    while not done.is_set() and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.05, 0.4))
-        victim = pids.get(rng.randrange(3))
-        if victim and not done.is_set():
-            if pg.admin.execute("SELECT pg_terminate_backend(%s)", (victim,)).fetchone()[0]:
-                kills += 1
-    for th in threads:
-        th.join(60)
-        assert not th.is_alive()
-    assert failures == [], (SEED, failures)
-    assert done.is_set(), f"the job did not finish (seed {SEED})"
-    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
-    print(f"{kills} drainers killed (seed {SEED})")
+    drain_while_killed(pg, job, rng)
 
     updates = dict(pg.admin.execute(sql.SQL("SELECT id, sum(n) FROM {} GROUP BY id").format(counted)))
     assert updates == {i: 1 for i in range(1, 3001) if i % 3 != 0}, SEED
@@ -459,7 +485,6 @@ def test_a_revert_drained_while_the_application_works_and_drainers_are_killed(pg
     rng = random.Random(SEED)
     name = tag("orders")
     t = sql.Identifier(name)
-    log = sql.Identifier(f"{name}_log")
     pg.admin.execute(sql.SQL(
         "CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', "
         "revision bigint NOT NULL DEFAULT 1, note text)").format(t))
@@ -474,14 +499,7 @@ def test_a_revert_drained_while_the_application_works_and_drainers_are_killed(pg
     assert pg.admin.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()[4] == "done"
 
     # from here on, every update that commits is recorded, with the status it replaced
-    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, was text, became text)").format(log))
-    pg.admin.execute(sql.SQL(
-        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "INSERT INTO {log} VALUES (NEW.id, OLD.status, NEW.status); RETURN NULL; END $$").format(
-            fn=sql.Identifier(f"{name}_record"), log=log))
-    pg.admin.execute(sql.SQL(
-        "CREATE TRIGGER recorded AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
-            t, sql.Identifier(f"{name}_record")))
+    log = record_status_changes(pg, name)
     # each chunk's statement of the revert lingers before its commit, where most kills land
     pg.admin.execute(sql.SQL(
         "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
@@ -505,56 +523,29 @@ def test_a_revert_drained_while_the_application_works_and_drainers_are_killed(pg
         "ORDER BY position", (revert,))]
     assert named == drifted
 
-    pids, done, failures = {}, threading.Event(), []
-    killed = Counter()
     others = [i for i in range(1, 3001) if i % 3 == 0]
+    working = threading.Event()
+    working.set()
 
     def application():
         conn = pg.direct()
         app_rng = random.Random(SEED + 1)
-        while not done.is_set():
+        while working.is_set():
             ids = sorted(app_rng.sample(others, 5))
             conn.execute(sql.SQL(
                 "UPDATE {} SET note = 'busy', revision = revision + 1 WHERE id = ANY(%s)").format(t), (ids,))
             time.sleep(0.01)
 
-    def drainer(n):
-        while not done.is_set():
-            try:
-                conn = pg.direct()
-                pids[n] = conn.info.backend_pid
-                while not done.is_set():
-                    r = conn.execute("CALL etc_batch.drain_job(%s, 2)", (revert,)).fetchone()
-                    if r[4] == "done":
-                        done.set()
-            except psycopg.OperationalError:
-                killed[n] += 1  # its backend was terminated: a new connection goes on
-            except BaseException as e:  # kept for the assertion below
-                failures.append(e)
-                done.set()
-
     app = threading.Thread(target=application, daemon=True)
     app.start()
-    threads = [threading.Thread(target=drainer, args=(n,), daemon=True) for n in range(3)]
-    for th in threads:
-        th.start()
-    kills = 0
-    deadline = time.monotonic() + 120
-    while not done.is_set() and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.05, 0.3))
-        victim = pids.get(rng.randrange(3))
-        if victim and not done.is_set():
-            if pg.admin.execute("SELECT pg_terminate_backend(%s)", (victim,)).fetchone()[0]:
-                kills += 1
-    done.set()
-    for th in [app, *threads]:
-        th.join(60)
-        assert not th.is_alive()
-    assert failures == [], (SEED, failures)
+    try:
+        drain_while_killed(pg, revert, rng, pause=(0.05, 0.3))
+    finally:
+        working.clear()
+        app.join(60)
+    assert not app.is_alive()
     assert pg.admin.execute("SELECT status FROM etc_batch.job WHERE job_id = %s",
-                            (revert,)).fetchone()[0] == "done", f"the revert did not finish (seed {SEED})"
-    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
-    print(f"{kills} drainers killed (seed {SEED})")
+                            (revert,)).fetchone()[0] == "done"
 
     set_back = Counter(i for (i,) in pg.admin.execute(sql.SQL(
         "SELECT id FROM {} WHERE was = 'cancelled' AND became = 'pending'").format(log)))
@@ -581,19 +572,11 @@ def test_a_job_reverted_while_its_drainers_are_in_a_chunk(pg, parallel):
     each once."""
     name = tag("orders")
     t = sql.Identifier(name)
-    log = sql.Identifier(f"{name}_log")
     pg.admin.execute(sql.SQL(
         "CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'pending', "
         "revision bigint NOT NULL DEFAULT 1)").format(t))
     pg.admin.execute(sql.SQL("INSERT INTO {} (id) SELECT g FROM generate_series(1, 400) g").format(t))
-    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, was text, became text)").format(log))
-    pg.admin.execute(sql.SQL(
-        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "INSERT INTO {log} VALUES (NEW.id, OLD.status, NEW.status); RETURN NULL; END $$").format(
-            fn=sql.Identifier(f"{name}_record"), log=log))
-    pg.admin.execute(sql.SQL(
-        "CREATE TRIGGER recorded AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
-            t, sql.Identifier(f"{name}_record")))
+    log = record_status_changes(pg, name)
     pg.admin.execute(sql.SQL(
         "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "PERFORM pg_sleep(0.3); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
