@@ -807,21 +807,35 @@ impl Job {
             }
         };
         crash::reached(Point::AfterChange);
-        let last = self.owner(|| {
-            audit.write(&ChunkAudit {
-                job_id: self.id(),
-                chunk: chunk.number,
-                range: chunk.range.clone(),
-                changed: &changed,
-                skipped: &skipped,
-            })?;
-            self.order.close(
-                &self.def,
-                &chunk,
-                self.at_work_since,
-                opened.elapsed().as_secs_f64(),
-            )
-        })?;
+        // The chunk's audit rows and its mark may fail too (a full disk under etc_batch's
+        // own tables): the change rolls back with them, and the caller is told so, as for
+        // a change that failed.
+        let closed = caught(|| {
+            self.owner(|| {
+                audit.write(&ChunkAudit {
+                    job_id: self.id(),
+                    chunk: chunk.number,
+                    range: chunk.range.clone(),
+                    changed: &changed,
+                    skipped: &skipped,
+                })?;
+                self.order.close(
+                    &self.def,
+                    &chunk,
+                    self.at_work_since,
+                    opened.elapsed().as_secs_f64(),
+                )
+            })
+        });
+        let last = match closed {
+            Ok(last) => last,
+            Err(failure) => {
+                return Ok(Round::Failed {
+                    number: chunk.number,
+                    failure,
+                })
+            }
+        };
         // nothing runs between the audit rows and the mark: one point after both
         crash::reached(Point::AfterCheckpoint);
         if chunk.number == 1 {
@@ -906,29 +920,24 @@ impl Job {
             }
             args.extend(chunk.items.args());
         }
-        let outcome = pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-            crate::raised::capturing(|| {
-                self.changing(|| match &self.def.handler {
-                    None => self.guarded_update(&args, range),
-                    Some(_) => self.handler_change(&args, range),
+        match caught(|| {
+            self.changing(|| match &self.def.handler {
+                None => self.guarded_update(&args, range),
+                Some(_) => self.handler_change(&args, range),
+            })
+        }) {
+            Ok(change) => Ok(change),
+            Err(mut failure) => {
+                failure.raised = failure
+                    .raised
+                    .map(|r| r.without_statement(&self.change_sql));
+                Ok(if crate::retries::is_transient(failure.packed_code()) {
+                    Change::Transient(failure)
+                } else {
+                    Change::Failed(failure)
                 })
-            })
-        }))
-        .catch_others(|caught| {
-            let mut failure = Failure::from(caught);
-            failure.raised = failure
-                .raised
-                .map(|r| r.without_statement(&self.change_sql));
-            Ok(if crate::retries::is_transient(failure.packed_code()) {
-                Change::Transient(failure)
-            } else {
-                Change::Failed(failure)
-            })
-        })
-        .execute();
-        // etc_batch's own errors in the change (a handler's result it cannot read) say
-        // the same: the chunk is rolled back
-        outcome.or_else(|e| Ok(Change::Failed(e.into())))
+            }
+        }
     }
 
     fn guarded_update(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
@@ -1218,4 +1227,14 @@ fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchE
         },
         _ => BatchError::JobAborted { job, reason },
     }
+}
+
+/// Runs `work`, catching the error it raises, PostgreSQL's or etc_batch's own, as the
+/// Failure of the chunk: the transaction is broken then, and the loop rolls it back.
+fn caught<T>(work: impl FnOnce() -> Result<T>) -> std::result::Result<T, Failure> {
+    pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        crate::raised::capturing(|| work().map_err(Failure::from))
+    }))
+    .catch_others(|caught| Err(Failure::from(caught)))
+    .execute()
 }
