@@ -13,6 +13,7 @@ DECLARE
     server_value text;
     source text;
     found_any boolean;
+    writing text[];
 BEGIN
     -- 0. On a hot standby: etc_batch's work runs on the primary; every check below reads
     --    what this server has replayed.
@@ -118,6 +119,54 @@ BEGIN
     END LOOP;
     IF NOT found_any THEN
         RETURN QUERY SELECT 'session advisory locks', 'ok', 'No idle session holds an advisory lock.', NULL::text;
+    END IF;
+
+    -- 2b. etc_batch's work in backends waiting to write to a client that stopped reading:
+    --     a client process that hangs, or a network gone without a reset (no FIN, no
+    --     RST), which TCP gives up on only after its retries, some 15 minutes by Linux's
+    --     defaults. Looked at twice, a quarter of a second apart (pg_stat_activity is read
+    --     once a transaction unless its snapshot is cleared), so that a backend merely
+    --     sending a result is not named.
+    found_any := false;
+    SELECT array_agg(format('%s %s', a.pid, a.query_start)) INTO writing
+      FROM pg_stat_activity a WHERE a.wait_event = 'ClientWrite';
+    IF writing IS NOT NULL THEN
+        PERFORM pg_sleep(0.25);
+        PERFORM pg_stat_clear_snapshot();
+        FOR r IN
+            SELECT a.pid, a.usename, a.client_addr, a.query_start, a.xact_start,
+                   (SELECT string_agg(format('%L', p.job_id), ', ' ORDER BY p.job_id)
+                      FROM etc_batch.job_progress p WHERE a.pid = ANY (p.drainer_pids)) AS jobs,
+                   (SELECT string_agg(format('%L', j.job_id), ', ' ORDER BY j.job_id)
+                      FROM etc_batch.job j WHERE j.xmax = a.backend_xid) AS job_rows,
+                   (SELECT string_agg(format('step %s of chain %L', b.id, b.batch), ', ' ORDER BY b.id)
+                      FROM etc_batch.batch_log b WHERE b.xmax = a.backend_xid) AS steps
+              FROM pg_stat_activity a
+             WHERE a.wait_event = 'ClientWrite'
+               AND format('%s %s', a.pid, a.query_start) = ANY (writing)
+             ORDER BY a.pid
+        LOOP
+            CONTINUE WHEN r.jobs IS NULL AND r.job_rows IS NULL AND r.steps IS NULL;
+            found_any := true;
+            check_name := 'clients not reading';
+            status := 'warn';
+            detail := format('Backend %s (role %s, client %s) waits to write to its client (ClientWrite) in a statement started at %s, ',
+                             r.pid, r.usename, coalesce(host(r.client_addr), 'local'), r.query_start)
+                || concat_ws('; ',
+                       CASE WHEN r.steps IS NOT NULL THEN
+                            format('holding the row of %s in a transaction open since %s: every other runner of the chain waits for it', r.steps, r.xact_start) END,
+                       CASE WHEN r.job_rows IS NOT NULL THEN
+                            format('holding the row of job %s in a chunk''s transaction open since %s: every other drainer of the job waits for it', r.job_rows, r.xact_start) END,
+                       CASE WHEN r.job_rows IS NULL AND r.jobs IS NOT NULL THEN
+                            format('counted as a drainer of job %s between chunks (it holds no row; other drainers go on without it)', r.jobs) END)
+                || '. Its client stopped reading: a process that hangs, or a network gone without a reset, which TCP gives up on only after its retries (some 15 minutes by default).';
+            hint := format('SELECT pg_terminate_backend(%s) ends it and lets go of what it holds; its chunk or step in flight rolls back. Set tcp_user_timeout, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count and client_connection_check_interval for the roles that run batch work (ALTER ROLE ... SET) so that the server gives up on such a client by itself.',
+                           r.pid);
+            RETURN NEXT;
+        END LOOP;
+    END IF;
+    IF NOT found_any THEN
+        RETURN QUERY SELECT 'clients not reading', 'ok', 'No backend of etc_batch''s work waits to write to a client.', NULL::text;
     END IF;
 
     -- 3. Work that stopped half-way, or cannot go on.
@@ -311,5 +360,5 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

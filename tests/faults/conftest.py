@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import ROOT, own_cluster  # noqa: E402
+from support import ROOT, OwnCluster, lib, own_cluster, pg_bin  # noqa: E402
 
 PORT = 55510
 TEST_DB = "etc_batch_faults"
@@ -110,3 +111,161 @@ def disk_db(faults, small, request):
         with faults.connect("postgres") as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             conn.execute(f"DROP TABLESPACE IF EXISTS {name}")
+
+
+# -- network namespaces --------------------------------------------------------------------
+#
+# The server of the network tests runs in a namespace of its own, `etcb-srv`; each host
+# it talks to (a client, a standby) in another, joined to it by a veth pair with a /30 of
+# 10.213.0.0/16 on it. Nothing of the machine's own network is touched: the addresses
+# exist only inside these namespaces, and they are deleted at the end. The tests reach
+# the server from outside through its Unix socket, which no link cut can reach.
+
+SERVER_NS = "etcb-srv"
+NET_PORT = 55511
+
+
+def ip(*args, ns=None):
+    prefix = ["ip", "netns", "exec", ns] if ns else []
+    subprocess.run([*prefix, "ip", *args], check=True, capture_output=True, text=True)
+
+
+def in_ns(ns, *command):
+    return ["ip", "netns", "exec", ns, *command]
+
+
+class Link:
+    """A veth pair between the server's namespace and host `ns`: the server at
+    10.213.<n>.1, the host at 10.213.<n>.2. `cut` takes the host's end down: the server
+    sends into it and nothing arrives, nothing comes back, and no reset is sent, as
+    when a cable is pulled or a host vanishes. `mend` brings it back."""
+
+    def __init__(self, ns, n):
+        self.ns = ns
+        self.server_addr = f"10.213.{n}.1"
+        self.addr = f"10.213.{n}.2"
+        self.server_end = f"etcb{n}s"
+        self.end = f"etcb{n}h"
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        ip("link", "set", "lo", "up", ns=ns)
+        ip("link", "add", self.server_end, "netns", SERVER_NS, "type", "veth", "peer", "name", self.end,
+           "netns", ns)
+        ip("addr", "add", f"{self.server_addr}/30", "dev", self.server_end, ns=SERVER_NS)
+        ip("addr", "add", f"{self.addr}/30", "dev", self.end, ns=ns)
+        ip("link", "set", self.server_end, "up", ns=SERVER_NS)
+        ip("link", "set", self.end, "up", ns=ns)
+
+    def cut(self):
+        ip("link", "set", self.end, "down", ns=self.ns)
+
+    def mend(self):
+        ip("link", "set", self.end, "up", ns=self.ns)
+
+    def run(self, *command, **kwargs):
+        """A process on this host."""
+        return subprocess.Popen(in_ns(self.ns, *command), **kwargs)
+
+    def delete(self):
+        subprocess.run(["ip", "netns", "del", self.ns], check=False)
+
+
+class NetCluster(OwnCluster):
+    """The server in namespace etcb-srv, listening on the links' server addresses."""
+
+    links = {}
+
+    def link(self, name):
+        return self.links[name]
+
+
+@pytest.fixture(scope="module")
+def net():
+    """Cluster `faultnet` on port 55511 started inside etcb-srv, whose kernel there keeps
+    a small send buffer per socket (net.ipv4.tcp_wmem of that namespace only), so that a
+    backend whose client stopped reading soon waits to write; links to a client host
+    `etcb-cli` and a second one `etcb-cli2`."""
+    if os.geteuid() != 0:
+        pytest.fail("tests/faults make network namespaces: run them as root", pytrace=False)
+    for ns in (SERVER_NS, "etcb-cli", "etcb-cli2"):
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+    subprocess.run(["ip", "netns", "add", SERVER_NS], check=True)
+    links = {}
+    try:
+        ip("link", "set", "lo", "up", ns=SERVER_NS)
+        subprocess.run(in_ns(SERVER_NS, "sysctl", "-q", "-w", "net.ipv4.tcp_wmem=4096 8192 8192"), check=True)
+        links["client"] = Link("etcb-cli", 1)
+        links["client2"] = Link("etcb-cli2", 2)
+        listen = ",".join(["127.0.0.1"] + [l.server_addr for l in links.values()])
+        done = lib("cluster_init", "faultnet", str(NET_PORT), f"listen_addresses = '{listen}'")
+        assert done.returncode == 0, done.stderr
+        cluster = NetCluster("faultnet", NET_PORT, TEST_DB)
+        with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
+            hba.write("host all all 10.213.0.0/16 trust\n")
+        bin_dir = pg_bin()
+        log = cluster.socket_dir / "server.log"
+        subprocess.run(in_ns(SERVER_NS, "runuser", "-u", "postgres", "--", str(bin_dir / "pg_ctl"),
+                             "-D", str(cluster.data_dir), "-l", str(log), "-w", "start"),
+                       check=True, capture_output=True)
+        with cluster.connect("postgres") as conn:
+            conn.execute(f"CREATE DATABASE {TEST_DB}")
+        with cluster.connect() as conn:
+            conn.execute("CREATE EXTENSION etc_batch")
+        cluster.links = links
+        cluster.bin_dir = bin_dir
+        yield cluster
+    finally:
+        lib("cluster_stop", "faultnet")
+        for link in links.values():
+            link.delete()
+        subprocess.run(["ip", "netns", "del", SERVER_NS], check=False)
+
+
+class NetDb:
+    """A database of its own on the server in etcb-srv: `connect` through the Unix socket
+    (never cut), `psql` on a client host over its link."""
+
+    def __init__(self, cluster, name):
+        self.cluster = cluster
+        self.name = name
+
+    def connect(self, **kwargs):
+        return self.cluster.connect(self.name, **kwargs)
+
+    def link(self, host):
+        return self.cluster.link(host)
+
+    def psql(self, host, command, out, settings=()):
+        """psql on `host` running `command` over the host's link, its output and
+        messages into the file `out`; `settings` (name, value) for the session, given
+        as a DBA would in PGOPTIONS."""
+        link = self.link(host)
+        options = " ".join(f"-c {name}={value}" for name, value in settings)
+        env = {**os.environ, "PGOPTIONS": options, "PGCONNECT_TIMEOUT": "10"}
+        return link.run(str(self.cluster.bin_dir / "psql"), "-X", "-q", "-h", link.server_addr,
+                        "-p", str(self.cluster.port), "-U", "postgres", "-d", self.name,
+                        "-v", "ON_ERROR_STOP=1", "-c", command,
+                        stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def backends_of(self, host):
+        """The pids of the backends whose client is `host`."""
+        with self.connect() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE client_addr = %s", (self.link(host).addr,))]
+
+
+@pytest.fixture
+def net_db(net, request):
+    name = "net_" + str(abs(hash(request.node.name)) % 10**8)
+    with net.connect("postgres") as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    db = NetDb(net, name)
+    with db.connect() as conn:
+        conn.execute("CREATE EXTENSION etc_batch")
+    try:
+        yield db
+    finally:
+        for link in net.links.values():
+            link.mend()
+        with net.connect("postgres") as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

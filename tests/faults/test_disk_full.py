@@ -6,57 +6,17 @@ every item exactly once. The same with etc_batch's own tables of the job on that
 """
 
 import pytest
-from psycopg import errors, sql
+from psycopg import errors
+
+import work
+from work import WIDE, changes, job_state, make_accounts, verify
 
 ITEMS = 10_000
 CHUNK = 500
-WIDE = "x" * 120
-
-
-def make_accounts(conn, tablespace=None):
-    """accounts (no revision column: the row digest guards it) and a log, in the default
-    tablespace, of every update a trigger sees: each id's count is how many times the
-    row was changed by a transaction that committed."""
-    where = sql.SQL(" TABLESPACE {}").format(sql.Identifier(tablespace)) if tablespace else sql.SQL("")
-    conn.execute(sql.SQL("CREATE TABLE accounts (id bigint PRIMARY KEY, note text NOT NULL){}").format(where))
-    conn.execute("INSERT INTO accounts SELECT g, 'n' FROM generate_series(1, %s) g", (ITEMS,))
-    conn.execute("CREATE TABLE accounts_log (id bigint NOT NULL, txid bigint NOT NULL)")
-    conn.execute("""CREATE FUNCTION log_update() RETURNS trigger LANGUAGE plpgsql AS $$
-                    BEGIN INSERT INTO accounts_log VALUES (NEW.id, txid_current()); RETURN NEW; END $$""")
-    conn.execute("CREATE TRIGGER log_update AFTER UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION log_update()")
 
 
 def register(conn, job, parallel):
-    row = conn.execute(
-        "SELECT job_id, created, items, chunks FROM etc_batch.register_job("
-        "%s, NULL, 'accounts'::regclass, "
-        "(SELECT jsonb_agg(jsonb_build_object('id', g) ORDER BY g) FROM generate_series(1, %s) g), "
-        "%s, jsonb_build_object('note', %s::text), tenant_column => NULL, revision_column => NULL, "
-        "parallel => %s)",
-        (job, ITEMS, CHUNK, WIDE, parallel),
-    ).fetchone()
-    assert row == (job, True, ITEMS, ITEMS // CHUNK)
-
-
-def changes(conn):
-    """{times changed: number of rows}, from the trigger's log, over every account."""
-    return dict(conn.execute(
-        "SELECT times, count(*) FROM (SELECT a.id, count(l.id) AS times FROM accounts a "
-        "LEFT JOIN accounts_log l USING (id) GROUP BY a.id) t GROUP BY times").fetchall())
-
-
-def job_state(conn, job):
-    """The job's status and how many of its items the audit has as committed."""
-    status = conn.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]
-    audited = conn.execute(
-        "SELECT count(*) FROM etc_batch.job_report(%s) WHERE state = 'matching'", (job,)).fetchone()[0]
-    return status, audited
-
-
-def verify(conn, job):
-    failed = [(name, detail) for name, ok, detail in conn.execute(
-        "SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,)) if not ok]
-    assert failed == []
+    work.register(conn, job, ITEMS, CHUNK, parallel)
 
 
 def assert_stopped_by_full_disk(conn, job, raised):
@@ -91,7 +51,7 @@ def test_target_table_on_a_disk_that_fills_mid_drain(disk_db, parallel):
     """The target's tablespace fills: the chunk that cannot extend the table fails with
     53100 and rolls back whole; the DETAIL says which chunk and that the job is pending."""
     conn = disk_db.connect()
-    make_accounts(conn, disk_db.tablespace)
+    make_accounts(conn, ITEMS, disk_db.tablespace)
     register(conn, "fill_target", parallel)
     # room for a few chunks' new row versions (each about 80 kB), not for all twenty
     disk_db.disk.fill(300 * 1024)
@@ -112,7 +72,7 @@ def test_etc_batch_tables_of_the_job_on_a_disk_that_fills_mid_drain(disk_db, par
     change to the target included, rolls back. (Before, the error reached the caller
     without the DETAIL that names the chunk and says the job is pending.)"""
     conn = disk_db.connect()
-    make_accounts(conn)
+    make_accounts(conn, ITEMS)
     register(conn, "fill_audit", parallel)
     relations = [r[0] for r in conn.execute(
         "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

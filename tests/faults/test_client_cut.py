@@ -1,0 +1,218 @@
+"""A client whose network goes away silently in the middle of a drain or of a chain's
+run: the link to its host taken down, so that nothing it sent before arrives late and no
+reset ever comes. The server runs in a network namespace of its own and the clients are
+psql on other hosts (namespaces), as a DBA's scheduler or orchestrator would be.
+
+With the settings docs/live-systems.md recommends (tcp_user_timeout, TCP keepalives,
+client_connection_check_interval) the server gives up on the client within a bound
+those settings make, the chunk or step in flight rolls back, and another drainer or
+runner finishes the work, every item and step exactly once, nothing held afterwards.
+Without them, a backend whose client stopped reading waits to write to it for as long as
+TCP retries (some 15 minutes); doctor() names it, what it holds, and what to do.
+"""
+
+import re
+import threading
+import time
+
+import pytest
+
+from support import wait_until
+from work import changes, held_by_etc_batch, job_state, make_accounts, register, verify
+
+ITEMS = 3000
+CHUNK = 2
+# the settings under test, short so that the test is; docs/live-systems.md gives values
+# for production and the bound they make
+RECOMMENDED = (("tcp_user_timeout", "2000"), ("tcp_keepalives_idle", "1"), ("tcp_keepalives_interval", "1"),
+               ("tcp_keepalives_count", "2"), ("client_connection_check_interval", "500"))
+# max(tcp_user_timeout, idle + interval x count) + client_connection_check_interval,
+# with room for a slow machine
+BOUND = 12.0
+QUIET = (("client_min_messages", "warning"),)
+COMMITTED_NOTICE = re.compile(r"NOTICE:  chunk (\d+) of \d+ committed: (\d+) items, keys (\d+) to (\d+)")
+
+
+def notices_were_true(conn, output):
+    """Every chunk the client was told of is committed, each of its rows changed once."""
+    told = [tuple(int(g) for g in m.groups()) for m in COMMITTED_NOTICE.finditer(output)]
+    for _, items, first, last in told:
+        counts = conn.execute(
+            "SELECT count(DISTINCT id), count(*) FROM accounts_log WHERE id BETWEEN %s AND %s",
+            (first, last)).fetchone()
+        assert counts == (items, items), (first, last, counts)
+    return len(told)
+
+
+def start_chain(conn, noisy):
+    """Chain `nightly`: a quick step, a long one (ten seconds; with a NOTICE every 5 ms
+    when `noisy`), a quick one; each records that it ran in `ran`."""
+    conn.execute("CREATE TABLE ran (step int NOT NULL)")
+    say = "RAISE NOTICE 'step 2 at %', i;" if noisy else ""
+    commands = [
+        "INSERT INTO ran VALUES (1)",
+        "DO $$ BEGIN INSERT INTO ran VALUES (2); FOR i IN 1..2000 LOOP " + say
+        + " PERFORM pg_sleep(0.005); END LOOP; END $$",
+        "INSERT INTO ran VALUES (3)",
+    ]
+    return [conn.execute("SELECT etc_batch.add_step('nightly', %s)", (c,)).fetchone()[0] for c in commands]
+
+
+def ran(conn):
+    return conn.execute("SELECT step, count(*) FROM ran GROUP BY step ORDER BY step").fetchall()
+
+
+def in_background(work):
+    """Runs work() in a thread; the returned dict gets its result or its error."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = work()
+        except Exception as e:  # the test asserts on it
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    outcome["thread"] = thread
+    return outcome
+
+
+def gone_within(db, pid, bound):
+    """Waits for backend `pid` to end; returns how long it took."""
+    start = time.monotonic()
+    with db.connect() as conn:
+        wait_until(lambda: conn.execute("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s)",
+                                        (pid,)).fetchone()[0], f"backend {pid} to end", timeout=bound)
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["notices", "quiet"])
+def test_a_drain_whose_client_is_cut_off_with_the_recommended_settings(net_db, tmp_path, quiet):
+    """A paced sequential drain; its client's link cut after a tenth of the job. Another
+    drainer starts at once and goes on between the stranded one's chunks; the stranded
+    backend ends within the bound (with notices: its writes go unacknowledged for
+    tcp_user_timeout; quiet: the keepalives go unanswered), and the job finishes with
+    every item exactly once, every chunk the client was told of committed."""
+    conn = net_db.connect()
+    make_accounts(conn, ITEMS)
+    register(conn, "cut", ITEMS, CHUNK)
+    conn.execute("SELECT etc_batch.pace_job('cut', 300)")
+    output = tmp_path / "psql.out"
+    with open(output, "w") as out:
+        client = net_db.psql("client", "CALL etc_batch.drain_job('cut')", out,
+                             RECOMMENDED + (QUIET if quiet else ()))
+    try:
+        wait_until(lambda: job_state(conn, "cut")[1] >= ITEMS // 10, "a tenth of the job")
+        (stranded,) = net_db.backends_of("client")
+        net_db.link("client").cut()
+        cut_at = time.monotonic()
+        other = in_background(lambda: net_db.connect().execute("CALL etc_batch.drain_job('cut')").fetchone())
+        took = gone_within(net_db, stranded, BOUND)
+        print(f"stranded backend ended {took:.1f} s after the cut")
+        other["thread"].join(timeout=60)
+        assert "error" not in other, other.get("error")
+        assert other["result"][-1] == "done"
+        assert time.monotonic() - cut_at < 60
+    finally:
+        client.kill()
+        client.wait()
+    assert job_state(conn, "cut") == ("done", ITEMS)
+    assert changes(conn) == {1: ITEMS}
+    verify(conn, "cut")
+    told = notices_were_true(conn, output.read_text())
+    assert (told == 0) if quiet else (told > 0)
+    assert held_by_etc_batch(conn) == []
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["notices", "quiet"])
+def test_a_chain_whose_runner_is_cut_off_with_the_recommended_settings(net_db, tmp_path, quiet):
+    """A chain's long step running when its runner's link is cut: a second runner waits
+    for the step's row; the stranded backend ends within the bound, its step rolls back,
+    and the second runner runs it and the rest, every step once."""
+    conn = net_db.connect()
+    ids = start_chain(conn, noisy=not quiet)
+    with open(tmp_path / "psql.out", "w") as out:
+        client = net_db.psql("client", f"CALL etc_batch.exec_batch_from_id({ids[0]})", out,
+                             RECOMMENDED + (QUIET if quiet else ()))
+    try:
+        wait_until(lambda: ran(conn) == [(1, 1)] and net_db.backends_of("client"), "the chain at its long step")
+        (stranded,) = net_db.backends_of("client")
+        time.sleep(0.5)
+        net_db.link("client").cut()
+        other = in_background(
+            lambda: net_db.connect().execute(f"CALL etc_batch.exec_batch_from_id({ids[0]})"))
+        took = gone_within(net_db, stranded, BOUND)
+        print(f"stranded backend ended {took:.1f} s after the cut")
+        other["thread"].join(timeout=60)
+        assert "error" not in other, other.get("error")
+    finally:
+        client.kill()
+        client.wait()
+    assert ran(conn) == [(1, 1), (2, 1), (3, 1)]
+    statuses = conn.execute("SELECT status, attempts FROM etc_batch.batch_log ORDER BY id").fetchall()
+    # the attempt the cut ended rolled back whole, its count with it
+    assert statuses == [("done", 1), ("done", 1), ("done", 1)]
+    assert held_by_etc_batch(conn) == []
+
+
+def test_a_client_cut_off_without_the_settings_is_named_by_the_doctor(net_db, tmp_path):
+    """No settings: a drainer and a chain's runner, both telling their clients of every
+    chunk and step, lose their links. Each backend soon waits to write (ClientWrite) and
+    would for as long as TCP retries. doctor() names both: the drainer between chunks
+    (another drainer finishes the job meanwhile) and the runner holding its step's row.
+    Terminated as its hint says, they let go of everything, and the chain finishes,
+    every step once."""
+    conn = net_db.connect()
+    make_accounts(conn, ITEMS)
+    register(conn, "stuck", ITEMS, CHUNK)
+    conn.execute("SELECT etc_batch.pace_job('stuck', 300)")
+    ids = start_chain(conn, noisy=True)
+    with open(tmp_path / "drain.out", "w") as out:
+        drainer = net_db.psql("client", "CALL etc_batch.drain_job('stuck')", out)
+    with open(tmp_path / "chain.out", "w") as out:
+        runner = net_db.psql("client2", f"CALL etc_batch.exec_batch_from_id({ids[0]})", out)
+    try:
+        wait_until(lambda: job_state(conn, "stuck")[1] >= 100 and ran(conn) == [(1, 1)]
+                   and net_db.backends_of("client2"), "both at work")
+        (drain_pid,) = net_db.backends_of("client")
+        (chain_pid,) = net_db.backends_of("client2")
+        net_db.link("client").cut()
+        net_db.link("client2").cut()
+
+        def writing():
+            return {r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'ClientWrite'")} == {drain_pid, chain_pid}
+
+        wait_until(writing, "both backends waiting to write to their clients")
+        found = {detail.split()[1]: (status, detail, hint) for name, status, detail, hint in conn.execute(
+            "SELECT * FROM etc_batch.doctor() WHERE check_name = 'clients not reading'")}
+        assert set(found) == {str(drain_pid), str(chain_pid)}, found
+        status, detail, hint = found[str(drain_pid)]
+        assert status == "warn"
+        assert "counted as a drainer of job 'stuck' between chunks" in detail
+        assert f"SELECT pg_terminate_backend({drain_pid})" in hint
+        status, detail, hint = found[str(chain_pid)]
+        assert status == "warn"
+        assert f"holding the row of step {ids[1]} of chain 'nightly'" in detail
+        assert "every other runner of the chain waits for it" in detail
+        assert f"SELECT pg_terminate_backend({chain_pid})" in hint
+
+        # the job goes on without the stranded drainer; the chain cannot
+        assert conn.execute("CALL etc_batch.drain_job('stuck')").fetchone()[-1] == "done"
+        assert ran(conn) == [(1, 1)]
+        # what the hint says
+        for pid in (drain_pid, chain_pid):
+            conn.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        conn.execute(f"CALL etc_batch.exec_batch_from_id({ids[0]})")
+    finally:
+        for p in (drainer, runner):
+            p.kill()
+            p.wait()
+    assert job_state(conn, "stuck") == ("done", ITEMS)
+    assert changes(conn) == {1: ITEMS}
+    verify(conn, "stuck")
+    assert ran(conn) == [(1, 1), (2, 1), (3, 1)]
+    assert held_by_etc_batch(conn) == []
+    assert conn.execute("SELECT status FROM etc_batch.doctor() WHERE check_name = 'clients not reading'"
+                        ).fetchall() == [("ok",)]
