@@ -147,6 +147,14 @@ pub enum BatchError {
         job: String,
         by: Option<String>,
     },
+    /// A cancel ended the wait of a chunk's or a step's commit for the synchronous
+    /// standbys: committed here, unconfirmed there (txn/sync_wait.rs).
+    SyncWaitCanceled {
+        /// What committed: `chunk 7 of job "x"`, `step 12 of batch "nightly"`.
+        what: String,
+        /// The call that goes on from there.
+        again: String,
+    },
     /// A function named by OID that does not exist (a regprocedure given as a number).
     UnknownFunction {
         oid: u32,
@@ -642,6 +650,17 @@ impl BatchError {
                     .map(|b| format!("Its committed items are set back by job \"{b}\".")),
             )
             .hint("A job reverted changes nothing more; drain the revert."),
+            SyncWaitCanceled { what, again } => report(
+                Code::ERRCODE_QUERY_CANCELED,
+                format!("canceled while {what} waited for the synchronous standby"),
+            )
+            .detail(format!(
+                "The {} is committed on this server, but no synchronous standby has confirmed it: after a failover to the standby, it is not there, and it runs again there, once. What this call told of before was confirmed.",
+                what.split(' ').next().unwrap_or("work")
+            ))
+            .hint(format!(
+                "Call {again} to go on; its commits wait for the standby again."
+            )),
             JobFinished { job } => report(
                 Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("job \"{job}\" is already done"),
@@ -998,6 +1017,10 @@ mod tests {
                 job: "festival".into(),
                 by: Some("festival-undo".into()),
             },
+            SyncWaitCanceled {
+                what: "chunk 7 of job \"festival\"".into(),
+                again: "etc_batch.drain_job('festival')".into(),
+            },
             TooManyWorkers {
                 asked: 4,
                 running: 6,
@@ -1090,9 +1113,10 @@ mod tests {
                 RunDone { .. } => 48,
                 DefinitionStep { .. } => 49,
                 JobReverted { .. } => 50,
+                SyncWaitCanceled { .. } => 51,
             })
             .collect();
-        assert_eq!(covered, (0..=50).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=51).collect(), "every variant has an example");
         all
     }
 

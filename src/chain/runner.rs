@@ -218,6 +218,12 @@ fn run<T: Transactions>(
             }
             Flow::Ran(next) => {
                 tx.commit();
+                if crate::txn::last_commit_unconfirmed() {
+                    return Err(BatchError::SyncWaitCanceled {
+                        what: format!("step {id} of batch \"{}\"", runner.batch),
+                        again: format!("etc_batch.exec_batch_from_id({id})"),
+                    });
+                }
                 told.ran += 1;
                 if teller.tells_each() {
                     notice!("step {id} of batch \"{}\" committed", runner.batch);

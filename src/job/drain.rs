@@ -279,6 +279,12 @@ pub fn drain<T: Transactions>(
                 last,
             } => {
                 tx.commit();
+                if crate::txn::last_commit_unconfirmed() {
+                    return Err(BatchError::SyncWaitCanceled {
+                        what: format!("chunk {number} of job \"{job_id}\""),
+                        again: format!("etc_batch.drain_job({})", quote_literal(job_id)),
+                    });
+                }
                 crash::reached(Point::AfterCommit);
                 job.at_work_since = clock_timestamp();
                 // only now: a client told of a chunk finds it committed, whatever happens

@@ -104,6 +104,7 @@ impl Drop for CallLoop {
 
 impl Transactions for CallLoop {
     fn item<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
+        super::sync_wait::cancel_again_if_taken_by_commit();
         let scratch = self.scratch;
         scratch.round(|| work(self))
     }
@@ -112,7 +113,7 @@ impl Transactions for CallLoop {
         // SAFETY: we are connected non-atomically (begin), and every nested atomic
         // connection opened by pgrx's Spi has been finished again by the time control
         // comes back here, so SPI_commit sees our own connection on top.
-        unsafe { pg_sys::SPI_commit() }
+        super::sync_wait::watching(|| unsafe { pg_sys::SPI_commit() })
     }
 
     fn rollback(&mut self) {

@@ -14,6 +14,7 @@
 
 mod call;
 mod failure;
+mod sync_wait;
 pub mod worker;
 
 pub use call::CallLoop;
@@ -46,6 +47,14 @@ pub trait Transactions {
     /// context kept (raised.rs); the transaction it left is broken then, and
     /// `rollback_after_error` must come next.
     fn call(&mut self, sql: &str) -> std::result::Result<(), Failure>;
+}
+
+/// Whether the last commit of the loop stayed unconfirmed by the synchronous standbys it
+/// waited for, because a cancel ended the wait (txn/sync_wait.rs): asked right after a
+/// commit of the work, whose caller must then not tell of it as of any other. A cancel
+/// that no one asks about ends the call at the loop's next round.
+pub fn last_commit_unconfirmed() -> bool {
+    sync_wait::take()
 }
 
 /// Sleeps `for_how_long` between two transactions of the loop, after a commit, so that it

@@ -11,6 +11,7 @@ tests make themselves.
 These tests mount filesystems and make network namespaces: they run as root.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -178,46 +179,79 @@ class NetCluster(OwnCluster):
         return self.links[name]
 
 
-@pytest.fixture(scope="module")
-def net():
+HOSTS = {"client": ("etcb-cli", 1), "client2": ("etcb-cli2", 2), "standby": ("etcb-sby", 3)}
+STANDBY = "faultsby"
+STANDBY_PORT = 55512
+
+
+def pg_ctl_in(ns, data_dir, log, *args):
+    return subprocess.run(in_ns(ns, "runuser", "-u", "postgres", "--", str(pg_bin() / "pg_ctl"),
+                                "-D", str(data_dir), "-l", str(log), *args),
+                          check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def server_in_namespace(settings=()):
     """Cluster `faultnet` on port 55511 started inside etcb-srv, whose kernel there keeps
     a small send buffer per socket (net.ipv4.tcp_wmem of that namespace only), so that a
-    backend whose client stopped reading soon waits to write; links to a client host
-    `etcb-cli` and a second one `etcb-cli2`."""
+    backend whose client stopped reading soon waits to write; links to the hosts of
+    HOSTS, any of which may connect, for replication too."""
     if os.geteuid() != 0:
         pytest.fail("tests/faults make network namespaces: run them as root", pytrace=False)
-    for ns in (SERVER_NS, "etcb-cli", "etcb-cli2"):
+    for ns in [SERVER_NS] + [ns for ns, _ in HOSTS.values()]:
         subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
     subprocess.run(["ip", "netns", "add", SERVER_NS], check=True)
     links = {}
     try:
         ip("link", "set", "lo", "up", ns=SERVER_NS)
         subprocess.run(in_ns(SERVER_NS, "sysctl", "-q", "-w", "net.ipv4.tcp_wmem=4096 8192 8192"), check=True)
-        links["client"] = Link("etcb-cli", 1)
-        links["client2"] = Link("etcb-cli2", 2)
+        for name, (ns, n) in HOSTS.items():
+            links[name] = Link(ns, n)
         listen = ",".join(["127.0.0.1"] + [l.server_addr for l in links.values()])
-        done = lib("cluster_init", "faultnet", str(NET_PORT), f"listen_addresses = '{listen}'")
+        done = lib("cluster_init", "faultnet", str(NET_PORT), f"listen_addresses = '{listen}'", *settings)
         assert done.returncode == 0, done.stderr
         cluster = NetCluster("faultnet", NET_PORT, TEST_DB)
         with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
-            hba.write("host all all 10.213.0.0/16 trust\n")
-        bin_dir = pg_bin()
-        log = cluster.socket_dir / "server.log"
-        subprocess.run(in_ns(SERVER_NS, "runuser", "-u", "postgres", "--", str(bin_dir / "pg_ctl"),
-                             "-D", str(cluster.data_dir), "-l", str(log), "-w", "start"),
-                       check=True, capture_output=True)
+            hba.write("host all all 10.213.0.0/16 trust\nhost replication all 10.213.0.0/16 trust\n")
+        pg_ctl_in(SERVER_NS, cluster.data_dir, cluster.socket_dir / "server.log", "-w", "start")
         with cluster.connect("postgres") as conn:
             conn.execute(f"CREATE DATABASE {TEST_DB}")
         with cluster.connect() as conn:
             conn.execute("CREATE EXTENSION etc_batch")
         cluster.links = links
-        cluster.bin_dir = bin_dir
+        cluster.bin_dir = pg_bin()
         yield cluster
     finally:
+        lib("cluster_stop", STANDBY)
         lib("cluster_stop", "faultnet")
         for link in links.values():
             link.delete()
         subprocess.run(["ip", "netns", "del", SERVER_NS], check=False)
+
+
+@pytest.fixture(scope="module")
+def net():
+    with server_in_namespace() as cluster:
+        yield cluster
+
+
+def start_standby(cluster):
+    """A streaming standby of `cluster` on host `standby` (etcb-sby), connected over its
+    link: pg_basebackup -R from there, then started there; its Unix socket in
+    target/pg/faultsby. Returns it as an OwnCluster."""
+    link = cluster.link("standby")
+    standby = OwnCluster(STANDBY, STANDBY_PORT, cluster.test_db)
+    done = lib("empty_cluster_dir", STANDBY)
+    assert done.returncode == 0, done.stderr
+    subprocess.run(in_ns(link.ns, "runuser", "-u", "postgres", "--", str(pg_bin() / "pg_basebackup"),
+                         "-h", link.server_addr, "-p", str(cluster.port), "-U", "postgres",
+                         "-D", str(standby.data_dir), "-R", "-X", "stream", "-c", "fast"),
+                   check=True, capture_output=True)
+    with open(standby.data_dir / "postgresql.conf", "a") as conf:
+        conf.write(f"port = {STANDBY_PORT}\nunix_socket_directories = '{standby.socket_dir}'\n"
+                   f"cluster_name = '{STANDBY}'\nlisten_addresses = '{link.addr}'\n")
+    pg_ctl_in(link.ns, standby.data_dir, standby.socket_dir / "server.log", "-w", "start")
+    return standby
 
 
 class NetDb:
