@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import ROOT, OwnCluster, lib, own_cluster, pg_bin  # noqa: E402
+from support import ROOT, OwnCluster, lib, own_cluster, pg_bin, wait_until  # noqa: E402
 
 PORT = 55510
 TEST_DB = "etc_batch_faults"
@@ -268,15 +268,16 @@ class NetDb:
     def link(self, host):
         return self.cluster.link(host)
 
-    def psql(self, host, command, out, settings=()):
+    def psql(self, host, command, out, settings=(), port=None):
         """psql on `host` running `command` over the host's link, its output and
         messages into the file `out`; `settings` (name, value) for the session, given
-        as a DBA would in PGOPTIONS."""
+        as a DBA would in PGOPTIONS; `port`: another than the server's (PgBouncer's on
+        the server's host)."""
         link = self.link(host)
         options = " ".join(f"-c {name}={value}" for name, value in settings)
         env = {**os.environ, "PGOPTIONS": options, "PGCONNECT_TIMEOUT": "10"}
         return link.run(str(self.cluster.bin_dir / "psql"), "-X", "-q", "-h", link.server_addr,
-                        "-p", str(self.cluster.port), "-U", "postgres", "-d", self.name,
+                        "-p", str(port or self.cluster.port), "-U", "postgres", "-d", self.name,
                         "-v", "ON_ERROR_STOP=1", "-c", command,
                         stdout=out, stderr=subprocess.STDOUT, env=env)
 
@@ -303,3 +304,54 @@ def net_db(net, request):
             link.mend()
         with net.connect("postgres") as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+BOUNCER_PORT = 55513
+
+
+@contextlib.contextmanager
+def pgbouncer(cluster, ns, listen_addr, settings=()):
+    """A real PgBouncer in transaction mode in namespace `ns` (None: the machine's own,
+    on loopback), listening on listen_addr:55513, pooling connections to `cluster`
+    through its Unix socket; `settings`: lines for its [pgbouncer] section."""
+    directory = HOME / "pgbouncer"
+    subprocess.run(["rm", "-rf", str(directory)], check=True)
+    directory.mkdir(parents=True)
+    (directory / "users.txt").write_text('"postgres" ""\n')
+    log = directory / "pgbouncer.log"
+    extra = "\n".join(settings)
+    (directory / "pgbouncer.ini").write_text(f"""[databases]
+* = host={cluster.socket_dir} port={cluster.port}
+
+[pgbouncer]
+listen_addr = {listen_addr}
+listen_port = {BOUNCER_PORT}
+unix_socket_dir =
+auth_type = trust
+auth_file = {directory / "users.txt"}
+pool_mode = transaction
+default_pool_size = 4
+max_client_conn = 50
+ignore_startup_parameters = extra_float_digits,options
+admin_users = postgres
+logfile = {log}
+pidfile = {directory / "pgbouncer.pid"}
+{extra}
+""")
+    subprocess.run(["chown", "-R", "postgres:postgres", str(directory)], check=True)
+    command = ["runuser", "-u", "postgres", "--", "/usr/sbin/pgbouncer", str(directory / "pgbouncer.ini")]
+    proc = subprocess.Popen(in_ns(ns, *command) if ns else command,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: log.exists() and f"listening on {listen_addr}:{BOUNCER_PORT}" in log.read_text(),
+                   "pgbouncer listening")
+        yield f"host={listen_addr} port={BOUNCER_PORT}"
+    finally:
+        pidfile = directory / "pgbouncer.pid"
+        if pidfile.exists():
+            subprocess.run(["kill", pidfile.read_text().strip()], check=False)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

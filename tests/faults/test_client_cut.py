@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from conftest import BOUNCER_PORT, SERVER_NS, pgbouncer
 from support import wait_until
 from work import changes, held_by_etc_batch, job_state, make_accounts, register, verify
 
@@ -120,6 +121,54 @@ def test_a_drain_whose_client_is_cut_off_with_the_recommended_settings(net_db, t
     assert job_state(conn, "cut") == ("done", ITEMS)
     assert changes(conn) == {1: ITEMS}
     verify(conn, "cut")
+    told = notices_were_true(conn, output.read_text())
+    assert (told == 0) if quiet else (told > 0)
+    assert held_by_etc_batch(conn) == []
+
+
+# PgBouncer's own settings for its clients' connections: the same TCP limits
+BOUNCER_RECOMMENDED = ("tcp_keepalive = 1", "tcp_keepidle = 1", "tcp_keepintvl = 1", "tcp_keepcnt = 2",
+                       "tcp_user_timeout = 2000")
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["notices", "quiet"])
+def test_a_drain_through_pgbouncer_whose_client_is_cut_off(net_db, tmp_path, quiet):
+    """PgBouncer on the database's host, in transaction mode, between the client and the
+    server; the client's link to it cut. With its TCP settings PgBouncer gives up on the
+    client and closes the server connection it had lent it; the backend, told by
+    client_connection_check_interval or by its next write, ends; another drainer
+    finishes the job, every item once."""
+    conn = net_db.connect()
+    make_accounts(conn, ITEMS)
+    register(conn, "pooled", ITEMS, CHUNK)
+    conn.execute("SELECT etc_batch.pace_job('pooled', 300)")
+    # a pooler passes no startup options on: the server's settings are the role's or
+    # the database's
+    conn.execute(f"ALTER DATABASE {net_db.name} SET client_connection_check_interval = '500ms'")
+    if quiet:
+        conn.execute(f"ALTER DATABASE {net_db.name} SET client_min_messages = warning")
+    link = net_db.link("client")
+    output = tmp_path / "psql.out"
+    with pgbouncer(net_db.cluster, SERVER_NS, link.server_addr, BOUNCER_RECOMMENDED):
+        with open(output, "w") as out:
+            client = net_db.psql("client", "CALL etc_batch.drain_job('pooled')", out, port=BOUNCER_PORT)
+        try:
+            wait_until(lambda: job_state(conn, "pooled")[1] >= ITEMS // 10, "a tenth of the job")
+            (stranded,) = conn.execute(
+                "SELECT drainer_pids FROM etc_batch.job_progress WHERE job_id = 'pooled'").fetchone()[0]
+            link.cut()
+            other = in_background(lambda: net_db.connect().execute("CALL etc_batch.drain_job('pooled')").fetchone())
+            took = gone_within(net_db, stranded, BOUND)
+            print(f"stranded backend behind PgBouncer ended {took:.1f} s after the cut")
+            other["thread"].join(timeout=60)
+            assert "error" not in other, other.get("error")
+            assert other["result"][-1] == "done"
+        finally:
+            client.kill()
+            client.wait()
+    assert job_state(conn, "pooled") == ("done", ITEMS)
+    assert changes(conn) == {1: ITEMS}
+    verify(conn, "pooled")
     told = notices_were_true(conn, output.read_text())
     assert (told == 0) if quiet else (told > 0)
     assert held_by_etc_batch(conn) == []

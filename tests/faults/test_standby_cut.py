@@ -11,11 +11,12 @@ a failover to it, and every item is changed exactly once either way.
 import threading
 import time
 
+import psycopg
 import pytest
 from psycopg import errors
 
-from conftest import pg_ctl_in, server_in_namespace, start_standby
-from support import OwnCluster, wait_until
+from conftest import pg_ctl_in, pgbouncer, server_in_namespace, start_standby
+from support import wait_until
 from work import changes, held_by_etc_batch, job_state, make_accounts, register, verify
 
 ITEMS = 3000
@@ -77,7 +78,6 @@ class Drain:
 
     def __init__(self, connect):
         self.conn = connect()
-        self.pid = self.conn.info.backend_pid
         self.messages = []
         self.conn.add_notice_handler(lambda d: self.messages.append((d.severity, d.message_primary)))
         self.outcome = {}
@@ -112,13 +112,20 @@ def all_true(conn, told):
                             (first, last)).fetchone() == (last - first + 1,) * 2, (first, last)
 
 
-def cancel_in_syncrep(primary, name):
-    """Starts a drain, cuts the standby's link under it, shows that commits wait and that
-    pause_job does too, then cancels the drainer. Returns the drain and the chunk the
-    cancel ended the wait of."""
+def cancel_in_syncrep(primary, name, bouncer=None):
+    """Starts a drain (through PgBouncer at `bouncer`, a conninfo, if given), cuts the
+    standby's link under it, shows that commits wait and that pause_job does too, then
+    cancels the drain: with pg_cancel_backend, or through PgBouncer with the client's own
+    cancel request. Returns the drain and the chunk the cancel ended the wait of."""
     conn = primary.cluster.connect(name)
-    drain = Drain(lambda: primary.cluster.connect(name))
+    if bouncer:
+        drain = Drain(lambda: psycopg.connect(f"{bouncer} dbname={name} user=postgres", autocommit=True,
+                                              prepare_threshold=None))
+    else:
+        drain = Drain(lambda: primary.cluster.connect(name))
     wait_until(lambda: job_state(conn, "synced")[1] >= 200, "the drain under way")
+    (drain.pid,) = conn.execute(
+        "SELECT drainer_pids FROM etc_batch.job_progress WHERE job_id = 'synced'").fetchone()[0]
     primary.link().cut()
     wait_until(lambda: conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
                                     (drain.pid,)).fetchone() == ("SyncRep",), "the drainer waiting in SyncRep")
@@ -145,7 +152,10 @@ def cancel_in_syncrep(primary, name):
     assert conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
                         (drain.pid,)).fetchone() == ("SyncRep",)
     # the chunk in flight is committed here, and waits; the cancel ends its wait
-    conn.execute("SELECT pg_cancel_backend(%s)", (drain.pid,))
+    if bouncer:
+        drain.conn.cancel()
+    else:
+        conn.execute("SELECT pg_cancel_backend(%s)", (drain.pid,))
     outcome = drain.join()
     error = outcome.get("error")
     assert isinstance(error, errors.QueryCanceled), outcome
@@ -164,8 +174,13 @@ def cancel_in_syncrep(primary, name):
     return drain, chunk
 
 
-def test_a_cancel_in_syncrep_then_the_standby_reconnects(primary, db):
-    drain, chunk = cancel_in_syncrep(primary, db)
+@pytest.mark.parametrize("route", ["direct", "pgbouncer"])
+def test_a_cancel_in_syncrep_then_the_standby_reconnects(primary, db, route):
+    if route == "pgbouncer":
+        with pgbouncer(primary.cluster, None, "127.0.0.1") as bouncer:
+            drain, chunk = cancel_in_syncrep(primary, db, bouncer)
+    else:
+        drain, chunk = cancel_in_syncrep(primary, db)
     conn = primary.cluster.connect(db)
     # once the standby is back the job goes on, each item once, on both servers
     primary.link().mend()
