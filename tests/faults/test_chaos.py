@@ -1,0 +1,357 @@
+"""A randomized chaos run: for a bounded time (ETC_BATCH_CHAOS_SECONDS, 180 by default;
+`bench/run chaos MINUTES` runs it longer and keeps its report), sequential and parallel
+jobs and chains run while an application updates the same tables, the jobs are paused,
+resumed and paced at random, and faults strike at random: a drainer's client cut off
+from the network, the target tables' disk full, pg_terminate_backend of a drainer or a
+chain's runner, SIGKILL of a backend (the server's crash and recovery), an immediate
+restart. Afterwards every job is drained and every chain run to its end, and the
+invariants are checked:
+
+- every row is changed by etc_batch at most once, and every item of a job that is done
+  exactly once (or skipped, by a job that skips drifted items);
+- one audit row per changed item, written in the transaction that changed it;
+- no step of a chain done twice, and every step done once;
+- verify_job clean on every job not in conflict;
+- nothing held by a session that is gone: no session lock of etc_batch's, no drainer.
+
+The seed is printed first; ETC_BATCH_CHAOS_SEED=<seed> runs the same schedule of work
+and faults again (the threads' timing on the machine is not the seed's to fix).
+"""
+
+import collections
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import psycopg
+import pytest
+
+from conftest import HOME, SERVER_NS, SmallDisk, pg_ctl_in, server_in_namespace
+from support import wait_until
+from work import verify
+
+SEED = int(os.environ.get("ETC_BATCH_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
+SECONDS = float(os.environ.get("ETC_BATCH_CHAOS_SECONDS", "180"))
+REPORT = os.environ.get("ETC_BATCH_CHAOS_REPORT")
+
+TABLES = 5
+ROWS = 4000
+APPROVED = 3000  # ids 1 to 3000 of each table; the application mostly updates the rest
+CHAINS = 2
+STEPS = 25
+CLIENT_SETTINGS = ("keepalives_idle=1 keepalives_interval=1 keepalives_count=2 tcp_user_timeout=2000 "
+                   "options='-c tcp_user_timeout=2000 -c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 "
+                   "-c tcp_keepalives_count=2 -c client_connection_check_interval=500'")
+# what a call may end with while faults strike: a session ended (57P01, 57P02), the
+# server not yet accepting (57P03), a full disk, a cancel, a business conflict, a job
+# not in a state to drain (paused, in conflict), contention that outlasted the retries
+EXPECTED = {"57P01", "57P02", "57P03", "53100", "57014", "23000", "55000", "40001", "40P01", "55P03", None}
+
+
+class Chaos:
+    def __init__(self, cluster, disk, rng):
+        self.cluster = cluster
+        self.disk = disk
+        self.rng = rng
+        self.stop = threading.Event()
+        self.errors = collections.Counter()
+        self.unexpected = []
+        self.faults = collections.Counter()
+        self.actions = collections.Counter()
+        self.calls = collections.Counter()
+        self.samples = collections.defaultdict(list)
+        self.lock = threading.Lock()
+
+    # -- connections that survive the server's restarts --------------------------------
+
+    def connect(self):
+        return self.cluster.connect(connect_timeout=5)
+
+    def up(self):
+        try:
+            with self.connect() as conn:
+                return conn.execute("SELECT NOT pg_is_in_recovery()").fetchone()[0]
+        except psycopg.Error:
+            return False
+
+    def note(self, sqlstate, what):
+        with self.lock:
+            self.errors[sqlstate or "connection"] += 1
+            if len(self.samples[sqlstate]) < 2:
+                self.samples[sqlstate].append(what[:300])
+            if sqlstate not in EXPECTED:
+                self.unexpected.append((sqlstate, what))
+
+    def run_sql(self, sql, args=()):
+        """Runs sql on a fresh connection; errors are counted, never raised."""
+        try:
+            with self.connect() as conn:
+                conn.execute("SET client_min_messages = warning")
+                cur = conn.execute(sql, args)
+                return cur.fetchall() if cur.description else []
+        except psycopg.Error as e:
+            self.note(getattr(e, "sqlstate", None), f"{sql}: {e}")
+            return None
+
+    # -- the work ----------------------------------------------------------------------
+
+    def drainer(self, n):
+        rng = random.Random(SEED * 100 + n)
+        while not self.stop.is_set():
+            job = f"j{rng.randrange(1, TABLES + 1)}"
+            chunks = rng.randrange(1, 30)
+            if rng.random() < 0.4:
+                self.drain_over_the_network(job, chunks)
+            else:
+                self.calls["drain"] += 1
+                self.run_sql("CALL etc_batch.drain_job(%s, %s)", (job, chunks))
+            time.sleep(rng.uniform(0, 0.2))
+
+    def drain_over_the_network(self, job, chunks):
+        """psql on host etcb-cli, whose link the faults cut, with the settings that make
+        both ends give up on a silent peer."""
+        link = self.cluster.link("client")
+        self.calls["drain over the network"] += 1
+        conninfo = (f"host={link.server_addr} port={self.cluster.port} user=postgres "
+                    f"dbname={self.cluster.test_db} connect_timeout=5 {CLIENT_SETTINGS}")
+        try:
+            done = subprocess.run(
+                ["ip", "netns", "exec", link.ns, str(self.cluster.bin_dir / "psql"), "-X", "-q",
+                 "-v", "VERBOSITY=sqlstate", "-c", "SET client_min_messages = warning",
+                 "-c", f"CALL etc_batch.drain_job('{job}', {chunks})", conninfo],
+                capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            self.note("timeout", f"psql drain of {job} ran 60 s")
+            return
+        if done.returncode != 0:
+            m = re.search(r"ERROR:  ([0-9A-Z]{5})", done.stderr)
+            self.note(m.group(1) if m else None, done.stderr.strip())
+
+    def runner(self):
+        rng = random.Random(SEED * 100 + 50)
+        while not self.stop.is_set():
+            batch = f"chain{rng.randrange(1, CHAINS + 1)}"
+            rows = self.run_sql("SELECT min(id) FROM etc_batch.batch_log WHERE batch = %s AND status <> 'done'",
+                                (batch,))
+            if rows and rows[0][0] is not None:
+                self.calls["chain run"] += 1
+                self.run_sql(f"CALL etc_batch.exec_batch_from_id({int(rows[0][0])})")
+            time.sleep(rng.uniform(0, 0.3))
+
+    def application(self):
+        rng = random.Random(SEED * 100 + 60)
+        while not self.stop.is_set():
+            table = f"t{rng.randrange(1, TABLES + 1)}"
+            # now and then a row a job approved: it drifts
+            row = rng.randrange(1, APPROVED + 1) if rng.random() < 0.02 else rng.randrange(APPROVED + 1, ROWS + 1)
+            self.calls["application update"] += 1
+            self.run_sql(f"UPDATE {table} SET balance = balance + 1 WHERE id = %s", (row,))
+            time.sleep(rng.uniform(0, 0.05))
+
+    # -- the controller: pauses, paces and faults ------------------------------------
+
+    def controller(self, deadline):
+        rng = self.rng
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.3, 2.0))
+            kind = rng.choices(
+                ["pause", "resume", "pace", "terminate", "cut", "disk", "sigkill", "restart"],
+                weights=[3, 4, 3, 3, 2, 2, 1, 1])[0]
+            job = f"j{rng.randrange(1, TABLES + 1)}"
+            if kind == "pause":
+                self.actions["pause_job"] += 1
+                self.run_sql("SELECT etc_batch.pause_job(%s)", (job,))
+            elif kind == "resume":
+                self.actions["resume_job"] += 1
+                self.run_sql("SELECT etc_batch.resume_job(%s)", (job,))
+            elif kind == "pace":
+                self.actions["pace_job"] += 1
+                rate = rng.choice([None, 50, 200, 1000])
+                self.run_sql("SELECT etc_batch.pace_job(%s, %s)", (job, rate))
+            elif kind == "terminate":
+                self.faults["pg_terminate_backend"] += 1
+                self.run_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+                    "AND (query LIKE '%etc_batch: %' OR query LIKE 'CALL etc_batch.%') "
+                    "ORDER BY random() LIMIT 1")
+            elif kind == "cut":
+                self.faults["client link cut"] += 1
+                link = self.cluster.link("client")
+                link.cut()
+                time.sleep(rng.uniform(1, 4))
+                link.mend()
+            elif kind == "disk":
+                self.faults["disk full"] += 1
+                try:
+                    self.disk.fill(0)
+                except OSError:
+                    pass
+                time.sleep(rng.uniform(0.5, 3))
+                self.disk.make_room()
+            elif kind == "sigkill":
+                rows = self.run_sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                                    "AND pid <> pg_backend_pid() ORDER BY random() LIMIT 1")
+                if rows:
+                    self.faults["SIGKILL of a backend"] += 1
+                    try:
+                        os.kill(rows[0][0], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    wait_until(self.up, "the server back after a backend's SIGKILL", timeout=60)
+            elif kind == "restart":
+                self.faults["immediate restart"] += 1
+                self.restart()
+
+    def restart(self):
+        c = self.cluster
+        pg_ctl_in(SERVER_NS, c.data_dir, c.socket_dir / "server.log", "-m", "immediate", "-w", "stop")
+        pg_ctl_in(SERVER_NS, c.data_dir, c.socket_dir / "server.log", "-w", "start")
+        wait_until(self.up, "the server back after an immediate restart", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def chaos_cluster():
+    disk = SmallDisk(HOME / "chaos-disk", 64 * 1024 * 1024)
+    try:
+        with server_in_namespace(("max_connections = 60",)) as cluster:
+            with cluster.connect("postgres") as conn:
+                conn.execute(f"CREATE TABLESPACE chaos LOCATION '{disk.tablespace_dir}'")
+            yield cluster, disk
+    finally:
+        disk.unmount()
+
+
+def prepare(conn, rng):
+    """Five tables (no revision column), a log of every change to their note, five jobs
+    (three sequential, two parallel; on_drift stop or skip, at random) and two chains."""
+    conn.execute("CREATE TABLE note_log (tbl text NOT NULL, id bigint NOT NULL, txid bigint NOT NULL)")
+    conn.execute("""CREATE FUNCTION log_note() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN INSERT INTO note_log VALUES (TG_TABLE_NAME, NEW.id, txid_current()); RETURN NEW; END $$""")
+    jobs = {}
+    for t in range(1, TABLES + 1):
+        conn.execute(f"CREATE TABLE t{t} (id bigint PRIMARY KEY, note text NOT NULL, balance int NOT NULL) "
+                     "TABLESPACE chaos")
+        conn.execute(f"INSERT INTO t{t} SELECT g, 'n', 0 FROM generate_series(1, {ROWS}) g")
+        conn.execute(f"CREATE TRIGGER log_note AFTER UPDATE ON t{t} FOR EACH ROW "
+                     "WHEN (OLD.note IS DISTINCT FROM NEW.note) EXECUTE FUNCTION log_note()")
+        parallel = t > 3
+        on_drift = rng.choice(["stop", "skip"])
+        chunk = rng.randrange(5, 40)
+        conn.execute(
+            "SELECT etc_batch.register_job(%s, NULL, %s::regclass, "
+            "(SELECT jsonb_agg(jsonb_build_object('id', g) ORDER BY g) FROM generate_series(1, %s) g), "
+            "%s, '{\"note\": \"done\"}', tenant_column => NULL, revision_column => NULL, "
+            "on_drift => %s, parallel => %s)", (f"j{t}", f"t{t}", APPROVED, chunk, on_drift, parallel))
+        jobs[f"j{t}"] = dict(table=f"t{t}", parallel=parallel, on_drift=on_drift, chunk=chunk)
+    conn.execute("CREATE TABLE ran (batch text NOT NULL, step int NOT NULL, txid bigint NOT NULL)")
+    for c in range(1, CHAINS + 1):
+        for s in range(1, STEPS + 1):
+            conn.execute("SELECT etc_batch.add_step(%s, %s)", (
+                f"chain{c}",
+                f"DO $$ BEGIN INSERT INTO ran VALUES ('chain{c}', {s}, txid_current()); "
+                f"PERFORM pg_sleep(0.2); END $$"))
+    return jobs
+
+
+def finish(conn, jobs):
+    """After the faults: every job drained to its end (done, or stopped in conflict) and
+    every chain run to its end."""
+    for job in jobs:
+        conn.execute("SELECT etc_batch.resume_job(%s)", (job,))
+        conn.execute("SELECT etc_batch.pace_job(%s, NULL)", (job,))
+        status = conn.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]
+        if status == "pending":
+            try:
+                conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+            except psycopg.errors.IntegrityConstraintViolation:
+                pass  # a conflict the application made: the job stops there
+    for c in range(1, CHAINS + 1):
+        first = conn.execute("SELECT min(id) FROM etc_batch.batch_log WHERE batch = %s AND status <> 'done'",
+                             (f"chain{c}",)).fetchone()[0]
+        if first is not None:
+            conn.execute(f"CALL etc_batch.exec_batch_from_id({first})")
+
+
+def check_invariants(conn, jobs):
+    """The invariants of the run; returns what each job ended as."""
+    twice = conn.execute("SELECT tbl, id, count(*) FROM note_log GROUP BY 1, 2 HAVING count(*) > 1").fetchall()
+    assert twice == [], f"rows changed more than once: {twice[:10]}"
+    ended = {}
+    for job, j in jobs.items():
+        status = conn.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]
+        assert status in ("done", "conflict"), (job, status)
+        audited = set(conn.execute(
+            "SELECT item_key::bigint, txid FROM etc_batch.job_audit_items WHERE job_id = %s AND outcome = 'changed'",
+            (job,)).fetchall())
+        logged = set(conn.execute("SELECT id, txid FROM note_log WHERE tbl = %s", (j["table"],)).fetchall())
+        # one audit row per changed item, in the transaction that changed it, and no other change
+        assert audited == logged, (job, sorted(audited ^ logged)[:10])
+        items = conn.execute("SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)).fetchone()[0]
+        if status == "done":
+            assert items == APPROVED, (job, items)
+            verify(conn, job)
+        ended[job] = status
+    steps = conn.execute("SELECT batch, id, status FROM etc_batch.batch_log ORDER BY id").fetchall()
+    assert all(s == "done" for _, _, s in steps), steps
+    ran = conn.execute("SELECT batch, step, count(*) FROM ran GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+    assert ran == [(f"chain{c}", s, 1) for c in range(1, CHAINS + 1) for s in range(1, STEPS + 1)], ran
+    done_twice = conn.execute("SELECT step_id FROM etc_batch.step_audit WHERE outcome = 'done' "
+                              "GROUP BY step_id HAVING count(*) > 1").fetchall()
+    assert done_twice == []
+    return ended
+
+
+def test_chaos(chaos_cluster):
+    cluster, disk = chaos_cluster
+    print(f"\nchaos seed {SEED}, {SECONDS:.0f} s: ETC_BATCH_CHAOS_SEED={SEED} runs this schedule again")
+    rng = random.Random(SEED)
+    with cluster.connect() as conn:
+        jobs = prepare(conn, rng)
+        conn.execute("SELECT etc_batch.pace_job(job_id, 300) FROM etc_batch.job")
+    chaos = Chaos(cluster, disk, rng)
+    workers = [threading.Thread(target=chaos.drainer, args=(n,), daemon=True) for n in range(3)]
+    workers += [threading.Thread(target=chaos.runner, daemon=True),
+                threading.Thread(target=chaos.application, daemon=True)]
+    started = time.monotonic()
+    for w in workers:
+        w.start()
+    try:
+        chaos.controller(started + SECONDS)
+    finally:
+        chaos.stop.set()
+        cluster.link("client").mend()
+        if disk.ballast.exists():
+            disk.make_room()
+        for w in workers:
+            w.join(timeout=90)
+    assert not any(w.is_alive() for w in workers), "a worker did not stop"
+    if not chaos.up():
+        chaos.restart()
+    with cluster.connect() as conn:
+        # the sessions of the run are gone: nothing of theirs may be held
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            "AND pid <> pg_backend_pid()").fetchone()[0] == 0, "the run's sessions to end", timeout=60)
+        held = conn.execute("SELECT pid, objsubid FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND objsubid >= 3").fetchall()
+        assert held == [], held
+        finish(conn, jobs)
+        ended = check_invariants(conn, jobs)
+        assert conn.execute("SELECT count(*) FROM etc_batch.job_progress WHERE drainers > 0").fetchone()[0] == 0
+    report = {
+        "seed": SEED, "seconds": SECONDS, "jobs": {j: {**jobs[j], "ended": ended[j]} for j in jobs},
+        "faults": dict(chaos.faults), "actions": dict(chaos.actions), "calls": dict(chaos.calls),
+        "errors seen by callers": dict(chaos.errors),
+        "what they said": {k or "connection": v for k, v in chaos.samples.items()}, "invariants": "held",
+    }
+    print(json.dumps(report, indent=1))
+    if REPORT:
+        with open(REPORT, "w") as f:
+            json.dump(report, f, indent=1)
+    assert chaos.unexpected == [], chaos.unexpected[:10]
