@@ -4,8 +4,11 @@ jobs and chains run while an application updates the same tables, the jobs are p
 resumed and paced at random, and faults strike at random: a drainer's client cut off
 from the network, the target tables' disk full, pg_terminate_backend of a drainer or a
 chain's runner, SIGKILL of a backend (the server's crash and recovery), an immediate
-restart. Afterwards every job is drained and every chain run to its end, and the
-invariants are checked:
+restart. The work comes in rounds: when every job of a round has ended and every chain
+of it has run to its end, the next round registers new jobs over the same rows (each
+round sets the note to a value of its own) and new chains, so that a longer run keeps
+the faults striking work in flight. Afterwards every job is drained and every chain run
+to its end, and the invariants are checked:
 
 - every row is changed by etc_batch at most once, and every item of a job that is done
   exactly once (or skipped, by a job that skips drifted items);
@@ -66,6 +69,27 @@ class Chaos:
         self.calls = collections.Counter()
         self.samples = collections.defaultdict(list)
         self.lock = threading.Lock()
+        self.jobs = {}
+        self.chains = []
+        self.rounds = 0
+
+    def next_round(self, conn):
+        """Registers the next round's jobs and chains; the workers take them up."""
+        with conn.transaction():  # a round registered whole or not at all (a full disk)
+            jobs, chains = prepare_round(conn, self.rng, self.rounds + 1)
+        self.rounds += 1
+        self.jobs.update(jobs)
+        self.chains += chains
+        # whole lists replaced at once: the workers' threads read them without the lock
+        self.current_jobs = list(jobs)
+        self.current_chains = chains
+
+    def round_over(self):
+        rows = self.run_sql(
+            "SELECT (SELECT count(*) FROM etc_batch.job WHERE job_id = ANY(%s) AND status NOT IN ('done', 'conflict'))"
+            " + (SELECT count(*) FROM etc_batch.batch_log WHERE batch = ANY(%s) AND status <> 'done')",
+            (self.current_jobs, self.current_chains))
+        return bool(rows) and rows[0][0] == 0
 
     # -- connections that survive the server's restarts --------------------------------
 
@@ -103,7 +127,7 @@ class Chaos:
     def drainer(self, n):
         rng = random.Random(SEED * 100 + n)
         while not self.stop.is_set():
-            job = f"j{rng.randrange(1, TABLES + 1)}"
+            job = rng.choice(self.current_jobs)
             chunks = rng.randrange(1, 30)
             if rng.random() < 0.4:
                 self.drain_over_the_network(job, chunks)
@@ -135,7 +159,7 @@ class Chaos:
     def runner(self):
         rng = random.Random(SEED * 100 + 50)
         while not self.stop.is_set():
-            batch = f"chain{rng.randrange(1, CHAINS + 1)}"
+            batch = rng.choice(self.current_chains)
             rows = self.run_sql("SELECT min(id) FROM etc_batch.batch_log WHERE batch = %s AND status <> 'done'",
                                 (batch,))
             if rows and rows[0][0] is not None:
@@ -159,10 +183,16 @@ class Chaos:
         rng = self.rng
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(0.3, 2.0))
+            if self.round_over():
+                try:
+                    with self.connect() as conn:
+                        self.next_round(conn)
+                except psycopg.Error as e:
+                    self.note(getattr(e, "sqlstate", None), f"the next round: {e}")
             kind = rng.choices(
                 ["pause", "resume", "pace", "terminate", "cut", "disk", "sigkill", "restart"],
                 weights=[3, 4, 3, 3, 2, 2, 1, 1])[0]
-            job = f"j{rng.randrange(1, TABLES + 1)}"
+            job = rng.choice(self.current_jobs)
             if kind == "pause":
                 self.actions["pause_job"] += 1
                 self.run_sql("SELECT etc_batch.pause_job(%s)", (job,))
@@ -227,39 +257,48 @@ def chaos_cluster():
         disk.unmount()
 
 
-def prepare(conn, rng):
-    """Five tables (no revision column), a log of every change to their note, five jobs
-    (three sequential, two parallel; on_drift stop or skip, at random) and two chains."""
-    conn.execute("CREATE TABLE note_log (tbl text NOT NULL, id bigint NOT NULL, txid bigint NOT NULL)")
+def prepare_tables(conn):
+    """Five tables (no revision column) and a log of every change to their note."""
+    conn.execute("CREATE TABLE note_log (tbl text NOT NULL, id bigint NOT NULL, note text NOT NULL, "
+                 "txid bigint NOT NULL)")
     conn.execute("""CREATE FUNCTION log_note() RETURNS trigger LANGUAGE plpgsql AS $$
-                    BEGIN INSERT INTO note_log VALUES (TG_TABLE_NAME, NEW.id, txid_current()); RETURN NEW; END $$""")
-    jobs = {}
+                    BEGIN INSERT INTO note_log VALUES (TG_TABLE_NAME, NEW.id, NEW.note, txid_current());
+                    RETURN NEW; END $$""")
     for t in range(1, TABLES + 1):
         conn.execute(f"CREATE TABLE t{t} (id bigint PRIMARY KEY, note text NOT NULL, balance int NOT NULL) "
                      "TABLESPACE chaos")
         conn.execute(f"INSERT INTO t{t} SELECT g, 'n', 0 FROM generate_series(1, {ROWS}) g")
         conn.execute(f"CREATE TRIGGER log_note AFTER UPDATE ON t{t} FOR EACH ROW "
                      "WHEN (OLD.note IS DISTINCT FROM NEW.note) EXECUTE FUNCTION log_note()")
-        parallel = t > 3
+    conn.execute("CREATE TABLE ran (batch text NOT NULL, step int NOT NULL, txid bigint NOT NULL)")
+
+
+def prepare_round(conn, rng, n):
+    """Round n: five jobs, one per table (three sequential, two parallel; on_drift stop or
+    skip and the chunk at random), setting the note to 'rN', paced at 300 items a second;
+    and two chains of 25 steps."""
+    jobs = {}
+    for t in range(1, TABLES + 1):
+        job, parallel = f"j{t}r{n}", t > 3
         on_drift = rng.choice(["stop", "skip"])
         chunk = rng.randrange(5, 40)
         conn.execute(
             "SELECT etc_batch.register_job(%s, NULL, %s::regclass, "
             "(SELECT jsonb_agg(jsonb_build_object('id', g) ORDER BY g) FROM generate_series(1, %s) g), "
-            "%s, '{\"note\": \"done\"}', tenant_column => NULL, revision_column => NULL, "
-            "on_drift => %s, parallel => %s)", (f"j{t}", f"t{t}", APPROVED, chunk, on_drift, parallel))
-        jobs[f"j{t}"] = dict(table=f"t{t}", parallel=parallel, on_drift=on_drift, chunk=chunk)
-    conn.execute("CREATE TABLE ran (batch text NOT NULL, step int NOT NULL, txid bigint NOT NULL)")
-    for c in range(1, CHAINS + 1):
+            "%s, jsonb_build_object('note', %s::text), tenant_column => NULL, revision_column => NULL, "
+            "on_drift => %s, parallel => %s)", (job, f"t{t}", APPROVED, chunk, f"r{n}", on_drift, parallel))
+        conn.execute("SELECT etc_batch.pace_job(%s, 300)", (job,))
+        jobs[job] = dict(table=f"t{t}", note=f"r{n}", parallel=parallel, on_drift=on_drift, chunk=chunk)
+    chains = [f"chain{c}r{n}" for c in range(1, CHAINS + 1)]
+    for batch in chains:
         for s in range(1, STEPS + 1):
             conn.execute("SELECT etc_batch.add_step(%s, %s)", (
-                f"chain{c}",
-                f"DO $$ BEGIN INSERT INTO ran VALUES ('chain{c}', {s}, txid_current()); "
-                f"PERFORM pg_sleep(0.2); END $$"))
-    return jobs
+                batch, f"DO $$ BEGIN INSERT INTO ran VALUES ('{batch}', {s}, txid_current()); "
+                       f"PERFORM pg_sleep(0.2); END $$"))
+    return jobs, chains
 
 
-def finish(conn, jobs):
+def finish(conn, jobs, chains):
     """After the faults: every job drained to its end (done, or stopped in conflict) and
     every chain run to its end."""
     for job in jobs:
@@ -271,16 +310,17 @@ def finish(conn, jobs):
                 conn.execute("CALL etc_batch.drain_job(%s)", (job,))
             except psycopg.errors.IntegrityConstraintViolation:
                 pass  # a conflict the application made: the job stops there
-    for c in range(1, CHAINS + 1):
+    for batch in chains:
         first = conn.execute("SELECT min(id) FROM etc_batch.batch_log WHERE batch = %s AND status <> 'done'",
-                             (f"chain{c}",)).fetchone()[0]
+                             (batch,)).fetchone()[0]
         if first is not None:
             conn.execute(f"CALL etc_batch.exec_batch_from_id({first})")
 
 
-def check_invariants(conn, jobs):
+def check_invariants(conn, jobs, chains):
     """The invariants of the run; returns what each job ended as."""
-    twice = conn.execute("SELECT tbl, id, count(*) FROM note_log GROUP BY 1, 2 HAVING count(*) > 1").fetchall()
+    twice = conn.execute("SELECT tbl, id, note, count(*) FROM note_log GROUP BY 1, 2, 3 "
+                         "HAVING count(*) > 1").fetchall()
     assert twice == [], f"rows changed more than once: {twice[:10]}"
     ended = {}
     for job, j in jobs.items():
@@ -289,7 +329,8 @@ def check_invariants(conn, jobs):
         audited = set(conn.execute(
             "SELECT item_key::bigint, txid FROM etc_batch.job_audit_items WHERE job_id = %s AND outcome = 'changed'",
             (job,)).fetchall())
-        logged = set(conn.execute("SELECT id, txid FROM note_log WHERE tbl = %s", (j["table"],)).fetchall())
+        logged = set(conn.execute("SELECT id, txid FROM note_log WHERE tbl = %s AND note = %s",
+                                  (j["table"], j["note"])).fetchall())
         # one audit row per changed item, in the transaction that changed it, and no other change
         assert audited == logged, (job, sorted(audited ^ logged)[:10])
         items = conn.execute("SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)).fetchone()[0]
@@ -300,7 +341,7 @@ def check_invariants(conn, jobs):
     steps = conn.execute("SELECT batch, id, status FROM etc_batch.batch_log ORDER BY id").fetchall()
     assert all(s == "done" for _, _, s in steps), steps
     ran = conn.execute("SELECT batch, step, count(*) FROM ran GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
-    assert ran == [(f"chain{c}", s, 1) for c in range(1, CHAINS + 1) for s in range(1, STEPS + 1)], ran
+    assert ran == sorted((batch, s, 1) for batch in chains for s in range(1, STEPS + 1)), ran
     done_twice = conn.execute("SELECT step_id FROM etc_batch.step_audit WHERE outcome = 'done' "
                               "GROUP BY step_id HAVING count(*) > 1").fetchall()
     assert done_twice == []
@@ -311,10 +352,10 @@ def test_chaos(chaos_cluster):
     cluster, disk = chaos_cluster
     print(f"\nchaos seed {SEED}, {SECONDS:.0f} s: ETC_BATCH_CHAOS_SEED={SEED} runs this schedule again")
     rng = random.Random(SEED)
-    with cluster.connect() as conn:
-        jobs = prepare(conn, rng)
-        conn.execute("SELECT etc_batch.pace_job(job_id, 300) FROM etc_batch.job")
     chaos = Chaos(cluster, disk, rng)
+    with cluster.connect() as conn:
+        prepare_tables(conn)
+        chaos.next_round(conn)
     workers = [threading.Thread(target=chaos.drainer, args=(n,), daemon=True) for n in range(3)]
     workers += [threading.Thread(target=chaos.runner, daemon=True),
                 threading.Thread(target=chaos.application, daemon=True)]
@@ -341,11 +382,12 @@ def test_chaos(chaos_cluster):
         held = conn.execute("SELECT pid, objsubid FROM pg_locks WHERE locktype = 'advisory' "
                             "AND objsubid >= 3").fetchall()
         assert held == [], held
-        finish(conn, jobs)
-        ended = check_invariants(conn, jobs)
+        jobs, chains = chaos.jobs, chaos.chains
+        finish(conn, jobs, chains)
+        ended = check_invariants(conn, jobs, chains)
         assert conn.execute("SELECT count(*) FROM etc_batch.job_progress WHERE drainers > 0").fetchone()[0] == 0
     report = {
-        "seed": SEED, "seconds": SECONDS, "jobs": {j: {**jobs[j], "ended": ended[j]} for j in jobs},
+        "seed": SEED, "seconds": SECONDS, "rounds": chaos.rounds, "jobs": {j: {**jobs[j], "ended": ended[j]} for j in jobs},
         "faults": dict(chaos.faults), "actions": dict(chaos.actions), "calls": dict(chaos.calls),
         "errors seen by callers": dict(chaos.errors),
         "what they said": {k or "connection": v for k, v in chaos.samples.items()}, "invariants": "held",
