@@ -37,8 +37,6 @@ def table(title, counts, what):
 
 def render(r, when):
     lines = [
-        "# A chaos run",
-        "",
         when,
         "",
         f"{r['seconds'] / 60:.1f} minutes of work and faults, {r['rounds']} rounds of jobs and chains, "

@@ -3,7 +3,7 @@ run: the link to its host taken down, so that nothing it sent before arrives lat
 reset ever comes. The server runs in a network namespace of its own and the clients are
 psql on other hosts (namespaces), as a DBA's scheduler or orchestrator would be.
 
-With the settings docs/live-systems.md recommends (tcp_user_timeout, TCP keepalives,
+With the settings docs/faults.md recommends (tcp_user_timeout, TCP keepalives,
 client_connection_check_interval) the server gives up on the client within a bound
 those settings make, the chunk or step in flight rolls back, and another drainer or
 runner finishes the work, every item and step exactly once, nothing held afterwards.
@@ -12,8 +12,10 @@ TCP retries (some 15 minutes); doctor() names it, what it holds, and what to do.
 """
 
 import re
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +25,7 @@ from work import changes, held_by_etc_batch, job_state, make_accounts, register,
 
 ITEMS = 3000
 CHUNK = 2
-# the settings under test, short so that the test is; docs/live-systems.md gives values
+# the settings under test, short so that the test is; docs/faults.md gives values
 # for production and the bound they make
 RECOMMENDED = (("tcp_user_timeout", "2000"), ("tcp_keepalives_idle", "1"), ("tcp_keepalives_interval", "1"),
                ("tcp_keepalives_count", "2"), ("client_connection_check_interval", "500"))
@@ -205,6 +207,22 @@ def test_a_chain_whose_runner_is_cut_off_with_the_recommended_settings(net_db, t
     assert held_by_etc_batch(conn) == []
 
 
+def shown_by_psql(net_db, pids):
+    """The doctor's rows on the two backends as psql shows them (docs/faults.md quotes
+    the expected file): the drainer's first; its pids and times as <pid> and <time>, and
+    each record's rule, as wide as the longest line, cut short."""
+    shown = subprocess.run(
+        [str(net_db.cluster.bin_dir / "psql"), "-X", "-x", "-h", str(net_db.cluster.socket_dir),
+         "-p", str(net_db.cluster.port), "-U", "postgres", "-d", net_db.name, "-c",
+         "SELECT * FROM etc_batch.doctor() WHERE check_name = 'clients not reading' "
+         f"ORDER BY array_position(ARRAY[{pids[0]}, {pids[1]}], split_part(detail, ' ', 2)::int)"],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    for pid in pids:
+        shown = shown.replace(str(pid), "<pid>")
+    shown = re.sub(r"(?m)^(-\[ RECORD \d+ \])-+$", r"\1---", shown)
+    return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00", "<time>", shown)
+
+
 def test_a_client_cut_off_without_the_settings_is_named_by_the_doctor(net_db, tmp_path):
     """No settings: a drainer and a chain's runner, both telling their clients of every
     chunk and step, lose their links. Each backend soon waits to write (ClientWrite) and
@@ -246,6 +264,8 @@ def test_a_client_cut_off_without_the_settings_is_named_by_the_doctor(net_db, tm
         assert f"holding the row of step {ids[1]} of chain 'nightly'" in detail
         assert "every other runner of the chain waits for it" in detail
         assert f"SELECT pg_terminate_backend({chain_pid})" in hint
+        assert shown_by_psql(net_db, (drain_pid, chain_pid)) == (
+            Path(__file__).parent / "expected" / "clients_not_reading.out").read_text()
 
         # the job goes on without the stranded drainer; the chain cannot
         assert conn.execute("CALL etc_batch.drain_job('stuck')").fetchone()[-1] == "done"
