@@ -104,7 +104,7 @@ impl Drop for CallLoop {
 
 impl Transactions for CallLoop {
     fn item<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
-        super::sync_wait::cancel_again_if_taken_by_commit();
+        super::sync_wait::raise_cancel_used_by_commit();
         let scratch = self.scratch;
         scratch.round(|| work(self))
     }

@@ -47,16 +47,20 @@ pub fn take() -> bool {
 }
 
 /// After a cancel the commit used up and no one took (a commit of etc_batch's own
-/// bookkeeping, not of the work): the cancel is made pending again, so that the call
-/// ends at its next check for interrupts, as a cancel is meant to.
-pub fn cancel_again_if_taken_by_commit() {
+/// bookkeeping between chunks or steps, a pace's slot, not of the work): the cancel is
+/// raised here, before the next round of work begins, as the cancel it was. Were it only
+/// made pending again, a chunk would start and be interrupted half-way, and recording
+/// that failure would commit, and wait for the standby again, with no cancel left to
+/// end that wait.
+pub fn raise_cancel_used_by_commit() {
     if take() {
-        // SAFETY: what the SIGINT handler sets; the next CHECK_FOR_INTERRUPTS raises
-        // "canceling statement due to user request"
+        // SAFETY: what the SIGINT handler sets; CHECK_FOR_INTERRUPTS then raises
+        // "canceling statement due to user request", or later if interrupts are held
         unsafe {
             pg_sys::QueryCancelPending = 1;
             pg_sys::InterruptPending = 1;
         }
+        pgrx::check_for_interrupts!();
     }
 }
 

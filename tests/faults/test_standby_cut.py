@@ -66,7 +66,11 @@ def db(primary, request):
         conn.execute("CREATE EXTENSION etc_batch")
         make_accounts(conn, ITEMS)
         register(conn, "synced", ITEMS, CHUNK)
-        conn.execute("SELECT etc_batch.pace_job('synced', 300)")
+        # slow rows, so that the drain is caught half-way; not a pace, whose slots are
+        # commits of their own between chunks (see test_a_cancel_between_chunks)
+        conn.execute("""CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
+                        BEGIN PERFORM pg_sleep(0.002); RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER slow BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION slow()")
     primary.name = name
     yield name
     primary.link().mend()
@@ -129,6 +133,9 @@ def cancel_in_syncrep(primary, name, bouncer=None):
     primary.link().cut()
     wait_until(lambda: conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
                                     (drain.pid,)).fetchone() == ("SyncRep",), "the drainer waiting in SyncRep")
+    # the chunk's own commit waits: it holds the target's lock until the commit returns
+    assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND relation = 'accounts'::regclass",
+                        (drain.pid,)).fetchone() == (1,)
     held = conn.execute("SELECT next_index FROM etc_batch.job WHERE job_id = 'synced'").fetchone()[0]
     time.sleep(1)
     # commits wait: nothing more committed
@@ -233,6 +240,39 @@ def test_a_chain_step_whose_wait_for_the_standby_is_canceled(primary, db):
     conn.execute(f"CALL etc_batch.exec_batch_from_id({ids[0]})")
     assert conn.execute("SELECT step, count(*) FROM ran GROUP BY step ORDER BY step").fetchall() == [
         (1, 1), (2, 1), (3, 1)]
+
+
+def test_a_cancel_between_chunks_ends_the_call_at_once(primary, db):
+    """A paced drain takes its slot in a transaction of its own before each chunk, and
+    that commit waits for the standby too. A cancel that ends its wait (the slot committed
+    here, nothing of the work) ends the call at once, with PostgreSQL's own cancel: no
+    chunk starts, and nothing more waits for the standby on the way out."""
+    conn = primary.cluster.connect(db)
+    conn.execute("SELECT etc_batch.pace_job('synced', 300)")
+    primary.link().cut()
+    drain = Drain(lambda: primary.cluster.connect(db))
+    wait_until(lambda: conn.execute("SELECT drainer_pids FROM etc_batch.job_progress "
+                                    "WHERE job_id = 'synced'").fetchone()[0], "the drainer started")
+    (pid,) = conn.execute("SELECT drainer_pids FROM etc_batch.job_progress WHERE job_id = 'synced'").fetchone()[0]
+    wait_until(lambda: conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                                    (pid,)).fetchone() == ("SyncRep",), "the drainer waiting in SyncRep")
+    # the slot's commit: no chunk under way
+    assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND relation = 'accounts'::regclass",
+                        (pid,)).fetchone() == (0,)
+    conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+    outcome = drain.join()
+    error = outcome.get("error")
+    assert isinstance(error, errors.QueryCanceled), outcome
+    assert error.diag.message_primary == "canceling statement due to user request"
+    assert ("WARNING", "canceling wait for synchronous replication due to user request") in drain.messages
+    assert drain.told_committed() == []
+    assert job_state(conn, "synced") == ("pending", 0)
+    assert conn.execute("SELECT failed_at FROM etc_batch.job_progress WHERE job_id = 'synced'").fetchone() == (None,)
+    primary.link().mend()
+    conn.execute("SELECT etc_batch.pace_job('synced', NULL)")
+    assert conn.execute("CALL etc_batch.drain_job('synced')").fetchone()[-1] == "done"
+    assert changes(conn) == {1: ITEMS}
+    verify(conn, "synced")
 
 
 def test_a_cancel_in_syncrep_then_a_failover_to_the_standby(primary, db):
