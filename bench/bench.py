@@ -45,9 +45,7 @@ benchmark and whether this run met it.
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -56,7 +54,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import connect, lsn, summary, wal_since  # noqa: E402
+from common import commit, connect, lsn, machine, summary, wal_since  # noqa: E402
 
 CHUNKS = (10, 100, 1000)
 METHODS = ("A", "J", "S", "R", "B", "C", "D", "E", "F")
@@ -371,16 +369,11 @@ def environment(db):
             ).fetchall()
         )
         version = c.execute("SHOW server_version").fetchone()[0]
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    mem = next((l.split(":", 1)[1].strip() for l in open("/proc/meminfo") if l.startswith("MemTotal")), "?")
-    root = HERE.parent
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "src", "sql"], capture_output=True, text=True).stdout.strip()
     return {
-        "machine": f"{os.cpu_count()} cores, {cpu}, {mem} memory, {platform.system()} {platform.release()}",
+        "machine": machine(),
         "postgres": version,
         "settings": settings,
-        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+        "commit": commit("src", "sql"),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 

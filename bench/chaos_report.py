@@ -7,27 +7,17 @@ held. `bench/run chaos MINUTES` writes bench/results/chaos/latest.{json,md} with
 
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import commit, machine
 
 
 def measured(report_path):
     """When (the report's time), on what machine, at what commit."""
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    mem = next((l.split(":", 1)[1].strip() for l in open("/proc/meminfo") if l.startswith("MemTotal")), "?")
-    git = ["git", "-C", str(ROOT)]
-    commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(git + ["status", "--porcelain", "src", "sql", "tests/faults"],
-                           capture_output=True, text=True).stdout.strip()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(report_path)))
-    return (f"Measured {when} on {os.cpu_count()} cores, {cpu}, {mem} memory, "
-            f"{platform.system()} {platform.release()}; PostgreSQL 15; commit {commit}"
-            + (" (with uncommitted changes)" if dirty else "") + ".")
+    return (f"Measured {when} on {machine()}; PostgreSQL 15; "
+            f"commit {commit('src', 'sql', 'tests/faults')}.")
 
 
 def table(title, counts, what):

@@ -1,9 +1,31 @@
 """What every part of the benchmark shares: how it connects, how it sums up repetitions,
 how it reads the WAL written."""
 
+import os
+import platform
 import statistics
+import subprocess
+from pathlib import Path
 
 import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine():
+    """The cores, CPU, memory and kernel a result was measured on."""
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next((l.split(":", 1)[1].strip() for l in open("/proc/meminfo") if l.startswith("MemTotal")), "?")
+    return f"{os.cpu_count()} cores, {cpu}, {mem} memory, {platform.system()} {platform.release()}"
+
+
+def commit(*paths):
+    """The commit measured, and whether `paths` (what the result depends on) had changes
+    not yet committed."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(git + ["status", "--porcelain", *paths], capture_output=True, text=True).stdout.strip()
+    return head + (" (with uncommitted changes)" if dirty else "")
 
 
 def connect(db, **kw):

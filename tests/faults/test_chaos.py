@@ -103,6 +103,11 @@ class Chaos:
         except psycopg.Error:
             return False
 
+    def count(self, counter, what):
+        """One more of `what`: the threads count into the same counters."""
+        with self.lock:
+            counter[what] += 1
+
     def note(self, sqlstate, what):
         with self.lock:
             self.errors[sqlstate or "connection"] += 1
@@ -132,7 +137,7 @@ class Chaos:
             if rng.random() < 0.4:
                 self.drain_over_the_network(job, chunks)
             else:
-                self.calls["drain"] += 1
+                self.count(self.calls, "drain")
                 self.run_sql("CALL etc_batch.drain_job(%s, %s)", (job, chunks))
             time.sleep(rng.uniform(0, 0.2))
 
@@ -140,7 +145,7 @@ class Chaos:
         """psql on host etcb-cli, whose link the faults cut, with the settings that make
         both ends give up on a silent peer."""
         link = self.cluster.link("client")
-        self.calls["drain over the network"] += 1
+        self.count(self.calls, "drain over the network")
         conninfo = (f"host={link.server_addr} port={self.cluster.port} user=postgres "
                     f"dbname={self.cluster.test_db} connect_timeout=5 {CLIENT_SETTINGS}")
         try:
@@ -163,7 +168,7 @@ class Chaos:
             rows = self.run_sql("SELECT min(id) FROM etc_batch.batch_log WHERE batch = %s AND status <> 'done'",
                                 (batch,))
             if rows and rows[0][0] is not None:
-                self.calls["chain run"] += 1
+                self.count(self.calls, "chain run")
                 self.run_sql(f"CALL etc_batch.exec_batch_from_id({int(rows[0][0])})")
             time.sleep(rng.uniform(0, 0.3))
 
@@ -173,7 +178,7 @@ class Chaos:
             table = f"t{rng.randrange(1, TABLES + 1)}"
             # now and then a row a job approved: it drifts
             row = rng.randrange(1, APPROVED + 1) if rng.random() < 0.02 else rng.randrange(APPROVED + 1, ROWS + 1)
-            self.calls["application update"] += 1
+            self.count(self.calls, "application update")
             self.run_sql(f"UPDATE {table} SET balance = balance + 1 WHERE id = %s", (row,))
             time.sleep(rng.uniform(0, 0.05))
 
@@ -194,30 +199,30 @@ class Chaos:
                 weights=[3, 4, 3, 3, 2, 2, 1, 1])[0]
             job = rng.choice(self.current_jobs)
             if kind == "pause":
-                self.actions["pause_job"] += 1
+                self.count(self.actions, "pause_job")
                 self.run_sql("SELECT etc_batch.pause_job(%s)", (job,))
             elif kind == "resume":
-                self.actions["resume_job"] += 1
+                self.count(self.actions, "resume_job")
                 self.run_sql("SELECT etc_batch.resume_job(%s)", (job,))
             elif kind == "pace":
-                self.actions["pace_job"] += 1
+                self.count(self.actions, "pace_job")
                 rate = rng.choice([None, 50, 200, 1000])
                 self.run_sql("SELECT etc_batch.pace_job(%s, %s)", (job, rate))
             elif kind == "terminate":
-                self.faults["pg_terminate_backend"] += 1
+                self.count(self.faults, "pg_terminate_backend")
                 self.run_sql(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
                     "AND (query LIKE '%etc_batch: %' OR query LIKE 'CALL etc_batch.%') "
                     "ORDER BY random() LIMIT 1")
             elif kind == "cut":
-                self.faults["client link cut"] += 1
+                self.count(self.faults, "client link cut")
                 link = self.cluster.link("client")
                 link.cut()
                 time.sleep(rng.uniform(1, 4))
                 link.mend()
             elif kind == "disk":
-                self.faults["disk full"] += 1
+                self.count(self.faults, "disk full")
                 try:
                     self.disk.fill(0)
                 except OSError:
@@ -228,14 +233,14 @@ class Chaos:
                 rows = self.run_sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
                                     "AND pid <> pg_backend_pid() ORDER BY random() LIMIT 1")
                 if rows:
-                    self.faults["SIGKILL of a backend"] += 1
+                    self.count(self.faults, "SIGKILL of a backend")
                     try:
                         os.kill(rows[0][0], signal.SIGKILL)
                     except ProcessLookupError:
                         pass
                     wait_until(self.up, "the server back after a backend's SIGKILL", timeout=60)
             elif kind == "restart":
-                self.faults["immediate restart"] += 1
+                self.count(self.faults, "immediate restart")
                 self.restart()
 
     def restart(self):
