@@ -33,7 +33,7 @@ from support import ROOT, lib  # noqa: E402
 
 RELEASES = [("bookworm", 15), ("trixie", 17)]
 CURRENT = re.search(r'^version = "(.*)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
-PREVIOUS = "0.3.0"
+PREVIOUS = "0.4.0"
 PACKAGES = ROOT / "target" / "packages"
 DEMO = ROOT / "demo"
 FESTIVAL = 40  # the orders of demo/festival_setup.sql's approval, 10 per chunk
