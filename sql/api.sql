@@ -34,14 +34,19 @@ COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer,
 COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
-    'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one.';
+    'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one. Items left out (drifted, gone, another tenant''s) are named in etc_batch.job_left_out and counted in a NOTICE. On a continued job, include_drifted approves as a new job the drifted items its remainder left out.';
 REVOKE ALL ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) IS
     'Registers a revert of a job: a new approved, frozen job whose items are the job''s committed items, each expected as its change left the row and set back to the values it had before (the job''s expect values of the columns it set; a handler job''s by the inverse handler given); items whose rows drifted or went away since are left out and named in etc_batch.job_left_out. The job is stopped first and ends reverted. The same revert again changes nothing; a different one under the same job id is refused.';
 REVOKE ALL ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.revert_preview(text, regprocedure) IS
-    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted or are gone since (their keys in left_out), which columns go back to which values (set_back) or each to its row''s own value recorded before the change (set_back_per_item), and what every row must still hold (expected).';
+    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted, are gone or are another tenant''s since (their keys from revert_preview_left_out), which columns go back to which values (set_back) or each to its row''s own value recorded before the change (set_back_per_item), and what every row must still hold (expected).';
 REVOKE ALL ON FUNCTION etc_batch.revert_preview(text, regprocedure) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.wall_seconds_in_windows(double precision, text[], text) IS
+    'The seconds of the clock, from now, that work_seconds of work take when done only inside windows (a pace''s, read in time_zone): the waits for them to open counted. job_progress''s estimated_finish counts them so.';
+COMMENT ON FUNCTION etc_batch.revert_preview_left_out(text, regprocedure) IS
+    'The committed items of a job that register_revert would leave out now, one row each in their order in the job: position, key, and whether its row drifted, is gone or its key names another tenant''s row.';
+REVOKE ALL ON FUNCTION etc_batch.revert_preview_left_out(text, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
     'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS

@@ -19,7 +19,8 @@ CREATE TABLE etc_batch.batch_log (
     paused_by     regrole,
     commits       boolean     NOT NULL DEFAULT false,
     timeout       interval,
-    max_attempts  integer     NOT NULL DEFAULT 1
+    max_attempts  integer     NOT NULL DEFAULT 1,
+    last_detail   text
 ) WITH (fillfactor = 50);
 COMMENT ON COLUMN etc_batch.batch_log.search_path IS
     'The search_path of the session that added the step. The command runs with it, never with the caller''s, as a function with SET search_path FROM CURRENT does.';
@@ -44,6 +45,8 @@ COMMENT ON COLUMN etc_batch.batch_log.timeout IS
 COMMENT ON COLUMN etc_batch.batch_log.max_attempts IS
     'Attempts in all for a step that fails with 40001, 40P01 or 55P03: each is rolled back and run again after a backoff that doubles.';
 COMMENT ON COLUMN etc_batch.batch_log.added_by IS 'The role that added the step; the step runs with its privileges.';
+COMMENT ON COLUMN etc_batch.batch_log.last_detail IS
+    'The DETAIL of the step''s last error, beside its message (last_error) and SQLSTATE (last_sqlstate): a step run by a worker connected as its author raises its error to the caller from these.';
 
 CREATE TABLE etc_batch.step_audit (
     audit_id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

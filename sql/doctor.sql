@@ -205,12 +205,13 @@ BEGIN
                p.chunks_committed, p.chunks_total, p.drainers, p.paused_at, p.paused_by, p.pause_reason,
                p.failed_at, p.failure_sqlstate, p.failure_message, p.failure_chunk,
                p.failed_at > coalesce(p.last_commit_at, '-infinity') AS failed_last,
+               p.waiting, p.estimated_finish,
                j.target_name, NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target) AS target_gone
           FROM etc_batch.job_progress p
           JOIN etc_batch.job j ON j.job_id = p.job_id
          WHERE p.status IN ('conflict', 'corrupt')
             OR (p.status = 'pending' AND (p.committed > 0 OR p.paused_at IS NOT NULL
-                                          OR p.failed_at IS NOT NULL
+                                          OR p.failed_at IS NOT NULL OR p.waiting IS NOT NULL
                                           OR NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = j.target)))
     LOOP
         IF r.status IN ('conflict', 'corrupt') THEN
@@ -232,6 +233,16 @@ BEGIN
                                  r.paused_at, r.pause_reason, r.committed, r.approved)
                 END,
                 format('SELECT etc_batch.resume_job(%L) to let it go on.', r.job_id);
+        ELSIF r.waiting IS NOT NULL THEN
+            -- nothing wrong: the answer to "why is nothing happening"
+            RETURN QUERY SELECT format('job %s', r.job_id), 'ok',
+                format('Its drainers wait, as its pace says: %s. %s of %s items committed%s.',
+                       -- job_progress.waiting names the job first: said here already
+                       substr(r.waiting, length(format('job "%s": ', r.job_id)) + 1), r.committed, r.approved,
+                       CASE WHEN r.estimated_finish IS NOT NULL
+                            THEN format('; it should finish around %s', date_trunc('minute', r.estimated_finish))
+                            ELSE '' END),
+                NULL::text;
         ELSIF r.drainers = 0 AND r.failed_last THEN
             RETURN QUERY SELECT format('job %s', r.job_id), 'warn',
                 format('Its last drain failed at %s in chunk %s with %s: %s; the chunk was rolled back and %s of %s items are committed.',
@@ -360,5 +371,5 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

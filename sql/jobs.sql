@@ -294,7 +294,7 @@ CREATE VIEW etc_batch.job_audit_items AS
 SELECT a.job_id, a.position, i.item_key, i.revision AS revision_before, a.revision_after,
        i.guards, a.chunk, a.txid, a.committed_at,
        CASE WHEN a.skipped THEN 'skipped' ELSE 'changed' END AS outcome, a.found,
-       CASE j.guard WHEN 'revision' THEN 'revision ' || pg_catalog.quote_ident(j.revision_column)
+       CASE j.guard WHEN 'revision' THEN 'revision column ' || pg_catalog.quote_ident(j.revision_column)
                     WHEN 'row' THEN 'row digest'
                     ELSE 'columns' END AS guarded_by
   FROM etc_batch.job_audit a
@@ -310,17 +310,19 @@ REVOKE ALL ON FUNCTION etc_batch.count_job_changes() FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.create_job_tables(bigint, text, regrole, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.attach_job_tables(bigint, text) FROM PUBLIC;
 
--- A revert's approval leaves out the committed items of the job it reverts whose rows
--- drifted or went away since that job changed them: never overwritten, named here.
+-- An approval made from a job's items (a revert, a remainder) leaves out those whose rows
+-- drifted or went away: never overwritten, named here, so that every item of the job is
+-- accounted for.
 CREATE TABLE etc_batch.job_left_out (
-    job_id     text    NOT NULL,
-    "position" integer NOT NULL,
-    item_key   text    NOT NULL,
-    state      text    NOT NULL CHECK (state IN ('drifted', 'gone')),
+    job_id            text    NOT NULL,
+    "position"        integer NOT NULL,
+    item_key          text    NOT NULL,
+    state             text    NOT NULL CHECK (state IN ('drifted', 'gone', 'another tenant')),
+    approved_again_as text,
     PRIMARY KEY (job_id, "position")
 );
 
 COMMENT ON TABLE etc_batch.job_left_out IS
-    'For a revert (register_revert), the committed items of the job it reverts that it left out of its approval: the item''s position in that job, its key, and whether its row had drifted since that job changed it or was gone.';
+    'The items of a job that an approval made from them left out: for a revert (register_revert), the committed items of the job it reverts; for a remainder (register_remainder), the items the job it continues did not change. job_id is the revert or the remainder; position and item_key the item''s in the job it was made from; state whether its row had drifted, was gone, or its key named another tenant''s row; approved_again_as, for a drifted item of a remainder, the job that approved it again at its row''s state (register_remainder with include_drifted on the continued job).';
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_left_out', '');
 REVOKE ALL ON etc_batch.job_left_out FROM PUBLIC;

@@ -60,14 +60,16 @@ SELECT p.job_id, p.status,
        CASE WHEN p.worked OPERATOR(pg_catalog.>) 0
             THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./) p.worked)::pg_catalog.numeric, 1)
        END AS items_per_second,
-       -- when the rest is done at that rate, from the last commit; unknown while paused
+       -- when the rest is done (e.work seconds of work, below): from the last commit; for
+       -- a job with windows, from now, counting the waits for them to open; unknown
+       -- while paused
        CASE WHEN p.status OPERATOR(pg_catalog.=) 'pending' AND z.paused_at IS NULL
              AND p.worked OPERATOR(pg_catalog.>) 0 AND p.committed_items OPERATOR(pg_catalog.>) 0
-            -- OPERATOR() forms all share one precedence: the parentheses are the order.
-            THEN p.last_commit OPERATOR(pg_catalog.+)
-                 pg_catalog.make_interval(secs => p.worked OPERATOR(pg_catalog.*)
-                     ((p.item_count OPERATOR(pg_catalog.-) p.committed_items)::pg_catalog.float8
-                      OPERATOR(pg_catalog./) p.committed_items))
+            THEN CASE WHEN c.windows IS NULL
+                      THEN p.last_commit OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => e.work)
+                      ELSE pg_catalog.now() OPERATOR(pg_catalog.+) pg_catalog.make_interval(
+                               secs => etc_batch.wall_seconds_in_windows(e.work, c.windows, c.time_zone))
+                 END
        END AS estimated_finish,
        p.pids[1] AS drainer_pid,
        p.status_reason,
@@ -99,10 +101,23 @@ SELECT p.job_id, p.status,
        p.on_drift,
        p.continued_as,
        w.launch_id,
-       COALESCE(w.at_work, 0) AS launched_workers
+       COALESCE(w.at_work, 0) AS launched_workers,
+       -- items per second of the clock since it started, waits and pauses included,
+       -- beside items_per_second, the rate at work
+       CASE WHEN COALESCE(p.finished_at, pg_catalog.now()) OPERATOR(pg_catalog.>) p.first_commit
+            THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./) pg_catalog.date_part('epoch',
+                     COALESCE(p.finished_at, pg_catalog.now()) OPERATOR(pg_catalog.-) p.first_commit))::pg_catalog.numeric, 1)
+       END AS items_per_second_elapsed
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
+  -- the seconds of work the rest takes: at its rate at work so far, or at its pace's rows
+  -- per second if that is slower
+  CROSS JOIN LATERAL (
+        SELECT (p.item_count OPERATOR(pg_catalog.-) p.committed_items)::pg_catalog.float8
+               OPERATOR(pg_catalog./) LEAST(p.committed_items::pg_catalog.float8
+                                            OPERATOR(pg_catalog./) NULLIF(p.worked, 0),
+                                            c.rows_per_second::pg_catalog.float8) AS work) e
   -- the job's launch that runs, and how many of its workers are at work: each holds the
   -- lock of its worker (advisory, objsubid 5, the launch's id shifted left 16 bits and
   -- the worker's number) while it lives (src/launch)
@@ -120,7 +135,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate and an estimated finish reckoned from its time at work (not time paused or with nobody draining), whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (

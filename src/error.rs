@@ -172,9 +172,23 @@ pub enum BatchError {
         table: String,
         column: String,
     },
-    /// A column named in a job that the target does not have.
+    /// set_values sets a NOT NULL column to null: every chunk would fail.
+    NotNullViolation {
+        column: String,
+    },
+    /// set_values sets a column to a value a CHECK constraint on it alone refuses.
+    CheckViolation {
+        column: String,
+        constraint: String,
+        value: String,
+    },
+    /// A column named in a job that the target does not have: `named_by` says where it
+    /// was named (set_values, expect, an item, an argument), `default` when it is an
+    /// argument's default, taken because the call did not give the argument.
     UndefinedColumn {
         column: String,
+        named_by: Option<String>,
+        default: Option<Defaulted>,
     },
     /// Something etc_batch does not support (yet), such as a key of an unusual type.
     Unsupported {
@@ -272,6 +286,43 @@ pub struct Report {
     pub message: String,
     pub detail: Option<String>,
     pub hint: Option<String>,
+}
+
+/// An argument of registration that names a column and was not given: what the job
+/// took instead, said when that column is not there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Defaulted {
+    /// revision_column, 'revision' unless given.
+    RevisionColumn,
+    /// tenant_column, 'tenant' unless given.
+    TenantColumn,
+    /// The key of a table without a primary key, when neither key_column nor key_columns
+    /// is given: its column "id".
+    Key,
+}
+
+impl Defaulted {
+    fn detail(self, column: &str) -> String {
+        match self {
+            Defaulted::RevisionColumn => format!(
+                "\"{column}\" is revision_column's default, taken when a call does not give one."
+            ),
+            Defaulted::TenantColumn => format!(
+                "\"{column}\" is tenant_column's default, taken when a call gives a tenant and no tenant_column."
+            ),
+            Defaulted::Key => format!(
+                "The table has no primary key and the call named no key, so \"{column}\" was taken as the key."
+            ),
+        }
+    }
+
+    fn hint(self) -> &'static str {
+        match self {
+            Defaulted::RevisionColumn => "Name the column the application increments with revision_column => '...', or give revision_column => NULL to guard each row by a digest of it (or guard => 'columns').",
+            Defaulted::TenantColumn => "Name the column the tenant is kept in with tenant_column => '...', or give tenant => NULL for a job on the whole table.",
+            Defaulted::Key => "Name the columns of a unique index with key_column => '...' or key_columns => ARRAY['...'].",
+        }
+    }
 }
 
 fn report(code: Code, message: impl Into<String>) -> Report {
@@ -542,10 +593,40 @@ impl BatchError {
                 "Column \"{column}\" was added, dropped or changed its type since the extension created the table; nothing was written."
             ))
             .hint("Give the table back the columns it was created with (see the extension's script)."),
-            UndefinedColumn { column } => report(
-                Code::ERRCODE_UNDEFINED_COLUMN,
-                format!("column \"{column}\" does not exist in the target"),
-            ),
+            CheckViolation {
+                column,
+                constraint,
+                value,
+            } => report(
+                Code::ERRCODE_CHECK_VIOLATION,
+                format!("set_values sets column \"{column}\" to a value its check constraint \"{constraint}\" refuses"),
+            )
+            .detail(format!("The constraint refuses {value}: every chunk's UPDATE would fail on it; nothing was registered."))
+            .hint("Give the column a value the constraint allows."),
+            NotNullViolation { column } => report(
+                Code::ERRCODE_NOT_NULL_VIOLATION,
+                format!("set_values sets column \"{column}\" to null, which its NOT NULL constraint refuses"),
+            )
+            .detail("Every chunk's UPDATE would fail on it; nothing was registered.")
+            .hint("Give the column a value, or leave it out of set_values."),
+            UndefinedColumn {
+                column,
+                named_by,
+                default,
+            } => {
+                let named = match named_by {
+                    Some(by) => format!(" named in {by}"),
+                    None => String::new(),
+                };
+                let r = report(
+                    Code::ERRCODE_UNDEFINED_COLUMN,
+                    format!("column \"{column}\"{named} does not exist in the target"),
+                );
+                match default {
+                    Some(d) => r.detail(d.detail(column)).hint(d.hint()),
+                    None => r,
+                }
+            }
             Unsupported { message, detail } => {
                 report(Code::ERRCODE_FEATURE_NOT_SUPPORTED, message).detail(detail)
             }
@@ -963,6 +1044,13 @@ mod tests {
             },
             UndefinedColumn {
                 column: "qty".into(),
+                named_by: Some("set_values".into()),
+                default: None,
+            },
+            UndefinedColumn {
+                column: "revision".into(),
+                named_by: Some("revision_column".into()),
+                default: Some(Defaulted::RevisionColumn),
             },
             TableLayout {
                 table: "job_audit_chunk_7".into(),
@@ -1040,6 +1128,14 @@ mod tests {
                 workers: 4,
             },
             UnknownLaunch { id: 12 },
+            NotNullViolation {
+                column: "status".into(),
+            },
+            CheckViolation {
+                column: "qty".into(),
+                constraint: "orders_qty_check".into(),
+                value: "-1".into(),
+            },
             LeaseLost {
                 name: "leader".into(),
                 holder: "w1".into(),
@@ -1114,9 +1210,11 @@ mod tests {
                 DefinitionStep { .. } => 49,
                 JobReverted { .. } => 50,
                 SyncWaitCanceled { .. } => 51,
+                NotNullViolation { .. } => 52,
+                CheckViolation { .. } => 53,
             })
             .collect();
-        assert_eq!(covered, (0..=51).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=53).collect(), "every variant has an example");
         all
     }
 

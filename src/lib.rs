@@ -91,7 +91,13 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/progress.sql",
     name = "progress",
-    requires = ["chains", "jobs", "pacing", "launches"]
+    requires = [
+        "chains",
+        "jobs",
+        "pacing",
+        "launches",
+        api::job::wall_seconds_in_windows
+    ]
 );
 extension_sql_file!(
     "../sql/doctor.sql",

@@ -172,9 +172,9 @@ fn register_revert(
 }
 
 /// What register_revert would do, without doing it: how many committed items it would
-/// set back, how many drifted or are gone since (and their keys), and which columns go
-/// back to which values (set_back), or each to its row's own value recorded before the
-/// change (set_back_per_item).
+/// set back, how many drifted, are gone or are another tenant's since (the keys from
+/// revert_preview_left_out), and which columns go back to which values (set_back), or
+/// each to its row's own value recorded before the change (set_back_per_item).
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn revert_preview(
@@ -186,11 +186,11 @@ fn revert_preview(
         name!(items, i32),
         name!(drifted, i32),
         name!(gone, i32),
+        name!(another_tenant, i32),
         name!(set_back, Option<pgrx::JsonB>),
         name!(set_back_per_item, Vec<String>),
         name!(expected, pgrx::JsonB),
         name!(inverse, Option<String>),
-        name!(left_out, pgrx::JsonB),
     ),
 > {
     let job_id = required(job_id, "job_id").or_raise();
@@ -199,12 +199,50 @@ fn revert_preview(
         p.items,
         p.drifted,
         p.gone,
+        p.another_tenant,
         p.set_back.map(pgrx::JsonB),
         p.set_back_per_item,
         pgrx::JsonB(p.expected),
         p.inverse,
-        pgrx::JsonB(p.left_out),
     ))
+}
+
+/// The committed items a revert registered now would leave out, one row each, in their
+/// order in the job: what revert_preview counts.
+#[pg_extern(volatile, parallel_unsafe)]
+fn revert_preview_left_out(
+    job_id: Option<String>,
+    inverse: default!(Option<RegProcedure>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(position, i32),
+        name!(item_key, String),
+        name!(state, String),
+    ),
+> {
+    let job_id = required(job_id, "job_id").or_raise();
+    let left_out = revert::preview_left_out(&job_id, inverse.map(|h| h.0)).or_raise();
+    TableIterator::new(
+        left_out
+            .into_iter()
+            .map(|l| (l.position, l.key, l.because.as_str().to_string())),
+    )
+}
+
+/// How many seconds of the clock, from now, `work_seconds` of work take when done only
+/// inside `windows` read in `time_zone` (a pace's): the waits for the windows to open
+/// counted, as job_progress's estimated_finish counts them.
+#[pg_extern(stable, parallel_safe)]
+fn wall_seconds_in_windows(
+    work_seconds: Option<f64>,
+    windows: Option<Vec<String>>,
+    time_zone: Option<String>,
+) -> Option<f64> {
+    let (work, windows, time_zone) = (work_seconds?, windows?, time_zone?);
+    let windows = crate::job::window::Windows::parse(&windows).or_raise();
+    let minute = crate::job::signals::minute_of_week(&time_zone).or_raise();
+    Some(windows.wall_minutes(minute, work / 60.0) * 60.0)
 }
 
 /// A jsonb argument read as JSON.

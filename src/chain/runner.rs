@@ -38,6 +38,7 @@ struct LockedStep {
     attempts: i32,
     last_sqlstate: Option<String>,
     last_error: Option<String>,
+    last_detail: Option<String>,
     search_path: String,
     /// Who paused the step's batch, if it is paused.
     paused: Option<Paused>,
@@ -393,6 +394,22 @@ impl Runner {
                 })?;
                 Ok(Flow::Skipped(next))
             }
+            // failed in the worker this runner handed it to: its error, as it was raised
+            // there, is this call's
+            Action::Stop if delegated => Ok(Flow::Failed(Raise {
+                failure: Failure::recorded(
+                    step.last_sqlstate.as_deref().unwrap_or("XX000"),
+                    step.last_error.unwrap_or_default(),
+                    step.last_detail,
+                ),
+                detail: format!(
+                    "Step {id} of batch \"{}\" failed on attempt {}, run by a worker connected as its author, role \"{}\".",
+                    self.batch,
+                    step.attempts,
+                    crate::pauses::role_name(step.added_by)
+                ),
+                hint: retry_step_hint(id),
+            })),
             Action::Stop => Err(BatchError::StepFailed {
                 id,
                 batch: self.batch.clone(),
@@ -619,6 +636,7 @@ impl Runner {
                     ran.1.into(),
                     failure.message.as_str().into(),
                     sqlstate.as_str().into(),
+                    failure.detail.as_deref().into(),
                 ],
                 |r| {
                     Ok((
@@ -704,6 +722,7 @@ impl Runner {
                         attempts: row.get::<i32>("attempts")?.unwrap_or_default(),
                         last_sqlstate: row.get::<String>("last_sqlstate")?,
                         last_error: row.get::<String>("last_error")?,
+                        last_detail: row.get::<String>("last_detail")?,
                         search_path: row.get::<String>("search_path")?.unwrap_or_default(),
                         paused: Paused::from_row(row.get("paused_at")?, row.get("paused_by")?),
                         kind: StepKind::of(row.get::<bool>("commits")?.unwrap_or(false)),

@@ -38,11 +38,13 @@ macro_rules! next_step {
 }
 
 /// Records a failed attempt that will be tried again: the step stays pending. Returns
-/// what the audit row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE.
+/// what the audit row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE,
+/// $6 detail.
 pub const MARK_RETRIED: &str = "\
 UPDATE etc_batch.batch_log
    SET attempts = attempts OPERATOR(pg_catalog.+) 1,
-       started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5
+       started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5,
+       last_detail = $6
  WHERE id OPERATOR(pg_catalog.=) $1
 RETURNING batch, attempts, added_by::pg_catalog.oid";
 
@@ -54,11 +56,12 @@ SELECT b.id, b.command FROM etc_batch.batch_log b
  ORDER BY b.id";
 
 /// Marks the step failed with the error; its audit row follows. Returns what the audit
-/// row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE.
+/// row needs. $1 id, $2 started, $3 finished, $4 message, $5 SQLSTATE, $6 detail.
 pub const MARK_FAILED: &str = "\
 UPDATE etc_batch.batch_log
    SET status = 'failed', attempts = attempts OPERATOR(pg_catalog.+) 1,
-       started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5
+       started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5,
+       last_detail = $6
  WHERE id OPERATOR(pg_catalog.=) $1
 RETURNING batch, attempts, added_by::pg_catalog.oid";
 
@@ -224,7 +227,7 @@ WITH was AS (
 reset AS (
   UPDATE etc_batch.batch_log b
      SET status = 'pending', attempts = 0, started_at = NULL, finished_at = NULL,
-         last_error = NULL, last_sqlstate = NULL
+         last_error = NULL, last_sqlstate = NULL, last_detail = NULL
     FROM was
    WHERE b.id OPERATOR(pg_catalog.=) was.id
   RETURNING b.id)

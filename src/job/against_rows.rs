@@ -1,9 +1,12 @@
 //! A job's items read against their rows now, a batch at a time: what
-//! register_remainder and register_revert approve again.
+//! register_remainder and register_revert approve again, and what they leave out.
 //!
 //! The items come from a statement over the job's own tables, read as the extension's
 //! owner through a cursor; each batch is bound, as arrays, to one statement over the
 //! target, run as the caller, which says for each item what becomes of it.
+//!
+//! Every item read ends in exactly one place: the new approval, or
+//! etc_batch.job_left_out with the reason it was left out, counted in a NOTICE.
 
 use super::definition::Definition;
 use super::target::Target;
@@ -12,6 +15,7 @@ use crate::installed;
 use crate::query::{self, Cursor, Opaque, Row};
 use crate::roles::as_role;
 use pgrx::datum::DatumWithOid;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 /// How many items are read against their rows at once.
 const AT_ONCE: i64 = 1000;
@@ -91,4 +95,157 @@ pub fn each_batch<R>(
     }
     cursor.close();
     Ok(())
+}
+
+/// Why an item of a job was left out of an approval made from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeftOutBecause {
+    /// Its row no longer holds what the new approval would expect of it.
+    Drifted,
+    /// No row has its key any more.
+    Gone,
+    /// Its key now names a row of another tenant than the job's.
+    AnotherTenant,
+}
+
+impl LeftOutBecause {
+    /// Its text in etc_batch.job_left_out and in what the state SQL gives.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeftOutBecause::Drifted => "drifted",
+            LeftOutBecause::Gone => "gone",
+            LeftOutBecause::AnotherTenant => "another tenant",
+        }
+    }
+
+    /// The state `state_sql` gave an item that is not approved again.
+    pub fn of_state(state: &str) -> LeftOutBecause {
+        match state {
+            "gone" => LeftOutBecause::Gone,
+            "another tenant" => LeftOutBecause::AnotherTenant,
+            _ => LeftOutBecause::Drifted,
+        }
+    }
+
+    pub const ALL: [LeftOutBecause; 3] = [
+        LeftOutBecause::Drifted,
+        LeftOutBecause::Gone,
+        LeftOutBecause::AnotherTenant,
+    ];
+}
+
+/// An item of a job left out of an approval made from it: its position in the job, its
+/// key and why.
+pub struct LeftOut {
+    pub position: i32,
+    pub key: String,
+    pub because: LeftOutBecause,
+}
+
+/// How many of `left_out` were left out for `because`.
+pub fn count(left_out: &[LeftOut], because: LeftOutBecause) -> i32 {
+    left_out.iter().filter(|l| l.because == because).count() as i32
+}
+
+/// SQL: the state of an item against its row `t` of the target, joined by the item's key
+/// and the job's tenant: 'gone' or 'another tenant' when there is no such row, `again`
+/// when the row is as `matches` (a boolean expression over it) wants, else 'drifted'.
+pub fn state_sql(target: &Target, matches: &str) -> String {
+    let s = &target.shape;
+    let present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0]));
+    let missing = match s.tenant_column {
+        // the tenant is part of the join: a row that has the key under another tenant
+        // is not the job's, and is named as what it is
+        Some(_) => format!(
+            "CASE WHEN EXISTS (SELECT FROM {name} AS t WHERE {key}) THEN 'another tenant' ELSE 'gone' END",
+            name = target.sql_name,
+            key = s.key.matches("it.item_key", &s.columns)
+        ),
+        None => "'gone'".to_string(),
+    };
+    format!(
+        "CASE WHEN {present} IS NULL THEN {missing} WHEN {matches} THEN 'again' ELSE 'drifted' END"
+    )
+}
+
+/// Records the items of `job` that `approval` (the job registered from its items) left
+/// out, each with its reason, in etc_batch.job_left_out, and tells the caller how many,
+/// by reason, with `hint` where there is something to do about them.
+pub fn leave_out(
+    approval: &str,
+    job: &str,
+    left_out: &[LeftOut],
+    hint: Option<String>,
+) -> Result<()> {
+    if left_out.is_empty() {
+        return Ok(());
+    }
+    let owner = installed::owner()?;
+    as_role(owner, || {
+        query::run(
+            super::sql::LEAVE_OUT,
+            &[
+                approval.into(),
+                left_out
+                    .iter()
+                    .map(|l| l.position)
+                    .collect::<Vec<_>>()
+                    .into(),
+                left_out
+                    .iter()
+                    .map(|l| l.key.clone())
+                    .collect::<Vec<_>>()
+                    .into(),
+                left_out
+                    .iter()
+                    .map(|l| l.because.as_str().to_string())
+                    .collect::<Vec<_>>()
+                    .into(),
+            ],
+        )
+    })?;
+    let detail = format!(
+        "{} \"etc_batch.job_left_out\" names each of them, with job_id {}.",
+        left_out_counts(left_out),
+        pgrx::spi::quote_literal(approval)
+    );
+    let message = format!(
+        "job \"{approval}\" leaves out {} of job \"{job}\"",
+        items(left_out.len())
+    );
+    let mut report = pgrx::pg_sys::panic::ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        message,
+        "etc_batch",
+    )
+    .set_detail(detail);
+    if let Some(hint) = hint {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::NOTICE);
+    Ok(())
+}
+
+/// "1 item" or "n items".
+fn items(n: usize) -> String {
+    if n == 1 {
+        "1 item".into()
+    } else {
+        format!("{n} items")
+    }
+}
+
+/// The counts of `left_out` by reason, as a sentence: "Drifted: 2; gone: 1."
+fn left_out_counts(left_out: &[LeftOut]) -> String {
+    let parts: Vec<String> = LeftOutBecause::ALL
+        .iter()
+        .map(|&b| (b, count(left_out, b)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(b, n)| format!("{}: {n}", b.as_str()))
+        .collect();
+    let mut sentence = parts.join("; ");
+    if let Some(first) = sentence.get_mut(0..1) {
+        first.make_ascii_uppercase();
+    }
+    format!("{sentence}.")
 }

@@ -1166,7 +1166,9 @@ mod tests {
         assert_eq!(
             e,
             BatchError::UndefinedColumn {
-                column: "nope".into()
+                column: "nope".into(),
+                named_by: Some("item 0".into()),
+                default: None,
             }
         );
     }
@@ -1213,7 +1215,9 @@ mod tests {
         assert_eq!(
             s.check_roles(),
             Err(BatchError::UndefinedColumn {
-                column: "missing".into()
+                column: "missing".into(),
+                named_by: None,
+                default: None,
             })
         );
     }

@@ -72,6 +72,8 @@ pub struct Column {
     pub byte_ordered: bool,
     /// A generated column, which only PostgreSQL writes.
     pub generated: bool,
+    /// Declared NOT NULL: a job never sets it to null.
+    pub not_null: bool,
     /// Its place among the table's columns, from 0.
     pub position: usize,
     /// How a row's digest hashes it (guard.rs).
@@ -107,6 +109,7 @@ impl Column {
             collatable: kind == Kind::Text,
             byte_ordered: false,
             generated: false,
+            not_null: false,
             position: 0,
             hash: HashBy::Function("pg_catalog.hashtextextended".into()),
         }
@@ -135,13 +138,29 @@ impl Columns {
     pub fn column(&self, name: &str) -> Result<&Column> {
         self.0.get(name).ok_or_else(|| BatchError::UndefinedColumn {
             column: name.to_string(),
+            named_by: None,
+            default: None,
+        })
+    }
+
+    /// The column `name`, which `named_by` (set_values, expect, an item) names.
+    pub fn named_in(&self, name: &str, named_by: &str) -> Result<&Column> {
+        self.column(name).map_err(|e| match e {
+            BatchError::UndefinedColumn {
+                column, default, ..
+            } => BatchError::UndefinedColumn {
+                column,
+                named_by: Some(named_by.to_string()),
+                default,
+            },
+            other => other,
         })
     }
 
     /// Checks a value meant for `column` (a guard, an expectation, a value to set)
     /// against what the column accepts.
     pub fn check_value(&self, column: &str, value: &Value, context: &str) -> Result<()> {
-        let column = self.column(column)?;
+        let column = self.named_in(column, context)?;
         let ok = match (column.kind, value) {
             (_, Value::Null) => true,
             (Kind::Int { min, max }, v) => v.as_i64().is_some_and(|i| i >= min && i <= max),
@@ -162,6 +181,15 @@ impl Columns {
                     "{value} does not fit column \"{}\" of type {}.",
                     column.name, column.type_name
                 ),
+            ));
+        }
+        if let (false, Kind::Uuid, Value::String(text)) = (ok, column.kind, value) {
+            return Err(BatchError::invalid_because(
+                format!(
+                    "{context} has an invalid value for column \"{}\"",
+                    column.name
+                ),
+                format!("\"{text}\" is not a valid uuid."),
             ));
         }
         if !ok {

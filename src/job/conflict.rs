@@ -17,6 +17,9 @@ pub struct Expected<'a> {
     pub revision: i64,
     pub guards: &'a BTreeMap<String, Value>,
     pub expect: &'a BTreeMap<String, Value>,
+    /// The handler that returned NULL for the item, refusing it; None when the item's
+    /// change simply found no row to change.
+    pub refused_by: Option<&'a str>,
 }
 
 /// The detail message and the problem record for an item whose row did not match.
@@ -62,6 +65,8 @@ pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
             "{at} must have {column} = {value}, but the row now has {column} = {}.",
             now(column)
         )
+    } else if let Some(handler) = e.refused_by {
+        format!("{at} was refused by its handler {handler}, which returned NULL for it; its row still holds what was approved.")
     } else if *e.guard == Guard::Row {
         format!("{at} was approved with a row that has changed since: its digest is no longer the one taken when the job was registered.")
     } else {
@@ -114,6 +119,7 @@ mod tests {
             revision: 3,
             guards,
             expect,
+            refused_by: None,
         }
     }
 
@@ -165,5 +171,21 @@ mod tests {
             Some(&json!({"revision": 3, "qty": 2, "status": "pending"})),
         );
         assert!(d.contains("changed concurrently"));
+
+        let refused = Expected {
+            refused_by: Some("public.cancel_order(pg_catalog.jsonb)"),
+            ..expected(&guards, &expect)
+        };
+        let (d, _) = describe(
+            &refused,
+            Some(&json!({"revision": 3, "qty": 2, "status": "pending"})),
+        );
+        assert_eq!(d, "Item 15 (the 15th of 40 approved items) was refused by its handler public.cancel_order(pg_catalog.jsonb), which returned NULL for it; its row still holds what was approved.");
+        // a handler's NULL for a row that drifted is told as the drift
+        let (d, _) = describe(
+            &refused,
+            Some(&json!({"revision": 4, "qty": 2, "status": "pending"})),
+        );
+        assert!(d.contains("was approved at revision 3, but the row now has revision 4"));
     }
 }

@@ -659,6 +659,19 @@ impl Job {
                         told = Some(wait.clone());
                         since_told = std::time::Instant::now();
                     }
+                    // a pause_job, or a stop_launch of this worker's launch, ends the wait
+                    // as it would before a chunk: a window may be hours away
+                    let held = tx.item(|_| {
+                        let held = self.owner(|| super::chunk::held_back(self.id()))?;
+                        if held.is_some() {
+                            self.end_wait(&wait, since_told.elapsed())?;
+                        }
+                        Ok::<_, BatchError>(held)
+                    })?;
+                    if let Some(paused) = held {
+                        tx.commit();
+                        return Ok(BeforeChunk::Paused(Some(paused)));
+                    }
                     self.activity
                         .report(&format!("job \"{}\": {}", self.id(), wait.activity()));
                     let pause = match wait {
@@ -1112,7 +1125,7 @@ impl Job {
             Some(position) => Some(position),
             None => self.first_mismatch(range)?,
         };
-        self.conflict(position, range)
+        self.conflict(position, range, known.is_some())
     }
 
     /// The first item of the chunk whose row no longer matches it.
@@ -1126,9 +1139,9 @@ impl Job {
         self.as_author(|| query::one::<i32>(&self.mismatch_sql, &args))
     }
 
-    /// Records and returns the conflict of the item at `position`, or of the chunk when
-    /// every item matches again by now.
-    fn conflict(&self, position: Option<i32>, range: &Range<i32>) -> Result<Round> {
+    /// Records and returns the conflict of the item at `position` (`refused`: the one its
+    /// handler returned NULL for), or of the chunk when every item matches again by now.
+    fn conflict(&self, position: Option<i32>, range: &Range<i32>, refused: bool) -> Result<Round> {
         let Some(position) = position else {
             let detail = format!(
                 "Positions {} to {} did not all match while their chunk ran, and match again now: they changed concurrently.",
@@ -1156,6 +1169,7 @@ impl Job {
             revision,
             guards: &guards,
             expect: &self.def.expect,
+            refused_by: self.def.handler.as_deref().filter(|_| refused),
         };
         // A row serde_json cannot read (a jsonb column nested deeper than it reads) is
         // reported as its text, so that the conflict is still recorded.

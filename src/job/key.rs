@@ -207,9 +207,18 @@ impl JobKey {
                 _ => Err(wrong()),
             },
             Kind::Text => Ok(Key::Text(value.as_str().ok_or_else(wrong)?.to_string())),
-            Kind::Uuid => parse_uuid(value.as_str().ok_or_else(wrong)?)
-                .map(Key::Uuid)
-                .ok_or_else(wrong),
+            Kind::Uuid => {
+                let text = value.as_str().ok_or_else(wrong)?;
+                parse_uuid(text).map(Key::Uuid).ok_or_else(|| {
+                    BatchError::invalid_because(
+                        format!("item {position} has an invalid key"),
+                        format!(
+                            "Key column \"{}\" is uuid, and \"{text}\" is not a valid uuid.",
+                            column.name
+                        ),
+                    )
+                })
+            }
             _ => Err(wrong()),
         }
     }
@@ -306,6 +315,15 @@ impl Key {
                 .map(Key::Uuid)
                 .unwrap_or_else(|| Key::Text(text.into())),
             _ => Key::Text(text.into()),
+        }
+    }
+
+    /// The text of the key's column `i`, as given: a key of several columns is given as
+    /// the texts of its parts; any other is one column's.
+    pub fn part(&self, i: usize) -> String {
+        match self {
+            Key::Given(parts) => parts.get(i).cloned().unwrap_or_default(),
+            other => other.text(),
         }
     }
 

@@ -17,7 +17,7 @@ use super::shape::Shape;
 use super::sql;
 use super::tables::JobTables;
 use super::target::Target;
-use crate::error::{capitalize, non_empty, BatchError, Result};
+use crate::error::{capitalize, non_empty, BatchError, Defaulted, Result};
 use crate::installed;
 use crate::query;
 use crate::roles::{as_role, current_user};
@@ -152,7 +152,18 @@ impl Source {
     }
 }
 
-pub fn register(mut req: Request) -> Result<Registered> {
+pub fn register(req: Request) -> Result<Registered> {
+    match &req.items {
+        // an error of the items query keeps its SQLSTATE and says where it ran
+        Items::Query(_) => {
+            let context = format!("while reading the items query of job \"{}\"", req.job_id);
+            crate::txn::with_context(&context, || register_now(req))
+        }
+        _ => register_now(req),
+    }
+}
+
+fn register_now(mut req: Request) -> Result<Registered> {
     non_empty(&req.job_id, "job id")?;
     if req.job_id.len() > MAX_JOB_ID {
         return Err(BatchError::invalid_because(
@@ -177,6 +188,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
         (None, _) => None,
     };
     let tenant_column = tenant.as_ref().map(|(_, c)| c.as_str());
+    let key_named = req.key_column.is_some() || req.key_columns.is_some();
     let key = choose_key(
         req.target,
         req.key_column.take(),
@@ -184,7 +196,29 @@ pub fn register(mut req: Request) -> Result<Registered> {
         tenant_column,
     )?;
     let guard = Guard::of(req.revision_column.as_deref(), req.guard.as_deref())?;
-    let target = Target::load(req.target, &key, tenant_column, &guard)?;
+    let target = Target::load(req.target, &key, tenant_column, &guard).map_err(|e| {
+        name_the_argument(e, |column| {
+            if key.columns().iter().any(|c| c == column) {
+                Some(match (key_named, key.columns().len()) {
+                    (false, _) => ("the key", Some(Defaulted::Key)),
+                    (true, 1) => ("key_column", None),
+                    (true, _) => ("key_columns", None),
+                })
+            } else if Some(column) == tenant_column {
+                Some((
+                    "tenant_column",
+                    (column == "tenant").then_some(Defaulted::TenantColumn),
+                ))
+            } else if Some(column) == guard.column() {
+                Some((
+                    "revision_column",
+                    (column == "revision").then_some(Defaulted::RevisionColumn),
+                ))
+            } else {
+                None
+            }
+        })
+    })?;
     let shape = &target.shape;
     let source = match std::mem::replace(&mut req.items, Items::Json(String::new())) {
         // read an item at a time, and the text let go as soon as the normal form exists
@@ -240,6 +274,10 @@ pub fn register(mut req: Request) -> Result<Registered> {
         Source::Query(_) => &[],
     };
     check_casts(&target, tenant.as_ref(), listed, &action, &expect)?;
+    check_keys(&target, listed)?;
+    if let Action::Set(values) = &action {
+        check_constraints(&target, req.target, values)?;
+    }
     let handler = match &action {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
         Action::Set(_) => None,
@@ -331,6 +369,34 @@ pub fn register(mut req: Request) -> Result<Registered> {
         }
     };
     Ok(registered)
+}
+
+/// A column of the target's that is not there, named as the argument that named it
+/// (`argument` gives it, and the default taken, for a column of the key, the tenant or
+/// the revision), so that a default the caller never wrote is said to be one.
+fn name_the_argument(
+    e: BatchError,
+    argument: impl Fn(&str) -> Option<(&'static str, Option<Defaulted>)>,
+) -> BatchError {
+    match e {
+        BatchError::UndefinedColumn {
+            column,
+            named_by: None,
+            ..
+        } => match argument(&column) {
+            Some((by, default)) => BatchError::UndefinedColumn {
+                column,
+                named_by: Some(by.to_string()),
+                default,
+            },
+            None => BatchError::UndefinedColumn {
+                column,
+                named_by: None,
+                default: None,
+            },
+        },
+        other => other,
+    }
 }
 
 /// The first of the columns `record` that an item names as a guard, if any.
@@ -437,6 +503,15 @@ fn check_set_values(
     from_items: &[String],
 ) -> Result<BTreeMap<String, Value>> {
     let values = shape.check_columns_object("set_values", values)?;
+    // every chunk's UPDATE would fail on the constraint: refused now, not at every drain
+    if let Some((column, _)) = values
+        .iter()
+        .find(|(c, v)| v.is_null() && shape.columns.get(*c).is_some_and(|c| c.not_null))
+    {
+        return Err(BatchError::NotNullViolation {
+            column: column.clone(),
+        });
+    }
     let named: Value = from_items
         .iter()
         .map(|c| (c.clone(), Value::Null))
@@ -489,6 +564,51 @@ fn check_handler(handler: pg_sys::Oid) -> Result<String> {
             oid: handler.to_u32(),
         }),
     }
+}
+
+/// A value set_values sets that a CHECK constraint of the target on that column alone
+/// refuses would fail every chunk: refused now, with the constraint's SQLSTATE. Each
+/// constraint is read from the catalog and asked of the value alone, as the caller, in a
+/// subtransaction; one that cannot be asked so (it fails on the value) is left to the
+/// chunks, as before.
+fn check_constraints(
+    target: &Target,
+    table: pg_sys::Oid,
+    values: &BTreeMap<String, Value>,
+) -> Result<()> {
+    for (name, value) in values {
+        let (Some(column), Some(text)) = (target.shape.columns.get(name), scalar_text(value))
+        else {
+            continue;
+        };
+        let checks = query::rows(
+            sql::COLUMN_CHECKS,
+            &[table.into(), name.as_str().into()],
+            0,
+            |r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<String>(2)?.unwrap_or_default(),
+                ))
+            },
+        )?;
+        for (constraint, expression) in checks {
+            let asked = format!(
+                "SELECT ({expression}) IS NOT FALSE FROM (SELECT $1::pg_catalog.text::{}) AS t({})",
+                column.sql_type,
+                pgrx::spi::quote_identifier(name)
+            );
+            let passes = subtransaction(|| query::one::<bool>(&asked, &[text.as_str().into()]));
+            if let Ok(Ok(Some(false))) = passes {
+                return Err(BatchError::CheckViolation {
+                    column: name.clone(),
+                    constraint,
+                    value: text,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Values of types Rust cannot check (dates, enums, numbers against the column's range,
@@ -565,6 +685,52 @@ fn check_casts(
                 format!("{}.", capitalize(&failure)),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The keys of a jsonb approval that PostgreSQL reads as their columns' types (dates,
+/// numerics, any type but the ones read here), read so before they are ordered: a key
+/// that is not a valid value raises PostgreSQL's own error, with its SQLSTATE, saying
+/// which item and which key column. Only a list that fails is searched, by halves.
+fn check_keys(target: &Target, items: &[Item]) -> Result<()> {
+    let shape = &target.shape;
+    for (i, name) in shape.key.columns().iter().enumerate() {
+        let column = &shape.columns[name];
+        if !matches!(column.kind, Kind::Other | Kind::Numeric) {
+            continue;
+        }
+        let texts: Vec<String> = items.iter().map(|item| item.key.part(i)).collect();
+        let sql = target.read_values_sql(name);
+        let read = |n: usize| {
+            subtransaction(|| query::run(&sql, &[texts[..n].to_vec().into(), name.as_str().into()]))
+                .and_then(|r| r.map_err(crate::txn::Failure::from))
+        };
+        let Err(mut failure) = read(texts.len()) else {
+            continue;
+        };
+        // the first n items read, the first n + 1 do not: (good, bad] holds it
+        let (mut good, mut bad) = (0, texts.len());
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            match read(mid) {
+                Ok(()) => good = mid,
+                Err(f) => {
+                    failure = f;
+                    bad = mid;
+                }
+            }
+        }
+        // items are counted from 1, as every message of an approval counts them
+        let item = &items[bad - 1];
+        failure.raise(
+            format!(
+                "Item {bad} (key {}) has a value for key column \"{name}\" that is not a valid {}.",
+                item.key.text(),
+                column.type_name
+            ),
+            "Correct the item's key in the approved list and register it again.".into(),
+        )
     }
     Ok(())
 }

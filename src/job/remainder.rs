@@ -6,9 +6,16 @@
 //! (on_drift => skip), each read against its row now: one that still matches its
 //! approval is approved again as it was; one whose row drifted is left out, or, with
 //! include_drifted, approved again at its row's current state (its revision and the
-//! values of its guard columns now); one whose row is gone is left out.
+//! values of its guard columns now); one whose row is gone, or whose key now names
+//! another tenant's row, is left out. Every item left out is named in
+//! etc_batch.job_left_out, with its reason, and counted in a NOTICE: the job's approved
+//! items are its committed and skipped ones, its remainder's and those left out.
+//!
+//! The drifted items a remainder left out can be approved later, at their rows' state
+//! then: register_remainder on the continued job with include_drifted registers them as a
+//! job of their own, and job_left_out says which job approved each again.
 
-use super::against_rows;
+use super::against_rows::{self, LeftOut, LeftOutBecause};
 use super::approval::Action;
 use super::claim;
 use super::definition::Definition;
@@ -64,6 +71,13 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
             let successor = as_role(owner, || {
                 query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
             })?;
+            if req.include_drifted {
+                if let Some(successor) = &successor {
+                    if let Some(registered) = approve_drifted_again(&req, &def, successor)? {
+                        return Ok(registered);
+                    }
+                }
+            }
             return Err(BatchError::JobContinued {
                 job: req.job_id,
                 successor,
@@ -86,22 +100,121 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
         }
     }
     let target = def.target()?;
-    let items = remaining_items(&def, &target, req.include_drifted)?;
-    if items.is_empty() {
-        return Err(BatchError::invalid_because(
-            format!("nothing of job \"{}\" remains to approve again", req.job_id),
-            if req.include_drifted {
-                "Every item it did not change names a row that is gone."
-            } else {
-                "Every item it did not change names a row that drifted or is gone; include_drifted => true approves the drifted ones at their state now."
-            },
+    let found = remaining_items(
+        &def,
+        &target,
+        sql::REMAINING_ITEMS,
+        Vec::new(),
+        req.include_drifted,
+    )?;
+    if found.items.is_empty() {
+        return Err(nothing_remains(
+            &req.job_id,
+            &found.left_out,
+            req.include_drifted,
         ));
     }
+    let registered = register_items(&req, &def, &found)?;
+    as_role(owner, || {
+        query::run(
+            sql::CONTINUE_JOB,
+            &[req.job_id.as_str().into(), req.new_job_id.as_str().into()],
+        )
+    })?;
+    let drifted = against_rows::count(&found.left_out, LeftOutBecause::Drifted);
+    against_rows::leave_out(
+        &req.new_job_id,
+        &req.job_id,
+        &found.left_out,
+        (drifted > 0).then(|| {
+            format!(
+                "etc_batch.register_remainder({}, 'new job id', include_drifted => true) approves the drifted ones at their rows' state now.",
+                quote_literal(&req.job_id)
+            )
+        }),
+    )?;
+    Ok(registered)
+}
+
+/// The drifted items that `successor`, the job's remainder, left out and no later call
+/// approved again, approved now as job `req.new_job_id` at their rows' state: None when
+/// there are none. The items whose rows are gone since stay left out, for that reason.
+fn approve_drifted_again(
+    req: &Remainder,
+    def: &Definition,
+    successor: &str,
+) -> Result<Option<Registered>> {
+    let owner = installed::owner()?;
+    let target = def.target()?;
+    let found = remaining_items(
+        def,
+        &target,
+        sql::LEFT_OUT_DRIFTED,
+        vec![successor.into()],
+        true,
+    )?;
+    if found.items.is_empty() && found.left_out.is_empty() {
+        return Ok(None);
+    }
+    if found.items.is_empty() {
+        return Err(nothing_remains(&req.job_id, &found.left_out, true));
+    }
+    let registered = register_items(req, def, &found)?;
+    let positions: Vec<i32> = found.items.iter().map(|(p, _)| *p).collect();
+    as_role(owner, || {
+        query::run(
+            sql::APPROVED_AGAIN,
+            &[
+                successor.into(),
+                req.new_job_id.as_str().into(),
+                positions.into(),
+            ],
+        )?;
+        query::run(
+            sql::LEFT_OUT_NOW,
+            &[
+                successor.into(),
+                found
+                    .left_out
+                    .iter()
+                    .map(|l| l.position)
+                    .collect::<Vec<_>>()
+                    .into(),
+                found
+                    .left_out
+                    .iter()
+                    .map(|l| l.because.as_str().to_string())
+                    .collect::<Vec<_>>()
+                    .into(),
+            ],
+        )
+    })?;
+    Ok(Some(registered))
+}
+
+/// The refusal of a remainder that would approve nothing: every item it read is left
+/// out, and the job stays as it is.
+fn nothing_remains(job_id: &str, left_out: &[LeftOut], include_drifted: bool) -> BatchError {
+    let drifted = against_rows::count(left_out, LeftOutBecause::Drifted);
+    let gone = left_out.len() as i32 - drifted;
+    BatchError::invalid_because(
+        format!("nothing of job \"{job_id}\" remains to approve again"),
+        if include_drifted || drifted == 0 {
+            format!("Every item it did not change names a row that is gone or another tenant's ({gone}).")
+        } else {
+            format!("Every item it did not change names a row that drifted ({drifted}) or is gone or another tenant's ({gone}); include_drifted => true approves the drifted ones at their state now.")
+        },
+    )
+}
+
+/// Registers `found`'s items as the job `req.new_job_id`, with the job's change.
+fn register_items(req: &Remainder, def: &Definition, found: &Found) -> Result<Registered> {
     let (set_values, handler) = match def.terms().action {
         Action::Set(values) => (Some(Value::Object(values.into_iter().collect())), None),
         Action::Handler(_) => (None, def.handler_oid),
     };
-    let registered = register::register(Request {
+    let items: Vec<&str> = found.items.iter().map(|(_, i)| i.as_str()).collect();
+    register::register(Request {
         job_id: req.new_job_id.clone(),
         tenant: def.tenant_value().map(str::to_string),
         target: def.target,
@@ -119,42 +232,58 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
         on_drift: def.on_drift,
         record_before: def.record_before,
         set_from_items: def.set_from_items.clone(),
-    })?;
-    as_role(owner, || {
-        query::run(
-            sql::CONTINUE_JOB,
-            &[req.job_id.as_str().into(), req.new_job_id.as_str().into()],
-        )
-    })?;
-    Ok(registered)
+    })
 }
 
-/// The items the job did not change that are to be approved again, as JSON objects of
-/// register_job's items, in position order.
+/// A job's items read against their rows: those approved again, as (position, item
+/// object of register_job) in position order, and those left out.
+struct Found {
+    items: Vec<(i32, String)>,
+    left_out: Vec<LeftOut>,
+}
+
+/// The items `listing` gives (see against_rows::each_batch), each approved again or left
+/// out.
 fn remaining_items(
     def: &Definition,
     target: &Target,
+    listing: &str,
+    listing_args: Vec<pgrx::datum::DatumWithOid<'static>>,
     include_drifted: bool,
-) -> Result<Vec<String>> {
+) -> Result<Found> {
     let constants = Constants::new(def.set_values.as_ref(), &def.expect).args(target)?;
-    let mut out = Vec::new();
+    let mut found = Found {
+        items: Vec::new(),
+        left_out: Vec::new(),
+    };
     against_rows::each_batch(
         def,
         target,
-        sql::REMAINING_ITEMS,
-        Vec::new(),
+        listing,
+        listing_args,
         &against_rows_sql(def, target),
         &constants,
         &[include_drifted],
-        |r| r.get::<String>(1),
-        |_, rows| out.extend(rows.into_iter().flatten()),
+        |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?)),
+        |batch, rows| {
+            for (item, (state, approved)) in batch.into_iter().zip(rows) {
+                match approved {
+                    Some(approved) => found.items.push((item.position, approved)),
+                    None => found.left_out.push(LeftOut {
+                        position: item.position,
+                        key: item.key,
+                        because: LeftOutBecause::of_state(&state),
+                    }),
+                }
+            }
+        },
     )?;
-    Ok(out)
+    Ok(found)
 }
 
 /// SQL: the items of a batch (bound as arrays after the job's constants) against their
-/// rows now, as the caller: each one's item object to approve again, or NULL to leave it
-/// out. Its parameters are the chunk's ($3 the tenant, the constants), then the keys,
+/// rows now, as the caller: each one's state (against_rows::state_sql) and its item
+/// object to approve again, or NULL to leave it out. Its parameters are the chunk's ($3 the tenant, the constants), then the keys,
 /// revisions and guards of the batch, and whether drifted items are approved again.
 fn against_rows_sql(def: &Definition, target: &Target) -> String {
     let s = &target.shape;
@@ -188,19 +317,27 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
     };
     let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
     names.push(s.key.matches("it.item_key", &s.columns));
-    let present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0]));
     format!(
-        "SELECT (CASE WHEN {present} IS NULL THEN NULL
-             WHEN {matches} THEN {key_object}{approved} OPERATOR(pg_catalog.||) (it.guards{recorded})
-             WHEN ${drifted} THEN {key_object}{now} OPERATOR(pg_catalog.||) ({current_guards}{recorded})
+        "SELECT m.state,
+       (CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
+             THEN {key_object}{approved} OPERATOR(pg_catalog.||) (it.guards{recorded})
+             WHEN m.state OPERATOR(pg_catalog.=) 'drifted' AND ${drifted}
+             THEN {key_object}{now} OPERATOR(pg_catalog.||) ({current_guards}{recorded})
         END)::pg_catalog.text
   FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
                   pg_catalog.unnest(${revisions}::pg_catalog.int8[]),
                   pg_catalog.unnest(${guards}::pg_catalog.text[]::pg_catalog.jsonb[]))
        WITH ORDINALITY AS it(item_key, revision, guards, n)
   LEFT JOIN {name} AS t ON {names}
+ CROSS JOIN LATERAL (SELECT {state} AS state) m
  ORDER BY it.n",
-        matches = target.matches_item(&def.guard_columns, &constants),
+        state = against_rows::state_sql(
+            target,
+            &format!(
+                "COALESCE({}, false)",
+                target.matches_item(&def.guard_columns, &constants)
+            )
+        ),
         approved = revision("it.revision"),
         now = revision(&s.guard_now()),
         name = target.sql_name,

@@ -20,7 +20,8 @@ use pgrx::prelude::*;
 use std::collections::VecDeque;
 
 pub struct ReportRow {
-    /// NULL for an item a revert left out of its approval (see `left_out`).
+    /// NULL for an item a revert or a remainder left out of its approval (see
+    /// `left_out`).
     pub position: Option<i32>,
     pub item_key: String,
     pub state: String,
@@ -49,16 +50,21 @@ pub fn report(job_id: &str) -> Result<Report> {
     })
 }
 
-/// For a revert, the committed items of the job it reverts that it left out of its
-/// approval, as the last rows of its report: no position in it, the state "left out,
-/// drifted" or "left out, gone". Read as the owner, once the caller may read the job.
+/// For a revert or a remainder, the items of the job it was made from that it left out
+/// of its approval, as the last rows of its report: no position in it, the state "left
+/// out, " and the reason (drifted, gone, another tenant), and for a drifted one approved
+/// again later, by which job. Read as the owner, once the caller may read the job.
 fn left_out(job_id: &str) -> Result<VecDeque<ReportRow>> {
     let rows = as_owner(|| {
         query::rows(sql::LEFT_OUT, &[job_id.into()], 0, |r| {
+            let because = r.get::<String>(2)?.unwrap_or_default();
             Ok(ReportRow {
                 position: None,
                 item_key: r.get::<String>(1)?.unwrap_or_default(),
-                state: format!("left out, {}", r.get::<String>(2)?.unwrap_or_default()),
+                state: match r.get::<String>(3)? {
+                    Some(again) => format!("left out, {because}; approved again as job {again}"),
+                    None => format!("left out, {because}"),
+                },
                 revision_committed: None,
                 revision_now: None,
             })

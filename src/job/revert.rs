@@ -16,7 +16,7 @@
 //! finish their chunk, and its status becomes reverted, so that nothing changes its
 //! rows while the revert runs. A revert of a revert works the same way.
 
-use super::against_rows;
+use super::against_rows::{self, LeftOut, LeftOutBecause};
 use super::approval::Action;
 use super::claim;
 use super::definition::Definition;
@@ -84,13 +84,13 @@ impl Terms {
 struct Classified {
     /// The item objects of the revert's approval, in position order.
     items: Vec<String>,
-    /// Positions, keys and states ("drifted", "gone") of those left out.
-    left_out: Vec<(i32, String, &'static str)>,
+    /// Those left out, and why.
+    left_out: Vec<LeftOut>,
 }
 
 impl Classified {
-    fn count(&self, state: &str) -> i32 {
-        self.left_out.iter().filter(|l| l.2 == state).count() as i32
+    fn count(&self, because: LeftOutBecause) -> i32 {
+        against_rows::count(&self.left_out, because)
     }
 }
 
@@ -99,13 +99,12 @@ pub struct Preview {
     pub items: i32,
     pub drifted: i32,
     pub gone: i32,
+    pub another_tenant: i32,
     pub set_back: Option<Value>,
     /// The columns set back to each row's own value, recorded before the change.
     pub set_back_per_item: Vec<String>,
     pub expected: Value,
     pub inverse: Option<String>,
-    /// The keys left out, by state: {"drifted": [...], "gone": [...]}.
-    pub left_out: Value,
 }
 
 pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
@@ -113,20 +112,11 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
     let terms = terms_of(&def, inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
-    let keys = |state: &str| {
-        Value::Array(
-            found
-                .left_out
-                .iter()
-                .filter(|l| l.2 == state)
-                .map(|l| Value::String(l.1.clone()))
-                .collect(),
-        )
-    };
     Ok(Preview {
         items: found.items.len() as i32,
-        drifted: found.count("drifted"),
-        gone: found.count("gone"),
+        drifted: found.count(LeftOutBecause::Drifted),
+        gone: found.count(LeftOutBecause::Gone),
+        another_tenant: found.count(LeftOutBecause::AnotherTenant),
         set_back: terms.set_back.map(object),
         set_back_per_item: terms.from_items,
         expected: object(terms.expect),
@@ -134,8 +124,16 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
             Some(oid) => Some(register::handler_name(oid)?),
             None => None,
         },
-        left_out: serde_json::json!({"drifted": keys("drifted"), "gone": keys("gone")}),
     })
+}
+
+/// The committed items of the job that a revert registered now would leave out, in
+/// position order, with why: what revert_preview counts, one row an item.
+pub fn preview_left_out(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Vec<LeftOut>> {
+    let def = revertible(job_id, "preview a revert of")?;
+    let terms = terms_of(&def, inverse)?;
+    let target = def.target()?;
+    Ok(classify(&def, &target, &terms)?.left_out)
 }
 
 pub fn register_revert(req: Revert) -> Result<Registered> {
@@ -188,9 +186,10 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
                 "It has committed no change yet.".to_string()
             } else {
                 format!(
-                    "Every item it changed names a row that drifted since ({}) or is gone ({}).",
-                    found.count("drifted"),
-                    found.count("gone")
+                    "Every item it changed names a row that drifted since ({}), is gone ({}) or is another tenant's ({}).",
+                    found.count(LeftOutBecause::Drifted),
+                    found.count(LeftOutBecause::Gone),
+                    found.count(LeftOutBecause::AnotherTenant)
                 )
             },
         ));
@@ -231,17 +230,6 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
             return Err(BatchError::SerializationFailure);
         }
     }
-    let (positions, keys, states): (Vec<i32>, Vec<String>, Vec<String>) = found
-        .left_out
-        .into_iter()
-        .map(|(p, k, s)| (p, k, s.to_string()))
-        .fold((vec![], vec![], vec![]), |mut v, (p, k, s)| {
-            v.0.push(p);
-            v.1.push(k);
-            v.2.push(s);
-            v
-        });
-    let left_out = positions.len();
     as_role(owner, || {
         query::run(
             sql::REVERT_JOB,
@@ -256,17 +244,10 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
                 req.job_id.as_str().into(),
                 req.revert_job_id.as_str().into(),
             ],
-        )?;
-        query::run(
-            sql::LEAVE_OUT,
-            &[
-                req.revert_job_id.as_str().into(),
-                positions.into(),
-                keys.into(),
-                states.into(),
-            ],
         )
     })?;
+    let left_out = found.left_out.len();
+    against_rows::leave_out(&req.revert_job_id, &req.job_id, &found.left_out, None)?;
     crate::events::job(
         &req.job_id,
         "reverted",
@@ -457,10 +438,13 @@ fn classify(def: &Definition, target: &Target, terms: &Terms) -> Result<Classifi
         |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?)),
         |batch, rows| {
             for (item, (state, approved)) in batch.into_iter().zip(rows) {
-                match (state.as_str(), approved) {
-                    ("revert", Some(approved)) => out.items.push(approved),
-                    ("gone", _) => out.left_out.push((item.position, item.key, "gone")),
-                    _ => out.left_out.push((item.position, item.key, "drifted")),
+                match approved {
+                    Some(approved) => out.items.push(approved),
+                    None => out.left_out.push(LeftOut {
+                        position: item.position,
+                        key: item.key,
+                        because: LeftOutBecause::of_state(&state),
+                    }),
                 }
             }
         },
@@ -469,8 +453,8 @@ fn classify(def: &Definition, target: &Target, terms: &Terms) -> Result<Classifi
 }
 
 /// SQL: a batch of committed items (bound as arrays after the revert's constants)
-/// against their rows now, as the caller: for each, in order, its state (revert,
-/// drifted, gone) and, to revert, its item object of the revert's approval. Its
+/// against their rows now, as the caller: for each, in order, its state
+/// (against_rows::state_sql) and, to revert, its item object of the revert's approval. Its
 /// parameters are a chunk's ($3 the tenant, the expected values), then the keys,
 /// the revisions the job left and the guards that still hold.
 fn against_rows_sql(
@@ -484,7 +468,6 @@ fn against_rows_sql(
     let (keys, revisions, guards) = (first, first + 1, first + 2);
     let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
     names.push(s.key.matches("it.item_key", &s.columns));
-    let present = format!("t.{}", pgrx::spi::quote_identifier(&s.key.columns()[0]));
     let revision = match def.guard.column() {
         Some(column) => format!(
             " OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({}, it.revision)",
@@ -493,17 +476,24 @@ fn against_rows_sql(
         None => String::new(),
     };
     format!(
-        "SELECT CASE WHEN {present} IS NULL THEN 'gone' WHEN m.matches THEN 'revert' ELSE 'drifted' END,
-       CASE WHEN m.matches THEN ({key_object}{revision} OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END
+        "SELECT m.state,
+       CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
+            THEN ({key_object}{revision} OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END
   FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
                   pg_catalog.unnest(${revisions}::pg_catalog.int8[]),
                   pg_catalog.unnest(${guards}::pg_catalog.text[]::pg_catalog.jsonb[]))
        WITH ORDINALITY AS it(item_key, revision, guards, n)
   LEFT JOIN {name} AS t ON {names}
- CROSS JOIN LATERAL (SELECT COALESCE({matches}, false) AS matches) m
+ CROSS JOIN LATERAL (SELECT {state} AS state) m
  ORDER BY it.n",
         key_object = target.key_object_sql(),
-        matches = target.matches_item(guard_columns, constants),
+        state = against_rows::state_sql(
+            target,
+            &format!(
+                "COALESCE({}, false)",
+                target.matches_item(guard_columns, constants)
+            )
+        ),
         name = target.sql_name,
         names = names.join(" AND "),
     )

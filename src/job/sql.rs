@@ -342,18 +342,41 @@ SELECT pg_catalog.count(*)
   JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
  WHERE r.revision OPERATOR(pg_catalog.<>) a.revision_after";
 
-/// The items a revert left out, in their order in the job it reverts: key, state. $1 the
-/// revert.
+/// The items an approval made from a job's items left out, in their order in that job:
+/// key, reason, and the job that approved a drifted one again later. $1 the approval.
 pub const LEFT_OUT: &str = "\
-SELECT o.item_key, o.state FROM etc_batch.job_left_out o
+SELECT o.item_key, o.state, o.approved_again_as FROM etc_batch.job_left_out o
  WHERE o.job_id OPERATOR(pg_catalog.=) $1 ORDER BY o.\"position\"";
 
-/// The items a revert left out. $1 the revert, $2 positions, $3 keys, $4 states.
+/// The items an approval made from a job's items left out. $1 the approval, $2
+/// positions, $3 keys, $4 reasons.
 pub const LEAVE_OUT: &str = "\
 INSERT INTO etc_batch.job_left_out (job_id, \"position\", item_key, state)
 SELECT $1, u.p, u.k, u.s
   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[]),
                   pg_catalog.unnest($4::pg_catalog.text[])) AS u(p, k, s)";
+
+/// The items of a job that its remainder $1 left out as drifted and that no later call
+/// approved again, as REMAINING_ITEMS lists them. `{items}` the job's.
+pub const LEFT_OUT_DRIFTED: &str = "\
+SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text
+  FROM {items} i
+  JOIN etc_batch.job_left_out o ON o.\"position\" OPERATOR(pg_catalog.=) i.position
+ WHERE o.job_id OPERATOR(pg_catalog.=) $1 AND o.state OPERATOR(pg_catalog.=) 'drifted'
+   AND o.approved_again_as IS NULL
+ ORDER BY i.position";
+
+/// Items a remainder $1 left out, at positions $3 of the job it continued, approved
+/// again by job $2.
+pub const APPROVED_AGAIN: &str = "\
+UPDATE etc_batch.job_left_out SET approved_again_as = $2
+ WHERE job_id OPERATOR(pg_catalog.=) $1 AND \"position\" OPERATOR(pg_catalog.=) ANY ($3)";
+
+/// Items a remainder $1 left out, at positions $2, left out now for reasons $3.
+pub const LEFT_OUT_NOW: &str = "\
+UPDATE etc_batch.job_left_out o SET state = u.s
+  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[])) AS u(p, s)
+ WHERE o.job_id OPERATOR(pg_catalog.=) $1 AND o.\"position\" OPERATOR(pg_catalog.=) u.p";
 
 /// A job ends, continued as another. $1 job, $2 the other.
 pub const CONTINUE_JOB: &str = "\
@@ -429,7 +452,8 @@ SELECT a.attname::pg_catalog.text, bt.typname::pg_catalog.text,
        bt.typcollation OPERATOR(pg_catalog.<>) 0,
        a.attcollation OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.\"C\"'::pg_catalog.regcollation,
                                                    'pg_catalog.\"POSIX\"'::pg_catalog.regcollation]::pg_catalog.oid[]),
-       a.attgenerated OPERATOR(pg_catalog.<>) ''
+       a.attgenerated OPERATOR(pg_catalog.<>) '',
+       a.attnotnull
   FROM pg_catalog.pg_attribute a
   JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
   JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace
@@ -438,6 +462,16 @@ SELECT a.attname::pg_catalog.text, bt.typname::pg_catalog.text,
  WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
    AND NOT a.attisdropped
  ORDER BY a.attnum";
+
+/// The CHECK constraints of table $1 on its column $2 alone: name, expression.
+pub const COLUMN_CHECKS: &str = "\
+SELECT c.conname::pg_catalog.text, pg_catalog.pg_get_expr(c.conbin, c.conrelid)
+  FROM pg_catalog.pg_constraint c
+  JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.conrelid
+                                AND a.attname OPERATOR(pg_catalog.=) $2::pg_catalog.name
+ WHERE c.conrelid OPERATOR(pg_catalog.=) $1 AND c.contype OPERATOR(pg_catalog.=) 'c'
+   AND c.conkey OPERATOR(pg_catalog.=) ARRAY[a.attnum]
+ ORDER BY c.conname";
 
 /// The columns of a table's primary key, in the key's order. $1 the table.
 pub const PRIMARY_KEY: &str = "\

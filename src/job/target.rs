@@ -61,6 +61,7 @@ pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
                 collatable: r.get::<bool>(5)?.unwrap_or(false),
                 byte_ordered: r.get::<bool>(6)?.unwrap_or(false),
                 generated: r.get::<bool>(7)?.unwrap_or(false),
+                not_null: r.get::<bool>(8)?.unwrap_or(false),
                 position: position - 1,
                 hash: hash_by(type_oid),
             },

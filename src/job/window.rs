@@ -87,6 +87,46 @@ impl Windows {
     }
 }
 
+impl Windows {
+    /// The minutes of the week the windows hold, in all.
+    fn open_per_week(&self) -> u32 {
+        self.spans.iter().map(|&(s, e)| e - s).sum()
+    }
+
+    /// How many minutes of the clock it takes, from `minute` of the week, for `work`
+    /// minutes of work done only inside the windows: the waits for the windows to open
+    /// counted, as a job's estimated finish counts them.
+    pub fn wall_minutes(&self, minute: u32, work: f64) -> f64 {
+        let per_week = self.open_per_week();
+        if per_week == 0 || work <= 0.0 {
+            return work.max(0.0);
+        }
+        // whole weeks of work at once: a backfill of months is not walked a span at a time
+        let weeks = (work / f64::from(per_week)).floor();
+        let (mut work, mut wall) = (work - weeks * f64::from(per_week), weeks * f64::from(WEEK));
+        let mut at = minute % WEEK;
+        while work > 0.0 {
+            match self.spans.iter().find(|&&(s, e)| s <= at && at < e) {
+                Some(&(_, end)) => {
+                    let here = f64::from(end - at);
+                    if work <= here {
+                        return wall + work;
+                    }
+                    wall += here;
+                    work -= here;
+                    at = end % WEEK;
+                }
+                None => {
+                    let wait = self.opens_in(at);
+                    wall += f64::from(wait);
+                    at = (at + wait) % WEEK;
+                }
+            }
+        }
+        wall
+    }
+}
+
 /// One entry: its days (0 Monday to 6 Sunday), and its range's start and end in minutes
 /// of the day (the end up to 24:00).
 fn parse_entry(entry: &str) -> Result<(Vec<u32>, u32, u32)> {
@@ -190,6 +230,29 @@ mod tests {
         assert!(!windows.inside(at(0, 3, 0)));
         assert_eq!(windows.opens_in(at(0, 12, 0)), 10 * 60);
         assert_eq!(windows.opens_in(at(5, 6, 0)), 2 * DAY + 16 * 60);
+    }
+
+    #[test]
+    fn work_waits_for_the_windows() {
+        // one hour a night, asked at noon: the window opens in 15 h
+        let windows = w(&["mon-sun 03:00-04:00"]).unwrap();
+        assert_eq!(windows.wall_minutes(at(0, 12, 0), 10.0), 15.0 * 60.0 + 10.0);
+        // inside it, work that fits finishes at once
+        assert_eq!(windows.wall_minutes(at(0, 3, 10), 30.0), 30.0);
+        // 90 minutes of work: the 50 minutes left tonight, then 40 tomorrow night
+        assert_eq!(
+            windows.wall_minutes(at(0, 3, 10), 90.0),
+            50.0 + 23.0 * 60.0 + 40.0
+        );
+        // two weeks of nightly hours: two weeks of the clock, whatever the minute
+        assert_eq!(
+            windows.wall_minutes(at(3, 3, 0), 14.0 * 60.0),
+            2.0 * f64::from(WEEK)
+        );
+        // a window that wraps the week is one stretch of work
+        let windows = w(&["sun 23:00-01:00"]).unwrap();
+        assert_eq!(windows.wall_minutes(at(6, 23, 0), 120.0), 120.0);
+        assert_eq!(windows.wall_minutes(at(6, 23, 0), 0.0), 0.0);
     }
 
     #[test]

@@ -62,6 +62,39 @@ impl Failure {
     }
 }
 
+/// Runs `work`; an error PostgreSQL raises in it (not one of etc_batch's own) is raised
+/// again as it was, SQLSTATE, message, detail and hint, with `context` as the last line
+/// of its CONTEXT: where in etc_batch's work the SQL that failed ran.
+pub fn with_context<R>(context: &str, work: impl FnOnce() -> R) -> R {
+    pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        crate::raised::capturing(work)
+    }))
+    .catch_others(|caught| match caught {
+        CaughtError::PostgresError(_) => {
+            let mut failure = Failure::from(caught);
+            let mut raised = failure.raised.take().unwrap_or(crate::raised::Raised {
+                code: failure.code as i32,
+                context: None,
+            });
+            raised.context = Some(match raised.context.take() {
+                Some(lines) => format!("{lines}\n{context}"),
+                None => context.to_string(),
+            });
+            crate::raised::restore_on_raise(failure.code as i32, raised);
+            let mut report = ErrorReport::new(failure.code, failure.message, "etc_batch");
+            if let Some(detail) = failure.detail {
+                report = report.set_detail(detail);
+            }
+            if let Some(hint) = failure.hint {
+                report = report.set_hint(hint);
+            }
+            crate::error::raise(report)
+        }
+        other => other.rethrow(),
+    })
+    .execute()
+}
+
 impl From<BatchError> for Failure {
     fn from(e: BatchError) -> Self {
         let report = e.report();
@@ -97,6 +130,34 @@ impl From<CaughtError> for Failure {
     }
 }
 
+impl Failure {
+    /// An error recorded earlier as its SQLSTATE, message and detail (a step's, failed in
+    /// a worker), to be raised again as it was.
+    pub fn recorded(sqlstate: &str, message: String, detail: Option<String>) -> Failure {
+        let code = PgSqlErrorCode::ERRCODE_INTERNAL_ERROR;
+        Failure {
+            code,
+            raised: Some(Raised {
+                code: pack_sqlstate(sqlstate),
+                context: None,
+            }),
+            message,
+            detail,
+            hint: None,
+        }
+    }
+}
+
+/// PostgreSQL's MAKE_SQLSTATE: six bits per character, first one lowest.
+pub fn pack_sqlstate(sqlstate: &str) -> i32 {
+    sqlstate
+        .bytes()
+        .take(5)
+        .enumerate()
+        .map(|(i, c)| ((c.wrapping_sub(b'0') & 0x3F) as i32) << (6 * i))
+        .sum()
+}
+
 /// The inverse of PostgreSQL's MAKE_SQLSTATE: six bits per character, first one lowest.
 pub fn unpack_sqlstate(mut code: i32) -> String {
     let mut out = String::with_capacity(5);
@@ -123,6 +184,7 @@ mod tests {
             (PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION, "P0001"),
         ] {
             assert_eq!(unpack_sqlstate(code as i32), printed);
+            assert_eq!(pack_sqlstate(printed), code as i32);
         }
     }
 

@@ -18,7 +18,7 @@ mod sync_wait;
 pub mod worker;
 
 pub use call::CallLoop;
-pub use failure::{unpack_sqlstate, Failure, FailureKind};
+pub use failure::{unpack_sqlstate, with_context, Failure, FailureKind};
 
 use pgrx::pg_sys;
 use pgrx::PgTryBuilder;

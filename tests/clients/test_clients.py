@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -1514,3 +1515,56 @@ def test_a_chain_that_would_call_itself_is_refused(client, tables):
         conn.execute("CALL etc_batch.exec_batch_from_id(%s)", (first,))
     assert refused.value.diag.message_primary == f'chain "{batch}" would run itself again'
     assert side_counts(pg, batch) == Counter()
+
+
+def test_the_doctor_says_what_a_launch_outside_its_windows_waits_for(pg, tables):
+    """A launched job outside its windows is nothing wrong: the doctor says so in a row
+    that is no warning (what its worker waits for, when the window opens, when the job
+    should finish), and job_progress's estimated_finish counts the wait for the window,
+    not the minutes of work alone; the rate at work and the rate of the clock are both
+    there, named."""
+    orders = Orders(pg, "windowed_launch", 200)
+    job = tag("windowed_launch")
+    conn = pg.direct()
+    conn.execute(
+        "SELECT etc_batch.register_job(%s, 'X', %s::regclass, %s::jsonb, 20, %s::jsonb)",
+        (job, orders.name, json.dumps(orders.items(None)), json.dumps({"status": "cancelled"})))
+    # two chunks drained now: a rate to reckon from, a few minutes of work at most left
+    conn.execute("CALL etc_batch.drain_job(%s, 2)", (job,))
+    # one hour a day, opening in about twelve hours, in UTC
+    opens, closes = conn.execute(
+        "SELECT to_char(t, 'HH24:MI'), to_char(t + interval '1 hour', 'HH24:MI') "
+        "FROM (SELECT date_trunc('minute', now() AT TIME ZONE 'UTC') + interval '12 hours' AS t) s").fetchone()
+    conn.execute("SELECT etc_batch.pace_job(%s, windows => ARRAY[%s], time_zone => 'UTC')",
+                 (job, f"mon-sun {opens}-{closes}"))
+    launch_id = conn.execute("SELECT launch_id FROM etc_batch.launch_job(%s)", (job,)).fetchone()[0]
+    try:
+        wait_until(lambda: pg.admin.execute(
+            "SELECT waiting FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()[0]
+            is not None, "the worker to wait for the window")
+        progress = pg.admin.execute(
+            "SELECT committed, waiting, estimated_finish - now() AS to_go, items_per_second, "
+            "items_per_second_elapsed FROM etc_batch.job_progress WHERE job_id = %s", (job,)).fetchone()
+        committed, waiting, to_go, at_work, elapsed = progress
+        assert committed == 40
+        prefix = f'job "{job}": waiting for its windows, the next opens in '
+        assert waiting in (prefix + "12 h", prefix + "11 h 59 min"), waiting
+        # the rest starts when the window opens: about twelve hours, not minutes
+        assert timedelta(hours=11, minutes=55) < to_go < timedelta(hours=13), to_go
+        assert at_work > 0 and elapsed > 0
+        doctor = pg.admin.execute(
+            "SELECT status, detail, hint FROM etc_batch.doctor() WHERE check_name = %s",
+            (f"job {job}",)).fetchall()
+        assert len(doctor) == 1, doctor
+        status, detail, hint = doctor[0]
+        assert status == "ok" and hint is None
+        said = waiting[len(f'job "{job}": '):]
+        assert detail.startswith(f"Its drainers wait, as its pace says: {said}. 40 of 200 items committed; "
+                                 "it should finish around "), detail
+        # no launch of the job is named as a fault meanwhile
+        assert not pg.admin.execute(
+            "SELECT check_name FROM etc_batch.doctor() WHERE status <> 'ok' AND "
+            "(check_name = %s OR check_name = %s)", (f"job {job}", f"launch {launch_id}")).fetchall()
+    finally:
+        conn.execute("SELECT etc_batch.stop_launch(%s)", (launch_id,))
+    assert wait_launch(pg, launch_id) == "stopped"

@@ -777,10 +777,11 @@ def test_look_alikes_on_the_search_path_change_nothing(db, roles, caller_kind):
             progress["chunks_total"]) == ("done", 6, 6, 100.0, 3, 3)
 
     # its revert, under the same look-alikes: previewed, registered, drained, verified
-    preview = caller.row("SELECT items, drifted, gone, set_back, left_out "
+    preview = caller.row("SELECT items, drifted, gone, another_tenant, set_back "
                          "FROM etc_batch.revert_preview(%s)", (job,))
-    assert preview == {"items": 6, "drifted": 0, "gone": 0, "set_back": {"status": "pending"},
-                       "left_out": {"drifted": [], "gone": []}}
+    assert preview == {"items": 6, "drifted": 0, "gone": 0, "another_tenant": 0,
+                       "set_back": {"status": "pending"}}
+    assert caller.rows("SELECT * FROM etc_batch.revert_preview_left_out(%s)", (job,)) == []
     undo = f"sec undo {tag}"
     assert caller.row("SELECT * FROM etc_batch.register_revert(%s, %s)", (job, undo)) == {
         "job_id": undo, "created": True, "items": 6, "chunks": 3}
@@ -1289,7 +1290,9 @@ PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(tex
                    "etc_batch.xact_lock(text,text)", "etc_batch.job_report(text)",
                    "etc_batch.job_summary(text)", "etc_batch.current_run()",
                    "etc_batch.chunk_audit_items(integer,bigint[],integer[],jsonb)",
-                   "etc_batch.chunk_items(integer,text[],bigint[],text[])"}
+                   "etc_batch.chunk_items(integer,text[],bigint[],text[])",
+                   # pure: the clock time work takes inside a pace's windows
+                   "etc_batch.wall_seconds_in_windows(doubleprecision,text[],text)"}
 # What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
 # are the reader's own launches.
 PUBLIC_RELATIONS = {"job_progress", "launches"}
@@ -1328,11 +1331,11 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
                      "exec_batch_from_id", "job_report", "job_summary", "launch_batch", "launch_job",
                      "lock_key", "pace_job", "pause_batch", "pause_job", "prune_history", "register_job",
                      "register_job_from_query", "register_remainder", "register_revert",
-                     "release_lease", "reset_batch", "revert_preview",
+                     "release_lease", "reset_batch", "revert_preview", "revert_preview_left_out",
                      "resume_batch", "resume_job", "resume_launches", "retry_step", "run_chain",
                      "stop_launch",
                      "try_xact_lock",
-                     "verify_job", "xact_lock"}, (
+                     "verify_job", "wall_seconds_in_windows", "xact_lock"}, (
         "a routine was added or removed: decide who may run it, then update this list")
 
     for r in routines:

@@ -12,11 +12,11 @@ postgres OS user, as a DBA does.
   two calls and stopped by a conflict, verify_job and the doctor. Then `apt-get remove`
   leaves the cluster's data as it was, and installing the package again makes etc_batch
   usable again.
-- The upgrade: the previous release's package (0.3.0, built from its commit), a job half
+- The upgrade: the previous release's package (0.4.0, built from its commit), a job half
   drained, the new package installed over it, ALTER EXTENSION etc_batch UPDATE, the job
   finished: every item exactly once.
 
-scripts/test builds the packages first (scripts/package 15, 17, and both for 0.3.0).
+scripts/test builds the packages first (scripts/package 15, 17, and both for 0.4.0).
 """
 
 import re

@@ -409,7 +409,7 @@ fn assert_clear_error(shape: &Shape, error: &BatchError, input: &Value) {
                 }
             }
         }
-        BatchError::UndefinedColumn { column } => {
+        BatchError::UndefinedColumn { column, .. } => {
             assert!(
                 !shape.columns.contains_key(column),
                 "{column:?} exists, for {input}"

@@ -158,5 +158,20 @@ SELECT launch_id, status FROM etc_batch.launch ORDER BY launch_id;
 SELECT DISTINCT launch_id FROM etc_batch.launch_run ORDER BY launch_id;
 ROLLBACK;
 
+-- A step that commits, added by another role, that fails in the worker connected as
+-- that role: the caller gets the step's own error, SQLSTATE and message, as from any
+-- step, not a step that "has failed".
+CREATE PROCEDURE only_the_owner() LANGUAGE plpgsql AS $$ BEGIN COMMIT; END $$;
+REVOKE EXECUTE ON PROCEDURE only_the_owner() FROM PUBLIC;
+SET ROLE regress_etc_batch_author;
+SELECT etc_batch.add_step('theirs-failing', 'CALL only_the_owner()', 21, commits => true);
+RESET ROLE;
+CALL etc_batch.exec_batch_from_id(21);
+\echo :LAST_ERROR_SQLSTATE
+SELECT id, status, last_sqlstate, last_error FROM etc_batch.batch_log WHERE batch = 'theirs-failing';
+-- and again, the step still failed: the runner stops at it, as at any failed step
+CALL etc_batch.exec_batch_from_id(21);
+\echo :LAST_ERROR_SQLSTATE
+
 DROP OWNED BY regress_etc_batch_author;
 DROP ROLE regress_etc_batch_author;

@@ -26,6 +26,7 @@ SELECT id, status, revision FROM orders ORDER BY id;
 UPDATE orders SET note = 'refund asked', revision = revision + 1 WHERE id = 2;
 DELETE FROM orders WHERE id = 5;
 SELECT * FROM etc_batch.revert_preview('cancel-festival');
+SELECT * FROM etc_batch.revert_preview_left_out('cancel-festival');
 
 SELECT * FROM etc_batch.register_revert('cancel-festival', 'uncancel-festival');
 SELECT job_id, status, status_reason, reverts, reverted_by FROM etc_batch.job
@@ -138,7 +139,8 @@ CALL etc_batch.drain_job('close-lines');
 UPDATE lines SET state = 'archived' WHERE id = 2;     -- what the job set: drifted
 UPDATE lines SET priority = 9 WHERE id = 3;           -- a guard of the item: drifted
 UPDATE lines SET seen_at = '2026-12-01 10:00+00' WHERE id = 4;   -- not guarded
-SELECT items, drifted, gone, set_back, expected, left_out FROM etc_batch.revert_preview('close-lines');
+SELECT items, drifted, gone, set_back, expected FROM etc_batch.revert_preview('close-lines');
+SELECT * FROM etc_batch.revert_preview_left_out('close-lines');
 SELECT * FROM etc_batch.register_revert('close-lines', 'reopen-lines');
 SELECT position, item_key, guards FROM etc_batch.job_item WHERE job_id = 'reopen-lines' ORDER BY position;
 CALL etc_batch.drain_job('reopen-lines');

@@ -240,13 +240,15 @@ CALL etc_batch.drain_job('assign');
 SELECT count(*) AS changed FROM leads WHERE owner <> 'nobody';
 SELECT check_name, status, detail, hint FROM etc_batch.doctor() WHERE check_name = 'job assign';
 
--- 9. A drain that fails for another reason than a conflict (here a CHECK constraint):
--- rolled back, the job still pending, the failure kept where job_summary,
--- job_progress and the doctor show it.
-CREATE TABLE stock (id int PRIMARY KEY, qty int NOT NULL CHECK (qty >= 0));
-INSERT INTO stock SELECT g, g FROM generate_series(1, 5) g;
+-- 9. A drain that fails for another reason than a conflict (here a CHECK constraint over
+-- two columns, which registration cannot judge from the value alone): rolled back, the
+-- job still pending, the failure kept where job_summary, job_progress and the doctor
+-- show it.
+CREATE TABLE stock (id int PRIMARY KEY, qty int NOT NULL, reserved int NOT NULL,
+                    CONSTRAINT stock_qty_check CHECK (qty >= reserved));
+INSERT INTO stock SELECT g, g, 1 FROM generate_series(1, 5) g;
 SELECT * FROM etc_batch.register_job_from_query('write-off', NULL, 'stock',
-    $$SELECT id FROM stock$$, 2, '{"qty": -1}', tenant_column => NULL, revision_column => NULL);
+    $$SELECT id FROM stock$$, 2, '{"qty": 0}', tenant_column => NULL, revision_column => NULL);
 CALL etc_batch.drain_job('write-off');
 \echo :LAST_ERROR_SQLSTATE
 SELECT status, committed, failure_sqlstate, failure_message, failed_at IS NOT NULL AS failed
