@@ -34,6 +34,18 @@ def wait_until(predicate, what, timeout=WAIT, interval=POLL_INTERVAL):
         time.sleep(interval)
 
 
+def size_from_env(name, default, least, kind=int):
+    """A suite's size (rounds, seconds) from the environment variable `name`, `default`
+    when unset. Below `least` a run could pass while proving nothing: refused, so that
+    the suite fails at once instead of passing."""
+    import pytest
+
+    value = kind(os.environ.get(name) or default)
+    if value < least:
+        raise pytest.UsageError(f"{name}={os.environ.get(name)} is below {least}, the least that proves anything")
+    return value
+
+
 def require_connection_env():
     """Fails the test, without a traceback, unless libpq is pointed at a cluster."""
     import pytest

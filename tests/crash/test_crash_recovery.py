@@ -16,7 +16,6 @@ at least half of the rounds crashed with work left.
 """
 
 import math
-import os
 import random
 import re
 import threading
@@ -28,10 +27,12 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from conftest import SEED, wait_until
+from support import size_from_env
 
-DRAIN_ROUNDS = int(os.environ.get("ETC_BATCH_CRASH_DRAIN_ROUNDS", "15"))
-PARALLEL_ROUNDS = int(os.environ.get("ETC_BATCH_CRASH_PARALLEL_ROUNDS", "8"))
-CHAIN_ROUNDS = int(os.environ.get("ETC_BATCH_CRASH_CHAIN_ROUNDS", "12"))
+# at least four rounds each: half of them must crash with work left, two at the least
+DRAIN_ROUNDS = size_from_env("ETC_BATCH_CRASH_DRAIN_ROUNDS", 15, least=4)
+PARALLEL_ROUNDS = size_from_env("ETC_BATCH_CRASH_PARALLEL_ROUNDS", 8, least=4)
+CHAIN_ROUNDS = size_from_env("ETC_BATCH_CRASH_CHAIN_ROUNDS", 12, least=4)
 # How long a whole drain, or a chain of trivial steps, of one round should take: long
 # enough for a random moment to land inside it most of the time, short enough to keep
 # the module within minutes.

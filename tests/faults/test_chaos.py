@@ -15,7 +15,12 @@ to its end, and the invariants are checked:
 - one audit row per changed item, written in the transaction that changed it;
 - no step of a chain done twice, and every step done once;
 - verify_job clean on every job not in conflict;
-- nothing held by a session that is gone: no session lock of etc_batch's, no drainer.
+- every conflict, and every item a job skipped, is a drift the application made: the
+  row found is one the application's update of that approved row wrote after the job
+  was registered; a job in conflict committed some of its items, each changed once,
+  and left the rest unprocessed, unchanged;
+- nothing held by a session that is gone: no session lock of etc_batch's, no drainer;
+- every kind of fault struck at least once (a kind not struck yet is chosen more often).
 
 The seed is printed first; ETC_BATCH_CHAOS_SEED=<seed> runs the same schedule of work
 and faults again (the threads' timing on the machine is not the seed's to fix).
@@ -35,11 +40,12 @@ import psycopg
 import pytest
 
 from conftest import HOME, SERVER_NS, SmallDisk, pg_ctl_in, server_in_namespace
-from support import wait_until
+from support import size_from_env, wait_until
 from work import verify
 
 SEED = int(os.environ.get("ETC_BATCH_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
-SECONDS = float(os.environ.get("ETC_BATCH_CHAOS_SECONDS", "180"))
+# below a minute, a run would hardly strike each kind of fault, and proves little
+SECONDS = size_from_env("ETC_BATCH_CHAOS_SECONDS", 180, least=60, kind=float)
 REPORT = os.environ.get("ETC_BATCH_CHAOS_REPORT")
 
 TABLES = 5
@@ -54,6 +60,9 @@ CLIENT_SETTINGS = ("keepalives_idle=1 keepalives_interval=1 keepalives_count=2 t
 # server not yet accepting (57P03), a full disk, a cancel, a business conflict, a job
 # not in a state to drain (paused, in conflict), contention that outlasted the retries
 EXPECTED = {"57P01", "57P02", "57P03", "53100", "57014", "23000", "55000", "40001", "40P01", "55P03", None}
+# the faults the controller strikes with, by the name the report gives each
+FAULTS = {"terminate": "pg_terminate_backend", "cut": "client link cut", "disk": "disk full",
+          "sigkill": "SIGKILL of a backend", "restart": "immediate restart"}
 
 
 class Chaos:
@@ -65,6 +74,8 @@ class Chaos:
         self.errors = collections.Counter()
         self.unexpected = []
         self.faults = collections.Counter()
+        # the faults that struck: a backend terminated, a link down, a disk filled...
+        self.struck = collections.Counter()
         self.actions = collections.Counter()
         self.calls = collections.Counter()
         self.samples = collections.defaultdict(list)
@@ -116,15 +127,22 @@ class Chaos:
             if sqlstate not in EXPECTED:
                 self.unexpected.append((sqlstate, what))
 
-    def run_sql(self, sql, args=()):
-        """Runs sql on a fresh connection; errors are counted, never raised."""
+    def run_sql(self, sql, args=None):
+        """Runs sql on a fresh connection; errors are counted, never raised. Without
+        args, sql is sent as it is (with args, even empty ones, psycopg would read each
+        % of a LIKE pattern as a placeholder, and the statement would never run)."""
         try:
             with self.connect() as conn:
                 conn.execute("SET client_min_messages = warning")
                 cur = conn.execute(sql, args)
                 return cur.fetchall() if cur.description else []
         except psycopg.Error as e:
-            self.note(getattr(e, "sqlstate", None), f"{sql}: {e}")
+            sqlstate = getattr(e, "sqlstate", None)
+            # no SQLSTATE: a connection lost, or a statement the client could not send,
+            # which is the test's own error
+            if sqlstate is None and not isinstance(e, psycopg.OperationalError):
+                sqlstate = f"client: {type(e).__name__}"
+            self.note(sqlstate, f"{sql}: {e}")
             return None
 
     # -- the work ----------------------------------------------------------------------
@@ -197,6 +215,11 @@ class Chaos:
             kind = rng.choices(
                 ["pause", "resume", "pace", "terminate", "cut", "disk", "sigkill", "restart"],
                 weights=[3, 4, 3, 3, 2, 2, 1, 1])[0]
+            # a kind of fault that has not struck yet, every other time: a short run
+            # strikes with every kind too
+            owed = [k for k, name in FAULTS.items() if not self.struck[name]]
+            if owed and rng.random() < 0.5:
+                kind = rng.choice(owed)
             job = rng.choice(self.current_jobs)
             if kind == "pause":
                 self.count(self.actions, "pause_job")
@@ -209,22 +232,26 @@ class Chaos:
                 rate = rng.choice([None, 50, 200, 1000])
                 self.run_sql("SELECT etc_batch.pace_job(%s, %s)", (job, rate))
             elif kind == "terminate":
-                self.count(self.faults, "pg_terminate_backend")
-                self.run_sql(
+                self.count(self.faults, FAULTS[kind])
+                rows = self.run_sql(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
                     "AND (query LIKE '%etc_batch: %' OR query LIKE 'CALL etc_batch.%') "
                     "ORDER BY random() LIMIT 1")
+                if rows and rows[0][0]:
+                    self.count(self.struck, FAULTS[kind])
             elif kind == "cut":
-                self.count(self.faults, "client link cut")
+                self.count(self.faults, FAULTS[kind])
                 link = self.cluster.link("client")
                 link.cut()
+                self.count(self.struck, FAULTS[kind])
                 time.sleep(rng.uniform(1, 4))
                 link.mend()
             elif kind == "disk":
-                self.count(self.faults, "disk full")
+                self.count(self.faults, FAULTS[kind])
                 try:
                     self.disk.fill(0)
+                    self.count(self.struck, FAULTS[kind])
                 except OSError:
                     pass
                 time.sleep(rng.uniform(0.5, 3))
@@ -233,15 +260,17 @@ class Chaos:
                 rows = self.run_sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
                                     "AND pid <> pg_backend_pid() ORDER BY random() LIMIT 1")
                 if rows:
-                    self.count(self.faults, "SIGKILL of a backend")
+                    self.count(self.faults, FAULTS[kind])
                     try:
                         os.kill(rows[0][0], signal.SIGKILL)
+                        self.count(self.struck, FAULTS[kind])
                     except ProcessLookupError:
                         pass
                     wait_until(self.up, "the server back after a backend's SIGKILL", timeout=60)
             elif kind == "restart":
-                self.count(self.faults, "immediate restart")
+                self.count(self.faults, FAULTS[kind])
                 self.restart()
+                self.count(self.struck, FAULTS[kind])
 
     def restart(self):
         c = self.cluster
@@ -263,18 +292,28 @@ def chaos_cluster():
 
 
 def prepare_tables(conn):
-    """Five tables (no revision column) and a log of every change to their note."""
+    """Five tables (no revision column), a log of every change to their note (the jobs')
+    and one of every change to their balance (the application's): the drifts."""
     conn.execute("CREATE TABLE note_log (tbl text NOT NULL, id bigint NOT NULL, note text NOT NULL, "
                  "txid bigint NOT NULL)")
     conn.execute("""CREATE FUNCTION log_note() RETURNS trigger LANGUAGE plpgsql AS $$
                     BEGIN INSERT INTO note_log VALUES (TG_TABLE_NAME, NEW.id, NEW.note, txid_current());
                     RETURN NEW; END $$""")
+    conn.execute("CREATE TABLE balance_log (tbl text NOT NULL, id bigint NOT NULL, balance int NOT NULL, "
+                 "xid xid8 NOT NULL)")
+    conn.execute("""CREATE FUNCTION log_balance() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN INSERT INTO balance_log VALUES (TG_TABLE_NAME, NEW.id, NEW.balance, pg_current_xact_id());
+                    RETURN NEW; END $$""")
+    # what was committed when each round began to register its jobs
+    conn.execute("CREATE TABLE round_start (round int PRIMARY KEY, snapshot pg_snapshot NOT NULL)")
     for t in range(1, TABLES + 1):
         conn.execute(f"CREATE TABLE t{t} (id bigint PRIMARY KEY, note text NOT NULL, balance int NOT NULL) "
                      "TABLESPACE chaos")
         conn.execute(f"INSERT INTO t{t} SELECT g, 'n', 0 FROM generate_series(1, {ROWS}) g")
         conn.execute(f"CREATE TRIGGER log_note AFTER UPDATE ON t{t} FOR EACH ROW "
                      "WHEN (OLD.note IS DISTINCT FROM NEW.note) EXECUTE FUNCTION log_note()")
+        conn.execute(f"CREATE TRIGGER log_balance AFTER UPDATE ON t{t} FOR EACH ROW "
+                     "WHEN (OLD.balance IS DISTINCT FROM NEW.balance) EXECUTE FUNCTION log_balance()")
     conn.execute("CREATE TABLE ran (batch text NOT NULL, step int NOT NULL, txid bigint NOT NULL)")
 
 
@@ -283,6 +322,8 @@ def prepare_round(conn, rng, n):
     skip and the chunk at random), setting the note to 'rN', paced at 300 items a second;
     and two chains of 25 steps."""
     jobs = {}
+    # taken before any job of the round reads its rows: a change visible in it is no drift
+    conn.execute("INSERT INTO round_start VALUES (%s, pg_current_snapshot())", (n,))
     for t in range(1, TABLES + 1):
         job, parallel = f"j{t}r{n}", t > 3
         on_drift = rng.choice(["stop", "skip"])
@@ -293,7 +334,7 @@ def prepare_round(conn, rng, n):
             "%s, jsonb_build_object('note', %s::text), tenant_column => NULL, revision_column => NULL, "
             "on_drift => %s, parallel => %s)", (job, f"t{t}", APPROVED, chunk, f"r{n}", on_drift, parallel))
         conn.execute("SELECT etc_batch.pace_job(%s, 300)", (job,))
-        jobs[job] = dict(table=f"t{t}", note=f"r{n}", parallel=parallel, on_drift=on_drift, chunk=chunk)
+        jobs[job] = dict(table=f"t{t}", note=f"r{n}", parallel=parallel, on_drift=on_drift, chunk=chunk, round=n)
     chains = [f"chain{c}r{n}" for c in range(1, CHAINS + 1)]
     for batch in chains:
         for s in range(1, STEPS + 1):
@@ -314,12 +355,44 @@ def finish(conn, jobs, chains):
             try:
                 conn.execute("CALL etc_batch.drain_job(%s)", (job,))
             except psycopg.errors.IntegrityConstraintViolation:
-                pass  # a conflict the application made: the job stops there
+                # a conflict: the job stopped there (check_invariants ties it to a drift)
+                status = conn.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]
+                assert status == "conflict", (job, status)
     for batch in chains:
         first = conn.execute("SELECT min(id) FROM etc_batch.batch_log WHERE batch = %s AND status <> 'done'",
                              (batch,)).fetchone()[0]
         if first is not None:
             conn.execute(f"CALL etc_batch.exec_batch_from_id({first})")
+
+
+def drifted(conn, job, j, key, found):
+    """The row `found` for item `key` of `job` is one the application's update of that
+    approved row wrote, and committed after the job's round began to register: a real
+    drift. (Each balance a row has is written once: the application only adds to it.)"""
+    assert found is not None and found["id"] == key, (job, key, found)
+    assert found["note"] != j["note"], (job, key, found)
+    wrote = conn.execute(
+        "SELECT count(*) FROM balance_log b, round_start s WHERE s.round = %s AND b.tbl = %s "
+        "AND b.id = %s AND b.balance = %s AND NOT pg_visible_in_snapshot(b.xid, s.snapshot)",
+        (j["round"], j["table"], key, found["balance"])).fetchone()[0]
+    assert wrote == 1, (job, key, found, wrote)
+
+
+def in_conflict(conn, job, j, changed, skipped):
+    """A job in conflict: the item it stopped at drifted (the application changed its
+    row); its items are the committed ones, each changed once (or skipped), and the
+    unprocessed ones, unchanged; a sequential job committed every chunk before the one
+    that holds the item, and none after."""
+    problem = conn.execute("SELECT problem FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]
+    assert j["on_drift"] == "stop", (job, problem)
+    key, position = int(problem["key"]), problem["position"]
+    drifted(conn, job, j, key, problem["found"])
+    approved, committed, unprocessed = conn.execute(
+        "SELECT approved, committed, unprocessed FROM etc_batch.job_summary(%s)", (job,)).fetchone()
+    assert approved == APPROVED and committed + unprocessed == approved, (job, approved, committed, unprocessed)
+    assert committed == len(changed) + skipped and key not in changed, (job, committed, len(changed), skipped)
+    if not j["parallel"]:
+        assert committed <= position < committed + j["chunk"], (job, committed, position)
 
 
 def check_invariants(conn, jobs, chains):
@@ -339,9 +412,17 @@ def check_invariants(conn, jobs, chains):
         # one audit row per changed item, in the transaction that changed it, and no other change
         assert audited == logged, (job, sorted(audited ^ logged)[:10])
         items = conn.execute("SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)).fetchone()[0]
+        # each item a job skipped was a drift: the row it found, the application wrote
+        skipped = conn.execute("SELECT item_key::bigint, found FROM etc_batch.job_audit_items "
+                               "WHERE job_id = %s AND outcome = 'skipped'", (job,)).fetchall()
+        assert not skipped or j["on_drift"] == "skip", (job, skipped[:3])
+        for key, found in skipped:
+            drifted(conn, job, j, key, found)
         if status == "done":
             assert items == APPROVED, (job, items)
             verify(conn, job)
+        else:
+            in_conflict(conn, job, j, {id for id, _ in logged}, len(skipped))
         ended[job] = status
     steps = conn.execute("SELECT batch, id, status FROM etc_batch.batch_log ORDER BY id").fetchall()
     assert all(s == "done" for _, _, s in steps), steps
@@ -393,7 +474,7 @@ def test_chaos(chaos_cluster):
         assert conn.execute("SELECT count(*) FROM etc_batch.job_progress WHERE drainers > 0").fetchone()[0] == 0
     report = {
         "seed": SEED, "seconds": SECONDS, "rounds": chaos.rounds, "jobs": {j: {**jobs[j], "ended": ended[j]} for j in jobs},
-        "faults": dict(chaos.faults), "actions": dict(chaos.actions), "calls": dict(chaos.calls),
+        "faults": dict(chaos.faults), "faults that struck": dict(chaos.struck), "actions": dict(chaos.actions), "calls": dict(chaos.calls),
         "errors seen by callers": dict(chaos.errors),
         "what they said": {k or "connection": v for k, v in chaos.samples.items()}, "invariants": "held",
     }
@@ -402,3 +483,5 @@ def test_chaos(chaos_cluster):
         with open(REPORT, "w") as f:
             json.dump(report, f, indent=1)
     assert chaos.unexpected == [], chaos.unexpected[:10]
+    # every kind of fault struck
+    assert all(chaos.struck[name] for name in FAULTS.values()), dict(chaos.struck)

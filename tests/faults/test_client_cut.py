@@ -49,14 +49,14 @@ def notices_were_true(conn, output):
 
 def start_chain(conn, noisy):
     """Chain `nightly`: a quick step, a long one (ten seconds; with a NOTICE every 5 ms
-    when `noisy`), a quick one; each records that it ran in `ran`."""
-    conn.execute("CREATE TABLE ran (step int NOT NULL)")
+    when `noisy`), a quick one; each records that it ran in `ran`, and in which backend."""
+    conn.execute("CREATE TABLE ran (step int NOT NULL, pid int NOT NULL DEFAULT pg_backend_pid())")
     say = "RAISE NOTICE 'step 2 at %', i;" if noisy else ""
     commands = [
-        "INSERT INTO ran VALUES (1)",
-        "DO $$ BEGIN INSERT INTO ran VALUES (2); FOR i IN 1..2000 LOOP " + say
+        "INSERT INTO ran (step) VALUES (1)",
+        "DO $$ BEGIN INSERT INTO ran (step) VALUES (2); FOR i IN 1..2000 LOOP " + say
         + " PERFORM pg_sleep(0.005); END LOOP; END $$",
-        "INSERT INTO ran VALUES (3)",
+        "INSERT INTO ran (step) VALUES (3)",
     ]
     return [conn.execute("SELECT etc_batch.add_step('nightly', %s)", (c,)).fetchone()[0] for c in commands]
 
@@ -191,8 +191,13 @@ def test_a_chain_whose_runner_is_cut_off_with_the_recommended_settings(net_db, t
         (stranded,) = net_db.backends_of("client")
         time.sleep(0.5)
         net_db.link("client").cut()
-        other = in_background(
-            lambda: net_db.connect().execute(f"CALL etc_batch.exec_batch_from_id({ids[0]})"))
+
+        def run_again():
+            with net_db.connect() as second:
+                second.execute(f"CALL etc_batch.exec_batch_from_id({ids[0]})")
+                return second.info.backend_pid
+
+        other = in_background(run_again)
         took = gone_within(net_db, stranded, BOUND)
         print(f"stranded backend ended {took:.1f} s after the cut")
         other["thread"].join(timeout=60)
@@ -201,6 +206,15 @@ def test_a_chain_whose_runner_is_cut_off_with_the_recommended_settings(net_db, t
         client.kill()
         client.wait()
     assert ran(conn) == [(1, 1), (2, 1), (3, 1)]
+    # step 1 was the stranded backend's; the step it was in when cut off, and the one
+    # after, the second runner's, as the step's own rows and the audit of its runs say
+    second = other["result"]
+    assert second != stranded
+    by = [(ids[step - 1], pid) for step, pid in conn.execute("SELECT step, pid FROM ran ORDER BY step")]
+    assert by == [(ids[0], stranded), (ids[1], second), (ids[2], second)], (by, stranded, second)
+    audited = conn.execute("SELECT step_id, pid FROM etc_batch.step_audit WHERE outcome = 'done' "
+                           "ORDER BY step_id").fetchall()
+    assert audited == by, audited
     statuses = conn.execute("SELECT status, attempts FROM etc_batch.batch_log ORDER BY id").fetchall()
     # the attempt the cut ended rolled back whole, its count with it
     assert statuses == [("done", 1), ("done", 1), ("done", 1)]

@@ -49,8 +49,10 @@ def job_state(conn, job):
 
 
 def verify(conn, job):
-    failed = [(name, detail) for name, ok, detail in conn.execute(
-        "SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,)) if not ok]
+    """verify_job ran its checks on the job, and every one of them passed."""
+    checks = conn.execute("SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks, f"verify_job checked nothing of job {job}"
+    failed = [(name, detail) for name, ok, detail in checks if not ok]
     assert failed == []
 
 

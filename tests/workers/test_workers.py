@@ -40,8 +40,9 @@ def tag(label):
 
 class Orders:
     """orders_<tag>(id, status) with a trigger counting each committed update per id in
-    orders_<tag>_updates, and one that makes each chunk's statement linger `linger`
-    seconds (so that a drain lasts long enough for things to happen to it)."""
+    orders_<tag>_updates, with the backend that made it and when, and one that makes
+    each chunk's statement linger `linger` seconds (so that a drain lasts long enough for
+    things to happen to it)."""
 
     def __init__(self, conn, n, linger=0.05):
         self.name = tag("orders")
@@ -50,10 +51,13 @@ class Orders:
         conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, status text NOT NULL DEFAULT 'new')")
                      .format(self.t))
         conn.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g").format(self.t), (n,))
-        conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(self.counted))
+        # written by the chunk's own transaction: a row here is a chunk that committed,
+        # in the backend that ran it, at a time before its commit
+        conn.execute(sql.SQL("CREATE TABLE {} (id int, pid int NOT NULL DEFAULT pg_backend_pid(), "
+                             "at timestamptz NOT NULL DEFAULT clock_timestamp())").format(self.counted))
         count = sql.Identifier(f"{self.name}_count")
         conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
-                             "$$ BEGIN INSERT INTO {} VALUES (NEW.id); RETURN NEW; END $$")
+                             "$$ BEGIN INSERT INTO {} (id) VALUES (NEW.id); RETURN NEW; END $$")
                      .format(count, self.counted))
         conn.execute(sql.SQL("CREATE TRIGGER counted AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
                      .format(self.t, count))
@@ -74,6 +78,15 @@ class Orders:
 
     def updates(self, conn):
         return dict(conn.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(self.counted)))
+
+    def changed_by(self, conn):
+        """{backend pid: rows it changed in chunks that committed}."""
+        return dict(conn.execute(sql.SQL("SELECT pid, count(*) FROM {} GROUP BY pid").format(self.counted)))
+
+    def changed_around(self, conn, moment):
+        """(rows changed before `moment`, rows changed after it), by chunks that committed."""
+        return conn.execute(sql.SQL("SELECT count(*) FILTER (WHERE at < %s), count(*) FILTER (WHERE at > %s) "
+                                    "FROM {}").format(self.counted), (moment, moment)).fetchone()
 
 
 def launch(conn, job, workers=1):
@@ -131,9 +144,13 @@ def test_a_launch_finishes_with_its_client_gone(workers):
                             "WHERE launch_id = %s ORDER BY worker", (launch_id,)).fetchall()
         assert [(w, r, s) for w, r, _, s, _ in runs] == [(w, 1, "launch") for w in (1, 2, 3, 4)]
         assert {o for *_, o in runs} <= {"done", "pending"} and "done" in {o for *_, o in runs}
-        # four workers took part: each has audit rows of its own chunks
-        assert conn.execute("SELECT count(DISTINCT txid) > 4 FROM etc_batch.job_audit WHERE job_id = %s",
-                            (job,)).fetchone()[0]
+        # four workers took part: the backend of each of the launch's four runs changed
+        # rows in chunks that committed, and no other backend did
+        run_pids = {r[0] for r in conn.execute("SELECT pid FROM etc_batch.launch_run WHERE launch_id = %s",
+                                               (launch_id,))}
+        assert run_pids == set(pids), (run_pids, pids)
+        changed_by = orders.changed_by(conn)
+        assert set(changed_by) == run_pids, (changed_by, run_pids)
 
 
 def test_workers_terminated_at_random_until_done(workers):
@@ -190,27 +207,33 @@ def test_a_worker_killed_hard_and_the_server_recovering(workers):
     log = workers.server_log()
     assert "terminated by signal 9" in log
     assert log.count("all server processes terminated; reinitializing") >= 1
+    # the kill made one crash recovery, and the resumed workers none more
+    assert log.count("database system was interrupted") == recoveries + 1, log[-3000:]
     with workers.connect() as conn:
         exactly_once(conn, orders, job, 2000)
         assert conn.execute("SELECT count(*) FROM etc_batch.launch_run WHERE launch_id = %s "
                             "AND outcome = 'interrupted'", (launch_id,)).fetchone()[0] >= 1
-    del recoveries
 
 
 def test_an_immediate_restart_mid_drain_and_mid_chain(workers):
     """pg_ctl restart -m immediate while a job drains and a chain runs: after crash
-    recovery both finish by themselves, each item changed once and each step run once."""
+    recovery both finish by themselves, each item changed once and each step run once.
+    Each was caught in the middle: some of its work committed before the restart and
+    the rest after it, by a run of its launch started again."""
     with workers.connect() as conn:
         orders = Orders(conn, 2000, linger=0.1)
         job = tag("restart")
         orders.register(conn, job, 50)
         batch = tag("nightly")
-        conn.execute("CREATE TABLE IF NOT EXISTS chain_ran (batch text, step int)")
+        conn.execute("CREATE TABLE IF NOT EXISTS chain_ran (batch text, step int, "
+                     "at timestamptz NOT NULL DEFAULT clock_timestamp())")
         first = None
+        # five steps of a second each: the restart comes after the first, well before the last
         for step in range(1, 6):
             sid = conn.execute(
                 "SELECT etc_batch.add_step(%s, %s)",
-                (batch, f"INSERT INTO chain_ran VALUES ('{batch}', {step}); SELECT pg_sleep(0.3)")).fetchone()[0]
+                (batch, f"INSERT INTO chain_ran (batch, step) VALUES ('{batch}', {step}); "
+                        "SELECT pg_sleep(1)")).fetchone()[0]
             first = first or sid
         drain_launch, _ = launch(conn, job, 2)
         chain_launch = conn.execute("SELECT launch_id FROM etc_batch.launch_batch(%s)", (first,)).fetchone()[0]
@@ -227,10 +250,19 @@ def test_an_immediate_restart_mid_drain_and_mid_chain(workers):
         exactly_once(conn, orders, job, 2000)
         ran = Counter(r[0] for r in conn.execute("SELECT step FROM chain_ran WHERE batch = %s", (batch,)))
         assert ran == Counter({s: 1 for s in range(1, 6)}), ran
-        started = {r[0] for r in conn.execute(
-            "SELECT started_by FROM etc_batch.launch_run WHERE launch_id IN (%s, %s)",
-            (drain_launch, chain_launch))}
-        assert "resume" in started, started
+        # the restart: the postmaster that runs now started then
+        restarted_at = conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+        before, after = orders.changed_around(conn, restarted_at)
+        assert before > 0 and after > 0 and before + after == 2000, (before, after)
+        steps_before = conn.execute("SELECT count(*) FROM chain_ran WHERE batch = %s AND at < %s",
+                                    (batch, restarted_at)).fetchone()[0]
+        assert 0 < steps_before < 5, steps_before
+        # each launch went on in a run started again after the restart
+        for launch_id in (drain_launch, chain_launch):
+            resumed = conn.execute(
+                "SELECT count(*) FROM etc_batch.launch_run WHERE launch_id = %s AND started_by = 'resume' "
+                "AND started_at > %s", (launch_id, restarted_at)).fetchone()[0]
+            assert resumed >= 1, (launch_id, resumed)
 
 
 def test_worker_slots_exhausted_launch_nothing(workers):

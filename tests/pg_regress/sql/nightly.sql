@@ -122,3 +122,17 @@ CALL etc_batch.exec_batch_from_id(21);
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS runs FROM etc_batch.chain_run WHERE chain IN ('nobody', 'empty');
 SELECT etc_batch.current_run() IS NULL AS outside_a_run;
+
+-- A night that finds nothing to approve: chain 'cancel' registers its job from a query
+-- that finds no pending order tonight, then would drain it. The registration refuses an
+-- empty approval (22023), so the night's run stops at its first step, failed, with no
+-- job registered and its drain pending; the next night waits for it as for any failed
+-- night, until it is retried or abandoned.
+CALL etc_batch.run_chain('cancel', '2026-12-04');
+\echo :LAST_ERROR_SQLSTATE
+SELECT batch, steps, done, failed, pending FROM etc_batch.chain_progress WHERE batch = 'cancel/2026-12-04';
+SELECT outcome, sqlstate FROM etc_batch.step_audit WHERE batch = 'cancel/2026-12-04' ORDER BY audit_id;
+SELECT count(*) AS jobs FROM etc_batch.job WHERE job_id = 'cancel-2026-12-04';
+INSERT INTO orders SELECT g FROM generate_series(10, 11) g;
+CALL etc_batch.run_chain('cancel', '2026-12-05');
+SELECT status, count(*) FROM orders GROUP BY status ORDER BY status;
