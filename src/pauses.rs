@@ -9,6 +9,7 @@
 //! skipping the one a runner holds: a runner reads the mark with the next step's row,
 //! which it locks anyway, for nothing.
 
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key};
 use crate::query;
@@ -198,6 +199,7 @@ fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool)> {
 
 /// Pauses a job; returns whether anything changed (false: it was paused already).
 pub fn pause_job(job_id: &str) -> Result<bool> {
+    access::require(Of::Job(job_id), Right::Act("pause"))?;
     match change(PAUSE_JOB, job_id, true)? {
         (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
         (true, changed) => {
@@ -215,6 +217,7 @@ pub fn pause_job(job_id: &str) -> Result<bool> {
 
 /// Lets a paused job go on; returns whether anything changed (false: it was not paused).
 pub fn resume_job(job_id: &str) -> Result<bool> {
+    access::require(Of::Job(job_id), Right::Act("resume"))?;
     match change(RESUME_JOB, job_id, false)? {
         (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
         (true, changed) => {

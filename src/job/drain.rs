@@ -33,6 +33,7 @@ use super::pace::{self, Signal, Wait};
 use super::signals;
 use super::sql;
 use super::target::Constants;
+use crate::access::{self, Of, Right};
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
@@ -212,6 +213,7 @@ pub fn drain<T: Transactions>(
             "Give the number of chunks to attempt, or NULL for all of them.",
         ));
     }
+    access::require(Of::Job(job_id), Right::Act("drain"))?;
     let mut job = Job::new(job_id, fence)?;
     let mut teller = Teller::begin();
     // what job_progress counts as a drainer at work, also while it waits between chunks

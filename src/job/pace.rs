@@ -20,6 +20,7 @@ use super::definition::Definition;
 use super::signals;
 use super::sql;
 use super::window::{self, Windows};
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key};
 use crate::query;
@@ -209,15 +210,8 @@ pub fn set(job_id: &str, mut pace: Pace) -> Result<()> {
         None => {}
     }
     let by = current_user();
+    access::require(Of::Job(job_id), Right::Act("pace"))?;
     let def = as_owner(|| Definition::require(job_id))?;
-    if !as_owner(|| query::one::<bool>(sql::MAY_ACT_FOR, &[by.into(), def.registered_by.into()]))?
-        .unwrap_or(false)
-    {
-        return Err(BatchError::PermissionDenied {
-            message: format!("permission denied to pace job \"{job_id}\""),
-            detail: "A job's pace is set by the role that registered it (or a member of it), whose queries the signals run as.".into(),
-        });
-    }
     for (what, text) in [
         ("throttle_query", &pace.throttle_query),
         ("critical_query", &pace.critical_query),
