@@ -123,6 +123,7 @@ pub extern "C-unwind" fn _PG_init() {
     progress_notices::register();
     job::signals::register();
     launch::register();
+    events::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
     // aid of a test build, set against the release build) is refused, not kept silently.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"etc_batch".as_ptr()) };

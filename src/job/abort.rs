@@ -38,6 +38,7 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
             JobStatus::Pending | JobStatus::Conflict | JobStatus::Corrupt => {
                 query::run(sql::ABORT_JOB, &[job_id.into(), reason.into(), by.into()])?;
                 crate::events::job(
+                    def.tables.number,
                     job_id,
                     "aborted",
                     serde_json::json!({"reason": reason, "by": crate::pauses::role_name(by)}),

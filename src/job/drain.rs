@@ -585,7 +585,7 @@ impl Job {
                         if let Some(waited) = &told {
                             self.end_wait(waited, since_told.elapsed())?;
                         }
-                        pace::pause_for(self.id(), self.bookkeeper, reason)?;
+                        pace::pause_for(&self.def, self.bookkeeper, reason)?;
                         let paused = crate::pauses::of_job(self.id())?;
                         return Ok((pace, due, Signal::Go, Err(paused)));
                     }
@@ -651,6 +651,7 @@ impl Job {
                                 self.end_wait(waited, since_told.elapsed())?;
                             }
                             crate::events::job(
+                                self.def.tables.number,
                                 self.id(),
                                 "waiting",
                                 serde_json::json!({"for": wait.kind(), "reason": wait.reason()}),
@@ -688,6 +689,7 @@ impl Job {
             )
         })?;
         crate::events::job(
+            self.def.tables.number,
             self.id(),
             "waited",
             serde_json::json!({"for": waited.kind(), "seconds": seconds}),
@@ -848,6 +850,7 @@ impl Job {
         crash::reached(Point::AfterCheckpoint);
         if chunk.number == 1 {
             crate::events::job(
+                self.def.tables.number,
                 self.id(),
                 "started",
                 serde_json::json!({"chunks": chunk.total}),
@@ -1063,6 +1066,7 @@ impl Job {
             )
         })?;
         crate::events::job(
+            self.def.tables.number,
             self.id(),
             "failed",
             serde_json::json!({"chunk": number, "sqlstate": failure.sqlstate(),
@@ -1074,6 +1078,7 @@ impl Job {
     /// The job is done, in the transaction that made it so.
     fn tell_done(&self) {
         crate::events::job(
+            self.def.tables.number,
             self.id(),
             "done",
             serde_json::json!({"items": self.def.item_count}),
@@ -1187,6 +1192,7 @@ impl Job {
             )?;
             if stopped == Some(true) {
                 crate::events::job(
+                    self.def.tables.number,
                     self.id(),
                     status.as_str(),
                     serde_json::json!({"reason": reason}),

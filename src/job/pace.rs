@@ -348,16 +348,17 @@ pub fn read_signals(
     Ok(Signal::Go)
 }
 
-/// Pauses job `job_id` for `reason`, as etc_batch itself (its owner `by`), unless it is
+/// Pauses job `def` for `reason`, as etc_batch itself (its owner `by`), unless it is
 /// paused already. Run as the owner.
-pub fn pause_for(job_id: &str, by: pgrx::pg_sys::Oid, reason: &str) -> Result<()> {
+pub fn pause_for(def: &Definition, by: pgrx::pg_sys::Oid, reason: &str) -> Result<()> {
     let paused = query::one::<bool>(
         sql::PAUSE_FOR_SIGNAL,
-        &[job_id.into(), by.into(), reason.into()],
+        &[def.job_id.as_str().into(), by.into(), reason.into()],
     )?;
     if paused == Some(true) {
         crate::events::job(
-            job_id,
+            def.tables.number,
+            &def.job_id,
             "paused",
             serde_json::json!({"by": "etc_batch", "reason": reason}),
         );

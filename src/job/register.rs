@@ -323,6 +323,7 @@ pub fn register(mut req: Request) -> Result<Registered> {
                 tables.attach(&req.job_id)
             })?;
             crate::events::job(
+                number,
                 &req.job_id,
                 "registered",
                 serde_json::json!({"items": frozen.count, "chunks": chunks,

@@ -255,7 +255,12 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 ],
             )?;
             if stopped == Some(true) {
-                crate::events::job(job_id, "corrupt", serde_json::json!({"reason": reason}));
+                crate::events::job(
+                    def.tables.number,
+                    job_id,
+                    "corrupt",
+                    serde_json::json!({"reason": reason}),
+                );
             }
             warning!("job \"{job_id}\" failed verification and is now corrupt");
         }

@@ -269,6 +269,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         )
     })?;
     crate::events::job(
+        def.tables.number,
         &req.job_id,
         "reverted",
         serde_json::json!({"by_job": req.revert_job_id, "items": registered.items,
