@@ -57,6 +57,18 @@ class Listener:
         return [e for e in self.heard if all(e.get(k) == v for k, v in match.items())]
 
 
+def refuse(conn, table, item, message):
+    """A trigger on `table` that refuses to update `item` with `message` (P0001), unless
+    the session says test.refuse = off."""
+    conn.execute(sql.SQL(
+        "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.id = {i} AND current_setting('test.refuse', true) IS DISTINCT FROM 'off' "
+        "THEN RAISE EXCEPTION {m} USING ERRCODE = 'P0001'; END IF; RETURN NEW; END $$; "
+        "CREATE TRIGGER refuse BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {f}()").format(
+        f=sql.Identifier(f"refuse_{table}"), t=sql.Identifier(table), i=sql.Literal(item),
+        m=sql.Literal(message)))
+
+
 def events(heard, key, value):
     """The events of one job, chain or launch (a launch's events name its job too)."""
     kind = {"job_id": "job", "batch": "chain", "launch_id": "launch"}[key]
@@ -69,12 +81,7 @@ def test_every_event_of_a_job_arrives_once_in_order_and_none_for_a_rollback(sign
     try:
         table = make_orders(admin, 60)
         # a trigger that refuses item 25 for a while: one chunk fails and is rolled back
-        admin.execute(sql.SQL(
-            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.id = 25 AND current_setting('test.refuse', true) IS DISTINCT FROM 'off' "
-            "THEN RAISE EXCEPTION 'item 25 is held' USING ERRCODE = 'P0001'; END IF; RETURN NEW; END $$; "
-            "CREATE TRIGGER refuse BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {f}()").format(
-            f=sql.Identifier(f"refuse_{table}"), t=sql.Identifier(table)))
+        refuse(admin, table, 25, "item 25 is held")
         job = register(admin, table, 60, 10, "events")
         # a pause that rolls back is never heard of
         with signals.connect(autocommit=False) as undone:
@@ -203,12 +210,7 @@ def test_a_listener_that_may_not_see_a_job_hears_only_numbers(signals):
         admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(
             sql.Identifier(table), sql.Identifier(clerk)))
         # a chunk refused with a message that holds a row's values
-        admin.execute(sql.SQL(
-            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.id = 15 THEN RAISE EXCEPTION 'salary of item 15 is 9000' USING ERRCODE = 'P0001'; "
-            "END IF; RETURN NEW; END $$; "
-            "CREATE TRIGGER refuse BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {f}()").format(
-            f=sql.Identifier(f"refuse_{table}"), t=sql.Identifier(table)))
+        refuse(admin, table, 15, "salary of item 15 is 9000")
         job = register(as_clerk, table, 30, 10, "payroll_cut")
         as_clerk.execute("SELECT etc_batch.pause_job(%s)", (job,))
         as_clerk.execute("SELECT etc_batch.resume_job(%s)", (job,))
