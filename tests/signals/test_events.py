@@ -203,6 +203,9 @@ def test_a_listener_that_may_not_see_a_job_hears_only_numbers(signals):
                           "GRANT EXECUTE ON ALL PROCEDURES IN SCHEMA etc_batch TO {0}")
                   .format(sql.Identifier(clerk)))
     listener = Listener(signals, nobody)
+    # nor can it ask for more
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        listener.conn.execute("SET etc_batch.event_detail = full")
     as_clerk = signals.connect()
     as_clerk.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(clerk)))
     try:
