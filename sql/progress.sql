@@ -107,7 +107,9 @@ SELECT p.job_id, p.status,
        CASE WHEN COALESCE(p.finished_at, pg_catalog.now()) OPERATOR(pg_catalog.>) p.first_commit
             THEN pg_catalog.round((p.committed_items OPERATOR(pg_catalog./) pg_catalog.date_part('epoch',
                      COALESCE(p.finished_at, pg_catalog.now()) OPERATOR(pg_catalog.-) p.first_commit))::pg_catalog.numeric, 1)
-       END AS items_per_second_elapsed
+       END AS items_per_second_elapsed,
+       -- the number an event names the job by (src/events.rs), for a role that may see it
+       p.job_number
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
@@ -135,7 +137,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by.';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (

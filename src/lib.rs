@@ -33,9 +33,11 @@
 //! pauses     pause_job, pause_batch and their resumes, read before each chunk or step.
 //! activity   what pg_stat_activity shows while a chain or a job runs.
 //! error      the one error type, mapped to SQLSTATEs.
+//! access     who may read or act on a job or a launch: the one rule.
 //! sql/*.sql  the schema, loaded into the extension script as checked-in SQL.
 //! ```
 
+pub mod access;
 pub mod activity;
 pub mod api;
 pub mod chain;
@@ -127,6 +129,7 @@ pub extern "C-unwind" fn _PG_init() {
     progress_notices::register();
     job::signals::register();
     launch::register();
+    events::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test
     // aid of a test build, set against the release build) is refused, not kept silently.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"etc_batch".as_ptr()) };

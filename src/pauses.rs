@@ -9,6 +9,7 @@
 //! skipping the one a runner holds: a runner reads the mark with the next step's row,
 //! which it locks anyway, for nothing.
 
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key};
 use crate::query;
@@ -136,22 +137,23 @@ pub fn role_name(oid: pg_sys::Oid) -> String {
         .into_owned()
 }
 
-/// Pauses job $1 as role $2. Returns whether the job exists, and whether it was paused
-/// now (not already).
+/// Pauses job $1 as role $2. Returns whether the job exists, whether it was paused
+/// now (not already), and its number.
 const PAUSE_JOB: &str = "\
-WITH j AS (SELECT j.job_id FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
+WITH j AS (SELECT j.job_id, j.job_number FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
 p AS (INSERT INTO etc_batch.job_pause (job_id, paused_at, paused_by)
       SELECT j.job_id, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole FROM j
       ON CONFLICT (job_id) DO NOTHING
       RETURNING job_id)
-SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p)";
+SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p), (SELECT j.job_number FROM j)";
 
-/// Resumes job $1. Returns whether the job exists, and whether it was paused.
+/// Resumes job $1. Returns whether the job exists, whether it was paused, and its
+/// number.
 const RESUME_JOB: &str = "\
-WITH j AS (SELECT j.job_id FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
+WITH j AS (SELECT j.job_id, j.job_number FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
 p AS (DELETE FROM etc_batch.job_pause p WHERE p.job_id OPERATOR(pg_catalog.=) $1
       RETURNING p.job_id)
-SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p)";
+SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p), (SELECT j.job_number FROM j)";
 
 /// Pauses batch $1 as role $2: marks every step of it not yet paused, but the one a
 /// runner holds (SKIP LOCKED: that step is in flight, and the runner stops at the next,
@@ -167,7 +169,7 @@ p AS (UPDATE etc_batch.batch_log b
          SET paused_at = pg_catalog.now(), paused_by = $2::pg_catalog.oid::pg_catalog.regrole
         FROM s WHERE b.id OPERATOR(pg_catalog.=) s.id
       RETURNING b.id)
-SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p)";
+SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p), NULL::pg_catalog.int8";
 
 /// Resumes batch $1: its steps' marks removed. Returns whether the batch has steps, and
 /// whether any was paused.
@@ -176,10 +178,10 @@ WITH b AS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=
 p AS (UPDATE etc_batch.batch_log b SET paused_at = NULL, paused_by = NULL
        WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.paused_at IS NOT NULL
       RETURNING b.id)
-SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p)";
+SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p), NULL::pg_catalog.int8";
 
-/// Runs one of the statements above; (exists, changed).
-fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool)> {
+/// Runs one of the statements above; (exists, changed, the job's number).
+fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool, i64)> {
     let by = current_user();
     as_owner(|| {
         let mut args = vec![name.into()];
@@ -190,6 +192,7 @@ fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool)> {
             Ok((
                 r.get::<bool>(1)?.unwrap_or(false),
                 r.get::<bool>(2)?.unwrap_or(false),
+                r.get::<i64>(3)?.unwrap_or(0),
             ))
         })
     })
@@ -198,11 +201,13 @@ fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool)> {
 
 /// Pauses a job; returns whether anything changed (false: it was paused already).
 pub fn pause_job(job_id: &str) -> Result<bool> {
+    access::require(Of::Job(job_id), Right::Act("pause"))?;
     match change(PAUSE_JOB, job_id, true)? {
-        (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
-        (true, changed) => {
+        (false, ..) => Err(BatchError::UnknownJob { job: job_id.into() }),
+        (true, changed, number) => {
             if changed {
                 crate::events::job(
+                    number,
                     job_id,
                     "paused",
                     serde_json::json!({"by": role_name(current_user())}),
@@ -215,11 +220,13 @@ pub fn pause_job(job_id: &str) -> Result<bool> {
 
 /// Lets a paused job go on; returns whether anything changed (false: it was not paused).
 pub fn resume_job(job_id: &str) -> Result<bool> {
+    access::require(Of::Job(job_id), Right::Act("resume"))?;
     match change(RESUME_JOB, job_id, false)? {
-        (false, _) => Err(BatchError::UnknownJob { job: job_id.into() }),
-        (true, changed) => {
+        (false, ..) => Err(BatchError::UnknownJob { job: job_id.into() }),
+        (true, changed, number) => {
             if changed {
                 crate::events::job(
+                    number,
                     job_id,
                     "resumed",
                     serde_json::json!({"by": role_name(current_user())}),
@@ -233,10 +240,10 @@ pub fn resume_job(job_id: &str) -> Result<bool> {
 /// Pauses a batch; returns whether anything changed (false: it was paused already).
 pub fn pause_batch(batch: &str) -> Result<bool> {
     match change(PAUSE_BATCH, batch, true)? {
-        (false, _) => Err(BatchError::UnknownBatch {
+        (false, ..) => Err(BatchError::UnknownBatch {
             batch: batch.into(),
         }),
-        (true, changed) => Ok(changed),
+        (true, changed, _) => Ok(changed),
     }
 }
 
@@ -244,9 +251,9 @@ pub fn pause_batch(batch: &str) -> Result<bool> {
 /// paused).
 pub fn resume_batch(batch: &str) -> Result<bool> {
     match change(RESUME_BATCH, batch, false)? {
-        (false, _) => Err(BatchError::UnknownBatch {
+        (false, ..) => Err(BatchError::UnknownBatch {
             batch: batch.into(),
         }),
-        (true, changed) => Ok(changed),
+        (true, changed, _) => Ok(changed),
     }
 }

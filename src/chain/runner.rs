@@ -580,7 +580,7 @@ impl Runner {
                 ..locked.attempt(id, &batch, attempt, added_by)
             })?;
             if next.is_none() {
-                crate::events::chain(&batch, "done", serde_json::json!({"last_step": id}));
+                crate::events::chain(id, &batch, "done", serde_json::json!({"last_step": id}));
             }
             Ok(next)
         })?;
@@ -667,6 +667,7 @@ impl Runner {
             return Ok(Flow::Again(backoff, retried));
         }
         crate::events::chain(
+            id,
             &self.batch,
             "step failed",
             serde_json::json!({"step": id, "attempt": attempt, "sqlstate": sqlstate,

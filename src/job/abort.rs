@@ -3,6 +3,7 @@
 use super::claim;
 use super::definition::Definition;
 use super::sql;
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
@@ -10,6 +11,7 @@ use crate::status::JobStatus;
 use pgrx::prelude::*;
 
 pub fn abort(job_id: &str, reason: &str) -> Result<()> {
+    access::require(Of::Job(job_id), Right::Act("abort"))?;
     let by = current_user();
     as_owner(|| {
         // a parallel job's chunks in flight commit first, and none starts after
@@ -36,6 +38,7 @@ pub fn abort(job_id: &str, reason: &str) -> Result<()> {
             JobStatus::Pending | JobStatus::Conflict | JobStatus::Corrupt => {
                 query::run(sql::ABORT_JOB, &[job_id.into(), reason.into(), by.into()])?;
                 crate::events::job(
+                    def.tables.number,
                     job_id,
                     "aborted",
                     serde_json::json!({"reason": reason, "by": crate::pauses::role_name(by)}),

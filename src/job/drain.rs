@@ -33,6 +33,7 @@ use super::pace::{self, Signal, Wait};
 use super::signals;
 use super::sql;
 use super::target::Constants;
+use crate::access::{self, Of, Right};
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
@@ -212,6 +213,7 @@ pub fn drain<T: Transactions>(
             "Give the number of chunks to attempt, or NULL for all of them.",
         ));
     }
+    access::require(Of::Job(job_id), Right::Act("drain"))?;
     let mut job = Job::new(job_id, fence)?;
     let mut teller = Teller::begin();
     // what job_progress counts as a drainer at work, also while it waits between chunks
@@ -583,7 +585,7 @@ impl Job {
                         if let Some(waited) = &told {
                             self.end_wait(waited, since_told.elapsed())?;
                         }
-                        pace::pause_for(self.id(), self.bookkeeper, reason)?;
+                        pace::pause_for(&self.def, self.bookkeeper, reason)?;
                         let paused = crate::pauses::of_job(self.id())?;
                         return Ok((pace, due, Signal::Go, Err(paused)));
                     }
@@ -649,6 +651,7 @@ impl Job {
                                 self.end_wait(waited, since_told.elapsed())?;
                             }
                             crate::events::job(
+                                self.def.tables.number,
                                 self.id(),
                                 "waiting",
                                 serde_json::json!({"for": wait.kind(), "reason": wait.reason()}),
@@ -699,6 +702,7 @@ impl Job {
             )
         })?;
         crate::events::job(
+            self.def.tables.number,
             self.id(),
             "waited",
             serde_json::json!({"for": waited.kind(), "seconds": seconds}),
@@ -859,6 +863,7 @@ impl Job {
         crash::reached(Point::AfterCheckpoint);
         if chunk.number == 1 {
             crate::events::job(
+                self.def.tables.number,
                 self.id(),
                 "started",
                 serde_json::json!({"chunks": chunk.total}),
@@ -1074,6 +1079,7 @@ impl Job {
             )
         })?;
         crate::events::job(
+            self.def.tables.number,
             self.id(),
             "failed",
             serde_json::json!({"chunk": number, "sqlstate": failure.sqlstate(),
@@ -1085,6 +1091,7 @@ impl Job {
     /// The job is done, in the transaction that made it so.
     fn tell_done(&self) {
         crate::events::job(
+            self.def.tables.number,
             self.id(),
             "done",
             serde_json::json!({"items": self.def.item_count}),
@@ -1199,6 +1206,7 @@ impl Job {
             )?;
             if stopped == Some(true) {
                 crate::events::job(
+                    self.def.tables.number,
                     self.id(),
                     status.as_str(),
                     serde_json::json!({"reason": reason}),

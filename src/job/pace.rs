@@ -20,6 +20,7 @@ use super::definition::Definition;
 use super::signals;
 use super::sql;
 use super::window::{self, Windows};
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key};
 use crate::query;
@@ -209,15 +210,8 @@ pub fn set(job_id: &str, mut pace: Pace) -> Result<()> {
         None => {}
     }
     let by = current_user();
+    access::require(Of::Job(job_id), Right::Act("pace"))?;
     let def = as_owner(|| Definition::require(job_id))?;
-    if !as_owner(|| query::one::<bool>(sql::MAY_ACT_FOR, &[by.into(), def.registered_by.into()]))?
-        .unwrap_or(false)
-    {
-        return Err(BatchError::PermissionDenied {
-            message: format!("permission denied to pace job \"{job_id}\""),
-            detail: "A job's pace is set by the role that registered it (or a member of it), whose queries the signals run as.".into(),
-        });
-    }
     for (what, text) in [
         ("throttle_query", &pace.throttle_query),
         ("critical_query", &pace.critical_query),
@@ -354,16 +348,17 @@ pub fn read_signals(
     Ok(Signal::Go)
 }
 
-/// Pauses job `job_id` for `reason`, as etc_batch itself (its owner `by`), unless it is
+/// Pauses job `def` for `reason`, as etc_batch itself (its owner `by`), unless it is
 /// paused already. Run as the owner.
-pub fn pause_for(job_id: &str, by: pgrx::pg_sys::Oid, reason: &str) -> Result<()> {
+pub fn pause_for(def: &Definition, by: pgrx::pg_sys::Oid, reason: &str) -> Result<()> {
     let paused = query::one::<bool>(
         sql::PAUSE_FOR_SIGNAL,
-        &[job_id.into(), by.into(), reason.into()],
+        &[def.job_id.as_str().into(), by.into(), reason.into()],
     )?;
     if paused == Some(true) {
         crate::events::job(
-            job_id,
+            def.tables.number,
+            &def.job_id,
             "paused",
             serde_json::json!({"by": "etc_batch", "reason": reason}),
         );

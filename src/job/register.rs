@@ -17,6 +17,7 @@ use super::shape::Shape;
 use super::sql;
 use super::tables::JobTables;
 use super::target::Target;
+use crate::access::{self, Of, Right};
 use crate::error::{capitalize, non_empty, BatchError, Defaulted, Result};
 use crate::installed;
 use crate::query;
@@ -304,15 +305,19 @@ fn register_now(mut req: Request) -> Result<Registered> {
         query::run(sql::LOCK_JOB_ID, &[req.job_id.as_str().into()])
     })?;
     let registered = match as_role(owner, || Definition::load(&req.job_id))? {
-        Some(stored) => same_request(
-            &req.job_id,
-            &stored,
-            &terms,
-            &source,
-            &target,
-            owner,
-            &record,
-        )?,
+        Some(stored) => {
+            // the comparison names the stored job's terms and items
+            access::require(Of::Job(&req.job_id), Right::Read)?;
+            same_request(
+                &req.job_id,
+                &stored,
+                &terms,
+                &source,
+                &target,
+                owner,
+                &record,
+            )?
+        }
         None => {
             let number = as_role(owner, || query::one::<i64>(sql::NEXT_JOB_NUMBER, &[]))?
                 .unwrap_or_default();
@@ -356,6 +361,7 @@ fn register_now(mut req: Request) -> Result<Registered> {
                 tables.attach(&req.job_id)
             })?;
             crate::events::job(
+                number,
                 &req.job_id,
                 "registered",
                 serde_json::json!({"items": frozen.count, "chunks": chunks,

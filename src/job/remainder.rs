@@ -22,10 +22,11 @@ use super::definition::Definition;
 use super::register::{self, Items, Registered, Request};
 use super::sql;
 use super::target::{text_array_sql, Constants, Target};
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::query;
-use crate::roles::{as_role, current_user};
+use crate::roles::as_role;
 use crate::status::JobStatus;
 use pgrx::spi::quote_literal;
 use serde_json::Value;
@@ -40,19 +41,9 @@ pub struct Remainder {
 
 pub fn register_remainder(req: Remainder) -> Result<Registered> {
     super::require_read_committed("etc_batch.register_remainder")?;
+    access::require(Of::Job(&req.job_id), Right::Act("continue"))?;
     let owner = installed::owner()?;
     let def = as_role(owner, || Definition::require(&req.job_id))?;
-    let caller = current_user();
-    if !as_role(owner, || {
-        query::one::<bool>(sql::MAY_ACT_FOR, &[caller.into(), def.registered_by.into()])
-    })?
-    .unwrap_or(false)
-    {
-        return Err(BatchError::PermissionDenied {
-            message: format!("permission denied to continue job \"{}\"", req.job_id),
-            detail: "What a job did not change is approved again by the role that registered it (or a member of it), whose approval the items were.".into(),
-        });
-    }
     def.require_tables()?;
     // the job's drainers finish their chunk first, and none starts another
     let status = as_role(owner, || {

@@ -11,6 +11,7 @@ use super::progress::Progress;
 use super::sql;
 use super::tables::JobTables;
 use super::target::Through;
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, OrRaise, Result};
 use crate::query::{self, Cursor};
 use crate::roles::as_owner;
@@ -74,24 +75,12 @@ fn left_out(job_id: &str) -> Result<VecDeque<ReportRow>> {
 }
 
 /// A job's definition, read as the owner, once the caller is found to be one who may
-/// read the job: a reader of etc_batch.job, or a role with the privileges of the one
-/// that registered it (which sees its own jobs with no further grant); and the tables
-/// the caller reads its items and audit through.
+/// read the job (access.rs); and the tables the caller reads its items and audit
+/// through.
 fn readable(job_id: &str) -> Result<(Definition, Through)> {
+    access::require(Of::Job(job_id), Right::Read)?;
     let def = as_owner(|| Definition::require(job_id))?;
-    let (may, parents) = query::row(sql::MAY_READ_JOB, &[def.registered_by.into()], |r| {
-        Ok((
-            r.get::<bool>(1)?.unwrap_or(false),
-            r.get::<bool>(2)?.unwrap_or(false),
-        ))
-    })?
-    .unwrap_or_default();
-    if !may {
-        return Err(BatchError::PermissionDenied {
-            message: format!("permission denied for job \"{job_id}\""),
-            detail: "A job is shown to the role that registered it (and its members), and to roles granted SELECT on etc_batch.job.".into(),
-        });
-    }
+    let parents = query::one::<bool>(sql::MAY_READ_JOB_PARENTS, &[])?.unwrap_or(false);
     let through = if parents {
         Through {
             items: "etc_batch.job_item".into(),
@@ -217,6 +206,7 @@ pub struct Check {
 /// The full check: every audit row against every approved item, the counts, the
 /// fingerprint of the frozen list. A pending job that fails it becomes corrupt.
 pub fn verify(job_id: &str) -> Result<Vec<Check>> {
+    access::require(Of::Job(job_id), Right::Act("verify"))?;
     as_owner(|| {
         let def = Definition::load(job_id)?
             .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
@@ -271,7 +261,12 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
                 ],
             )?;
             if stopped == Some(true) {
-                crate::events::job(job_id, "corrupt", serde_json::json!({"reason": reason}));
+                crate::events::job(
+                    def.tables.number,
+                    job_id,
+                    "corrupt",
+                    serde_json::json!({"reason": reason}),
+                );
             }
             warning!("job \"{job_id}\" failed verification and is now corrupt");
         }

@@ -24,10 +24,11 @@ use super::guard::Guard;
 use super::register::{self, Items, Registered, Request};
 use super::sql;
 use super::target::{Constants, Target};
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::query;
-use crate::roles::{as_role, current_user};
+use crate::roles::{as_owner, as_role};
 use crate::status::JobStatus;
 use pgrx::pg_sys;
 use serde_json::{Map, Value};
@@ -249,6 +250,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
     let left_out = found.left_out.len();
     against_rows::leave_out(&req.revert_job_id, &req.job_id, &found.left_out, None)?;
     crate::events::job(
+        def.tables.number,
         &req.job_id,
         "reverted",
         serde_json::json!({"by_job": req.revert_job_id, "items": registered.items,
@@ -257,22 +259,10 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
     Ok(registered)
 }
 
-/// The job, if the caller may revert it: the role that registered it, or a member of it.
-fn revertible(job_id: &str, doing: &str) -> Result<Definition> {
-    let owner = installed::owner()?;
-    let def = as_role(owner, || Definition::require(job_id))?;
-    let caller = current_user();
-    if !as_role(owner, || {
-        query::one::<bool>(sql::MAY_ACT_FOR, &[caller.into(), def.registered_by.into()])
-    })?
-    .unwrap_or(false)
-    {
-        return Err(BatchError::PermissionDenied {
-            message: format!("permission denied to {doing} job \"{job_id}\""),
-            detail: "A job is reverted by the role that registered it (or a member of it), whose approval its change was.".into(),
-        });
-    }
-    Ok(def)
+/// The job, if the caller may act on it (access.rs): `doing` names the act.
+fn revertible(job_id: &str, doing: &'static str) -> Result<Definition> {
+    access::require(Of::Job(job_id), Right::Act(doing))?;
+    as_owner(|| Definition::require(job_id))
 }
 
 /// The revert registered before under the same id, asked for again: the same request

@@ -296,10 +296,6 @@ UPDATE etc_batch.job
        failure_chunk = $4
  WHERE job_id OPERATOR(pg_catalog.=) $1";
 
-/// Whether role $1 may act for role $2: is it, is a member of it, or is a superuser.
-pub const MAY_ACT_FOR: &str = "\
-SELECT pg_catalog.pg_has_role($1::pg_catalog.oid, $2::pg_catalog.oid, 'MEMBER')";
-
 /// The items of a job it did not change: without an audit row, or skipped; in position
 /// order: position, key, revision, guards.
 pub const REMAINING_ITEMS: &str = "\
@@ -511,14 +507,10 @@ SELECT j.status, j.item_count,
        j.parallel, j.failed_at, j.failure_sqlstate, j.failure_message
   FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
-/// Whether the caller may read a job: a reader of etc_batch.job, or a role with the
-/// privileges of the one that registered it; and whether it may read the parents of
-/// the job's partitions (else it reads the partitions, granted to the registrant).
-/// $1 the registering role.
-pub const MAY_READ_JOB: &str = "\
-SELECT pg_catalog.has_table_privilege('etc_batch.job', 'SELECT')
-       OR pg_catalog.pg_has_role($1, 'USAGE'),
-       pg_catalog.has_table_privilege('etc_batch.job_item', 'SELECT')
+/// Whether the caller, once it may read a job (access.rs), may read the parents of the
+/// job's partitions (else it reads the partitions, granted to the registrant).
+pub const MAY_READ_JOB_PARENTS: &str = "\
+SELECT pg_catalog.has_table_privilege('etc_batch.job_item', 'SELECT')
        AND pg_catalog.has_table_privilege('etc_batch.job_audit', 'SELECT')";
 
 /// A job's checkpoint and the counters of changes made outside etc_batch, for the full

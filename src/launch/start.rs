@@ -4,6 +4,7 @@
 
 use super::bgw::{self, WorkerStart};
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
+use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::job::drain::stopped_job;
 use crate::pauses::role_name;
@@ -53,6 +54,9 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
             format!("workers {workers} is out of range"),
             format!("A launch has 1 to {MAX_WORKERS_PER_LAUNCH} workers."),
         ));
+    }
+    if let Work::Job(job_id) = work {
+        access::require(Of::Job(job_id), Right::Act("launch"))?;
     }
     check(work, workers)?;
     let role = current_user();
@@ -246,30 +250,14 @@ pub(super) fn ensure_supervisor() -> Result<()> {
 /// stop_launch: the launch stops running; its workers end after the chunk or step in
 /// flight. Whether it ran (a NOTICE says so otherwise).
 pub fn stop(launch_id: i64) -> Result<bool> {
+    access::require(Of::Launch(launch_id), Right::Act("stop"))?;
     let caller = current_user();
-    let (status, launched_by) = as_owner(|| {
+    let status = as_owner(|| {
         query::row(sql::LAUNCH, &[launch_id.into()], |r| {
-            Ok((
-                r.get::<String>(7)?.unwrap_or_default(),
-                r.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::Oid::INVALID),
-            ))
+            Ok(r.get::<String>(7)?.unwrap_or_default())
         })
     })?
     .ok_or(BatchError::UnknownLaunch { id: launch_id })?;
-    let may = query::one::<bool>(
-        crate::job::sql::MAY_ACT_FOR,
-        &[caller.into(), launched_by.into()],
-    )?
-    .unwrap_or(false);
-    if !may {
-        return Err(BatchError::PermissionDenied {
-            message: format!("permission denied to stop launch {launch_id}"),
-            detail: format!(
-                "A launch is stopped by the role that launched it ({}) or a member of it.",
-                role_name(launched_by)
-            ),
-        });
-    }
     if status != "running" {
         notice!("launch {launch_id} is already {status}; nothing changed");
         return Ok(false);

@@ -21,6 +21,7 @@ records them.
 
 import json
 import secrets
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -1552,6 +1553,113 @@ def test_a_registrant_sees_its_own_jobs_and_no_one_elses(db, roles, parallel):
     assert report(conn, job[other]) == [("4", "matching"), ("5", "matching"), ("6", "unprocessed")]
     assert progress(conn) == {job[clerk]: ("pending", 2, 3), job[other]: ("pending", 2, 3)}
     conn.close()
+
+
+def test_a_role_that_may_not_see_a_job_cannot_act_on_it(db, roles):
+    """EXECUTE on every routine is not the right to use them on any job: a role that
+    may not see a job (it did not register it, is no member of the role that did, and
+    has neither SELECT nor UPDATE on etc_batch.job) is refused every routine that takes
+    a job id or a launch id with 42501, and the job, its audit, its pause, its pace and
+    its running launch stay as they were. A role granted UPDATE on etc_batch.job, and a
+    member of the registrant, may act on it."""
+    clerk = roles("clerk", "LOGIN")
+    intruder, member, runner = (roles(n) for n in ("intruder", "member", "runner"))
+    db.admin.execute(sql.SQL("GRANT {} TO {}").format(ident(clerk), ident(member)))
+    db.admin.execute(sql.SQL("GRANT UPDATE ON etc_batch.job TO {}").format(ident(runner)))
+    table = f"acted_{secrets.token_hex(3)}"
+    db.admin.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, st text)").format(ident(table)))
+    db.admin.execute(sql.SQL("INSERT INTO {} SELECT g, 'p' FROM generate_series(1, 8) g")
+                     .format(ident(table)))
+    for role in (clerk, intruder, member, runner):
+        db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {0}; "
+                                 "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA etc_batch TO {0}; "
+                                 "GRANT EXECUTE ON ALL PROCEDURES IN SCHEMA etc_batch TO {0}; "
+                                 "GRANT SELECT, UPDATE ON {1} TO {0}").format(ident(role), ident(table)))
+
+    def session(role):
+        conn = db.connect()
+        conn.execute(sql.SQL("SET ROLE {}").format(ident(role)))
+        return conn
+
+    clerk_conn = session(clerk)
+    job = f"payroll-cut-{secrets.token_hex(3)}"
+    register = ("SELECT * FROM etc_batch.register_job(%s, NULL, %s::regclass, %s, 2, %s, "
+                "tenant_column => NULL, revision_column => NULL)")
+    register_args = (job, table, Jsonb([{"id": i} for i in range(1, 9)]), Jsonb({"st": "done"}))
+    clerk_conn.execute(register, register_args)
+    assert drain(clerk_conn, job, 1)["committed_items"] == 2
+    # a pace whose throttle query always says wait: the launch runs and changes nothing
+    clerk_conn.execute("SELECT etc_batch.pace_job(%s, throttle_query => 'SELECT true')", (job,))
+    launch = clerk_conn.execute("SELECT launch_id FROM etc_batch.launch_job(%s)", (job,)).fetchone()[0]
+
+    def state():
+        return db.admin.execute(
+            "SELECT j.status, j.next_index, j.status_reason, j.problem, j.continued_as, j.reverted_by,"
+            " (SELECT count(*) FROM etc_batch.job_audit a WHERE a.job_id = j.job_id) AS audit,"
+            " (SELECT count(*) FROM etc_batch.job_pause p WHERE p.job_id = j.job_id) AS paused,"
+            " (SELECT p.throttle_query FROM etc_batch.job_pace p WHERE p.job_id = j.job_id) AS pace,"
+            " (SELECT l.status FROM etc_batch.launch l WHERE l.launch_id = %s) AS launch,"
+            " (SELECT count(*) FROM etc_batch.job) AS jobs"
+            " FROM etc_batch.job j WHERE j.job_id = %s", (launch, job)).fetchone()
+
+    before = state()
+    assert (before["status"], before["next_index"], before["audit"], before["launch"]) == (
+        "pending", 2, 2, "running")
+    other = f"{job}-again"
+    refused = {
+        "drain": ("CALL etc_batch.drain_job(%s)", (job,)),
+        "launch": ("SELECT * FROM etc_batch.launch_job(%s)", (job,)),
+        "pause": ("SELECT etc_batch.pause_job(%s)", (job,)),
+        "resume": ("SELECT etc_batch.resume_job(%s)", (job,)),
+        "abort": ("SELECT etc_batch.abort_job(%s, 'not mine')", (job,)),
+        "pace": ("SELECT etc_batch.pace_job(%s)", (job,)),
+        "verify": ("SELECT * FROM etc_batch.verify_job(%s)", (job,)),
+        "continue": ("SELECT * FROM etc_batch.register_remainder(%s, %s)", (job, other)),
+        "revert": ("SELECT * FROM etc_batch.register_revert(%s, %s)", (job, other)),
+        "preview a revert of": ("SELECT * FROM etc_batch.revert_preview(%s)", (job,)),
+        "stop": ("SELECT etc_batch.stop_launch(%s)", (launch,)),
+        "summary": ("SELECT * FROM etc_batch.job_summary(%s)", (job,)),
+        "report": ("SELECT * FROM etc_batch.job_report(%s)", (job,)),
+        "register again": (register, register_args),
+    }
+    conn = session(intruder)
+    for verb, (statement, args) in refused.items():
+        with pytest.raises(errors.InsufficientPrivilege) as refusal:
+            conn.execute(statement, args)
+        message = refusal.value.diag.message_primary
+        if verb == "stop":
+            assert message == f"permission denied to stop launch {launch}", message
+        elif verb in ("summary", "report", "register again"):
+            assert message == f'permission denied for job "{job}"', message
+        else:
+            assert message == f'permission denied to {verb} job "{job}"', message
+        assert refusal.value.diag.message_detail.startswith("A "), verb
+        assert state() == before, verb
+    assert conn.execute("SELECT count(*) FROM etc_batch.job_progress WHERE job_id = %s",
+                        (job,)).fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM etc_batch.launches WHERE launch_id = %s",
+                        (launch,)).fetchone()[0] == 0
+    conn.close()
+
+    # who may: a role granted UPDATE on etc_batch.job, a member of the registrant
+    runner_conn = session(runner)
+    runner_conn.execute("SELECT etc_batch.pause_job(%s)", (job,))
+    assert state()["paused"] == 1
+    runner_conn.execute("SELECT etc_batch.resume_job(%s)", (job,))
+    with pytest.raises(errors.InsufficientPrivilege):
+        runner_conn.execute("SELECT etc_batch.stop_launch(%s)", (launch,))
+    member_conn = session(member)
+    assert member_conn.execute("SELECT etc_batch.stop_launch(%s)", (launch,)).fetchone()[0] is True
+    member_conn.execute("SELECT etc_batch.pace_job(%s)", (job,))
+    # the launch's worker ends, after its wait, before its role is dropped
+    for _ in range(300):
+        if db.admin.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE usename = %s "
+                            "AND backend_type <> 'client backend'", (clerk,)).fetchone()["n"] == 0:
+            break
+        time.sleep(0.1)
+    assert state()["status"] == "pending"
+    for c in (runner_conn, member_conn, clerk_conn):
+        c.close()
 
 
 def test_crash_aid_cannot_be_set_by_a_role_that_is_not_superuser(db, roles):
