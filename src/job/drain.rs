@@ -671,8 +671,9 @@ impl Job {
                         }
                         Ok::<_, BatchError>(held)
                     })?;
+                    // the wait holds nothing, not even the snapshot of that look
+                    tx.commit();
                     if let Some(paused) = held {
-                        tx.commit();
                         return Ok(BeforeChunk::Paused(Some(paused)));
                     }
                     self.activity
