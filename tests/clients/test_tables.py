@@ -8,7 +8,9 @@ and through PgBouncer) while other clients work on the same rows.
 - A partitioned table, items in three partitions, drained in parallel by three clients
   while their backends are killed at random moments: every approved row changed once.
 - register_remainder after a conflict: what was not changed, approved again in one
-  call, drained to the end.
+  call, drained to the end; what it leaves out (the drifted row, a deleted one) named
+  in job_left_out and told to the client, every approved item accounted for, and the
+  drifted one approved later by a call of its own.
 - A table loaded and never analyzed, chunks of 5,000: no chunk reads the table whole.
 - A drainer pacing itself is at work: job_progress shows it, the doctor says nothing
   of a job stopped half-way; the rate and the estimated finish leave paused time out.
@@ -295,34 +297,63 @@ def test_a_partitioned_table_drained_in_parallel_while_drainers_are_killed(pg):
 def test_register_remainder_after_a_conflict(client, include_drifted):
     """A job stopped in conflict by a changed row: register_remainder approves, in one
     call, what it did not change (the drifted row too, at its state now, when asked);
-    the job ends continued as the new one, which drains to the end."""
+    the job ends continued as the new one, which drains to the end. What it leaves out
+    (the drifted row unless asked, a row deleted meanwhile) is named in job_left_out and
+    counted in a NOTICE the client receives, so that every approved item is accounted
+    for; the drifted one left out is approved later by a call of its own."""
     pg = client.pg
     accounts = Accounts(pg, 100)
-    job, rest = tag("conflicted"), tag("remainder")
+    job, rest, later = tag("conflicted"), tag("remainder"), tag("later")
     conn = client.connect()
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append((d.message_primary, d.message_detail)))
     assert accounts.register(conn, job, range(1, 101), 10) == (job, True, 100, 10)
     assert conn.execute("CALL etc_batch.drain_job(%s, 3)", (job,)).fetchone()[1] == 30
     pg.admin.execute(sql.SQL("UPDATE {} SET balance = 0 WHERE id = 45").format(accounts.ident))
     with pytest.raises(errors.IntegrityConstraintViolation):
         conn.execute("CALL etc_batch.drain_job(%s)", (job,))
+    pg.admin.execute(sql.SQL("DELETE FROM {} WHERE id = 77").format(accounts.ident))
+    notices.clear()
     got = conn.execute(
         "SELECT job_id, created, items, chunks FROM etc_batch.register_remainder(%s, %s, "
         "include_drifted => %s)", (job, rest, include_drifted)).fetchone()
     # chunk 4 committed before the drain met the changed row in chunk 5
-    expected = 60 if include_drifted else 59
+    expected = 59 if include_drifted else 58
     assert got == (rest, True, expected, 6)
+    left_out = {k: (s, a) for k, s, a in pg.admin.execute(
+        "SELECT item_key, state, approved_again_as FROM etc_batch.job_left_out WHERE job_id = %s",
+        (rest,))}
+    assert left_out == ({"77": ("gone", None)} if include_drifted
+                        else {"45": ("drifted", None), "77": ("gone", None)})
+    told = [n for n in notices if "leaves out" in n[0]]
+    assert told == [(f'job "{rest}" leaves out {len(left_out)} item{"s" if len(left_out) > 1 else ""} '
+                     f'of job "{job}"',
+                     ("Gone: 1." if include_drifted else "Drifted: 1; gone: 1.")
+                     + f' "etc_batch.job_left_out" names each of them, with job_id \'{rest}\'.')], notices
+    committed = pg.admin.execute("SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s",
+                                 (job,)).fetchone()[0]
+    assert committed + expected + len(left_out) == 100
     assert pg.admin.execute(
         "SELECT status, continued_as FROM etc_batch.job_progress WHERE job_id = %s",
         (job,)).fetchone() == ("continued", rest)
     with pytest.raises(errors.ObjectNotInPrerequisiteState, match="was continued as another job"):
         conn.execute("CALL etc_batch.drain_job(%s)", (job,))
     assert conn.execute("CALL etc_batch.drain_job(%s)", (rest,)).fetchone()[4] == "done"
-    rows = accounts.rows()
-    assert rows[45] == (("standard" if include_drifted else "basic"), 0)
-    assert all(rows[i][0] == "standard" for i in range(1, 101) if i != 45)
     items = [int(k) for (k,) in pg.admin.execute(
         "SELECT item_key FROM etc_batch.job_item WHERE job_id = %s ORDER BY position", (rest,))]
-    assert items == [i for i in range(41, 101) if include_drifted or i != 45]
+    assert items == [i for i in range(41, 101) if i != 77 and (include_drifted or i != 45)]
+    if not include_drifted:
+        # the drifted row, approved later at its state now: a job of its own
+        assert conn.execute(
+            "SELECT items FROM etc_batch.register_remainder(%s, %s, include_drifted => true)",
+            (job, later)).fetchone() == (1,)
+        assert pg.admin.execute(
+            "SELECT approved_again_as FROM etc_batch.job_left_out WHERE job_id = %s AND item_key = '45'",
+            (rest,)).fetchone() == (later,)
+        assert conn.execute("CALL etc_batch.drain_job(%s)", (later,)).fetchone()[4] == "done"
+    rows = accounts.rows()
+    assert 77 not in rows and rows[45] == ("standard", 0)
+    assert all(rows[i][0] == "standard" for i in range(1, 101) if i != 77)
 
 
 def test_a_never_analyzed_table_is_not_read_whole_by_a_chunk(pg):
