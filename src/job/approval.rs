@@ -1167,7 +1167,7 @@ mod tests {
             e,
             BatchError::UndefinedColumn {
                 column: "nope".into(),
-                named_by: Some("item 0".into()),
+                named_by: Some("item 1".into()),
                 default: None,
             }
         );
