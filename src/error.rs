@@ -305,10 +305,10 @@ impl Defaulted {
     fn detail(self, column: &str) -> String {
         match self {
             Defaulted::RevisionColumn => format!(
-                "\"{column}\" is revision_column's default, taken when a call does not give one."
+                "Column \"{column}\" is revision_column's default, taken when a call does not give one."
             ),
             Defaulted::TenantColumn => format!(
-                "\"{column}\" is tenant_column's default, taken when a call gives a tenant and no tenant_column."
+                "Column \"{column}\" is tenant_column's default, taken when a call gives a tenant and no tenant_column."
             ),
             Defaulted::Key => format!(
                 "The table has no primary key and the call named no key, so \"{column}\" was taken as the key."

@@ -101,8 +101,9 @@ impl Windows {
         if per_week == 0 || work <= 0.0 {
             return work.max(0.0);
         }
-        // whole weeks of work at once: a backfill of months is not walked a span at a time
-        let weeks = (work / f64::from(per_week)).floor();
+        // whole weeks of work at once, all but the last: a backfill of months is not
+        // walked a span at a time, and what is left (at most a week's windows) is
+        let weeks = ((work / f64::from(per_week)).ceil() - 1.0).max(0.0);
         let (mut work, mut wall) = (work - weeks * f64::from(per_week), weeks * f64::from(WEEK));
         let mut at = minute % WEEK;
         while work > 0.0 {
@@ -244,10 +245,17 @@ mod tests {
             windows.wall_minutes(at(0, 3, 10), 90.0),
             50.0 + 23.0 * 60.0 + 40.0
         );
-        // two weeks of nightly hours: two weeks of the clock, whatever the minute
+        // fourteen nightly hours from Thursday's window: the fourteenth night ends at
+        // 04:00 thirteen days later
         assert_eq!(
             windows.wall_minutes(at(3, 3, 0), 14.0 * 60.0),
-            2.0 * f64::from(WEEK)
+            f64::from(13 * DAY + 60)
+        );
+        // a week of nightly hours from noon: the first opens in 15 h, the seventh closes
+        // six days after the first
+        assert_eq!(
+            windows.wall_minutes(at(0, 12, 0), 7.0 * 60.0),
+            f64::from(15 * 60 + 6 * DAY + 60)
         );
         // a window that wraps the week is one stretch of work
         let windows = w(&["sun 23:00-01:00"]).unwrap();
