@@ -1217,8 +1217,20 @@ def test_hints_carry_odd_job_ids_as_literals_a_person_can_paste(db):
     db.admin.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT small CHECK ({} < 100)")
                      .format(table.qualified, ident(FLAG)))
     conn = db.connect()
-    # a chunk that fails for a reason that is not a conflict: the hint names the call
     job = "j'ob\\; --\"ü"
+    # a value a CHECK on its column alone refuses is refused at registration, the odd
+    # column and constraint named as they are, and nothing is stored
+    with pytest.raises(errors.CheckViolation) as refused:
+        table.register(conn, job, [table.item(KEYS[0])], 1, set_values=Jsonb({FLAG: 1000}))
+    assert refused.value.diag.message_primary == (
+        f'set_values sets column "{FLAG}" to a value its check constraint "small" refuses')
+    assert db.admin.execute("SELECT count(*) AS n FROM etc_batch.job WHERE job_id = %s",
+                            (job,)).fetchone()["n"] == 0
+    # one over two columns is the chunk's to meet: a chunk that fails for a reason that
+    # is not a conflict, and the hint names the call
+    db.admin.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT small, "
+                             "ADD CONSTRAINT small CHECK ({} < 100 + {})")
+                     .format(table.qualified, ident(FLAG), ident(QTY)))
     table.register(conn, job, [table.item(KEYS[0])], 1, set_values=Jsonb({FLAG: 1000}))
     with pytest.raises(errors.CheckViolation) as failed:
         drain(conn, job)
