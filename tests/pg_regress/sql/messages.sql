@@ -58,7 +58,7 @@ SELECT * FROM etc_batch.register_job('typo-guard', 'alien-fest', 'orders',
 CREATE TABLE visits (day date, room text, guests integer NOT NULL, PRIMARY KEY (day, room));
 INSERT INTO visits VALUES ('2026-05-01', 'A', 1), ('2026-05-02', 'B', 2);
 SELECT * FROM etc_batch.register_job('bad-day', NULL, 'visits',
-    '[{"day": "2026-05-01", "room": "A"}, {"day": "2026-05-02", "room": "B"}, {"day": "2026-13-45", "room": "C"}]',
+    '[{"day": "2026-05-01", "room": "A"}, {"day": "2026-05-02", "room": "B"}, {"day": "not-a-day", "room": "C"}]',
     1, '{"guests": 0}', tenant_column => NULL, revision_column => NULL);
 \echo :LAST_ERROR_SQLSTATE
 CREATE TABLE tickets (id uuid PRIMARY KEY, state text NOT NULL);
