@@ -124,10 +124,10 @@ pub extern "C-unwind" fn _PG_init() {
     // the server was started with (pgrx captures one where std's capture is enabled).
     // SAFETY: the backend runs one thread, and nothing reads the environment meanwhile.
     unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
-    job::crash::register();
+    job::run::crash::register();
     retries::register();
     progress_notices::register();
-    job::signals::register();
+    job::pace::signals::register();
     launch::register();
     events::register();
     // Every etc_batch.* setting is one this library defines: a misspelt one (or the test

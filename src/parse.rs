@@ -1,6 +1,6 @@
 //! PostgreSQL's raw parser, for SQL a caller hands etc_batch as text (a step's command,
 //! an items query): what each statement is, read from the parse tree into plain Rust
-//! values, so that the rules about them (src/chain/command.rs, src/job/items_query.rs)
+//! values, so that the rules about them (src/chain/command.rs, src/job/register/items_query.rs)
 //! never touch a node. The only module that reads parse trees.
 //!
 //! Parsing is syntax only: the objects a statement names need not exist, and nothing is

@@ -3,8 +3,11 @@
 
 use super::types::{Jsonb, Name, Names, RegClass, RegProcedure};
 use crate::error::{required, BatchError, OrRaise, Result};
-use crate::job::approval::OnDrift;
-use crate::job::{abort, approval, drain, pace, register, remainder, report, revert};
+use crate::job::from_jobs::{remainder, revert};
+use crate::job::rules::approval;
+use crate::job::rules::approval::OnDrift;
+use crate::job::run::{abort, drain};
+use crate::job::{pace, register, report};
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, results};
@@ -240,8 +243,8 @@ fn wall_seconds_in_windows(
     time_zone: Option<String>,
 ) -> Option<f64> {
     let (work, windows, time_zone) = (work_seconds?, windows?, time_zone?);
-    let windows = crate::job::window::Windows::parse(&windows).or_raise();
-    let minute = crate::job::signals::minute_of_week(&time_zone).or_raise();
+    let windows = crate::job::rules::window::Windows::parse(&windows).or_raise();
+    let minute = crate::job::pace::signals::minute_of_week(&time_zone).or_raise();
     Some(windows.wall_minutes(minute, work / 60.0) * 60.0)
 }
 

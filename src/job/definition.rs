@@ -1,12 +1,12 @@
 //! A job as registered: read once per call, since registration never changes it.
 
-use super::approval::{parse_object, Action, OnDrift, Terms};
-use super::guard::Guard;
-use super::key::JobKey;
 use super::sql;
-use super::tables::JobTables;
 use super::target::{Set, Target};
 use crate::error::{BatchError, Result};
+use crate::job::register::tables::JobTables;
+use crate::job::rules::approval::{parse_object, Action, OnDrift, Terms};
+use crate::job::rules::guard::Guard;
+use crate::job::rules::key::JobKey;
 use crate::query;
 use pgrx::pg_sys;
 use serde_json::Value;

@@ -1,18 +1,18 @@
 //! Reading a job back: job_report, job_summary, verify_job (which marks a pending job
 //! that fails it corrupt).
 
-use super::approval::Fingerprint;
-use super::claim;
-use super::columns::Kind;
 use super::definition::Definition;
-use super::freeze::{ItemCursor, BATCH};
-use super::key::KeyOrder;
-use super::progress::Progress;
 use super::sql;
-use super::tables::JobTables;
 use super::target::Through;
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, OrRaise, Result};
+use crate::job::register::freeze::{ItemCursor, BATCH};
+use crate::job::register::tables::JobTables;
+use crate::job::rules::approval::Fingerprint;
+use crate::job::rules::columns::Kind;
+use crate::job::rules::key::KeyOrder;
+use crate::job::rules::progress::Progress;
+use crate::job::run::claim;
 use crate::query::{self, Cursor};
 use crate::roles::as_owner;
 use crate::status::JobStatus;
@@ -362,7 +362,7 @@ fn verify_chunks(
         committed,
         unsealed,
     } = claim::chunk_rows(&def.job_id, &def.tables)?;
-    let chunks = super::progress::chunk_count(def.item_count, def.chunk_size) as i64;
+    let chunks = crate::job::rules::progress::chunk_count(def.item_count, def.chunk_size) as i64;
     check(
         "chunks",
         rows == chunks && unsealed == 0,

@@ -6,12 +6,12 @@
 //! supplies is ever spliced into SQL as text (but an items query, which is SQL by its
 //! nature, run as the role that gave it: see items_query).
 
-use super::columns::{scalar_text, Column, Columns, HashBy, Kind};
-use super::guard::Guard;
-use super::key::JobKey;
-use super::shape::Shape;
 use super::sql::{COLUMNS, PRIMARY_KEY, RELATION, UNIQUE_KEY};
 use crate::error::{BatchError, Result};
+use crate::job::rules::columns::{scalar_text, Column, Columns, HashBy, Kind};
+use crate::job::rules::guard::Guard;
+use crate::job::rules::key::JobKey;
+use crate::job::rules::shape::Shape;
 use crate::query;
 use pgrx::pg_sys;
 use pgrx::spi::{quote_identifier, quote_literal};

@@ -6,7 +6,7 @@ use super::bgw::{self, WorkerStart};
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
-use crate::job::drain::stopped_job;
+use crate::job::run::drain::stopped_job;
 use crate::pauses::role_name;
 use crate::query;
 use crate::roles::{as_owner, current_user};

@@ -7,7 +7,7 @@
 use super::bgw::{self, WorkerStart};
 use super::{as_worker_of, slot, sql};
 use crate::error::{BatchError, Result};
-use crate::job::drain;
+use crate::job::run::drain;
 use crate::query;
 use crate::roles::as_owner;
 use crate::session_lock::{SessionLock, Space};

@@ -1,10 +1,10 @@
 //! abort_job: stop a job for good, keeping its approval, audit and checkpoint.
 
-use super::claim;
-use super::definition::Definition;
-use super::sql;
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
+use crate::job::definition::Definition;
+use crate::job::run::claim;
+use crate::job::sql;
 use crate::query;
 use crate::roles::{as_owner, current_user};
 use crate::status::JobStatus;

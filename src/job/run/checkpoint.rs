@@ -7,11 +7,11 @@
 //! only statement is its change. The rules are progress.rs's; `verify_job` checks the
 //! same promise in SQL.
 
-use super::chunk::{held_back, ChunkItems, ItemArrays, OpenChunk, Opening, Recheck};
-use super::progress::Progress;
-use super::seal;
-use super::tables::JobTables;
 use crate::error::{BatchError, Result};
+use crate::job::register::tables::JobTables;
+use crate::job::rules::progress::Progress;
+use crate::job::run::chunk::{held_back, ChunkItems, ItemArrays, OpenChunk, Opening, Recheck};
+use crate::job::run::seal;
 use crate::own_rows::{self, Compare, Key, Lock, Tid};
 use crate::status::JobStatus;
 use pgrx::datum::{clock_timestamp, TimestampWithTimeZone};

@@ -13,8 +13,8 @@
 //! it to.
 
 use super::*;
-use crate::job::columns::{parse_uuid, Column, Kind};
-use crate::job::key::KeyOrder;
+use crate::job::rules::columns::{parse_uuid, Column, Kind};
+use crate::job::rules::key::KeyOrder;
 use proptest::collection::{btree_set, vec};
 use proptest::option;
 use proptest::prelude::*;

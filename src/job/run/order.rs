@@ -2,12 +2,12 @@
 //! loop asks it to open a chunk, to close one, and what to do after one was rolled back,
 //! and never asks which way it is.
 
-use super::checkpoint;
-use super::chunk::{Mark, OpenChunk, Opening, Recheck};
-use super::claim::{self, Cursor};
-use super::definition::Definition;
-use super::progress::{chunk_count, Progress};
 use crate::error::Result;
+use crate::job::definition::Definition;
+use crate::job::rules::progress::{chunk_count, Progress};
+use crate::job::run::checkpoint;
+use crate::job::run::chunk::{Mark, OpenChunk, Opening, Recheck};
+use crate::job::run::claim::{self, Cursor};
 use crate::status::JobStatus;
 use pgrx::datum::TimestampWithTimeZone;
 use std::ops::Range;

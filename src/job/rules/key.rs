@@ -8,10 +8,10 @@
 //! columns as a JSON array of those texts (`["eu", "2026-12-01"]`). The frozen list is in
 //! the key's own order: a key of one integer, uuid or text column is ordered here (text
 //! by its bytes, so the order never depends on a locale); any other key by PostgreSQL,
-//! in the types' own order, as the key's btree index orders it (src/job/staged.rs).
+//! in the types' own order, as the key's btree index orders it (src/job/register/ordered.rs).
 
-use super::columns::{is_integer, json_kind, parse_uuid, Columns, Kind};
 use crate::error::{BatchError, Result};
+use crate::job::rules::columns::{is_integer, json_kind, parse_uuid, Columns, Kind};
 use pgrx::spi::quote_identifier;
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -27,7 +27,7 @@ pub struct JobKey {
 pub enum KeyOrder {
     /// This library, as it reads the items: a key of one integer, uuid or text column.
     Here(Kind),
-    /// PostgreSQL, in the key's types' own order (src/job/staged.rs).
+    /// PostgreSQL, in the key's types' own order (src/job/register/ordered.rs).
     Sql,
 }
 
@@ -237,7 +237,7 @@ impl JobKey {
             .map(|name| {
                 let value = object.get(name).ok_or_else(|| no_key(name, position))?;
                 columns.check_value(name, value, &format!("item {position}"))?;
-                super::columns::scalar_text(value).ok_or_else(|| {
+                crate::job::rules::columns::scalar_text(value).ok_or_else(|| {
                     BatchError::invalid_because(
                         format!("item {position} has a null key"),
                         format!("Key column \"{name}\" names the row: it cannot be null."),

@@ -16,12 +16,16 @@
 //! Every pace_job call sets the whole pace: what it does not name has no limit (or is
 //! off) afterwards, and pace_job(job_id) clears it all.
 
-use super::definition::Definition;
-use super::signals;
-use super::sql;
-use super::window::{self, Windows};
+//!
+//! - `signals` what the system says: archive backlog, a VACUUM, the DBA's queries.
+
+pub(crate) mod signals;
+
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
+use crate::job::definition::Definition;
+use crate::job::rules::window::{self, Windows};
+use crate::job::sql;
 use crate::own_rows::{self, Compare, Key};
 use crate::query;
 use crate::roles::{as_author, as_owner, current_user};

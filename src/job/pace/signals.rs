@@ -8,8 +8,8 @@
 //! subtransaction that is always rolled back: whatever a function it calls writes, it
 //! changes nothing.
 
-use super::sql;
 use crate::error::{BatchError, Result};
+use crate::job::sql;
 use crate::query;
 use crate::txn::Failure;
 use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};

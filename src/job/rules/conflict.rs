@@ -1,7 +1,7 @@
 //! Saying what a conflict is: which item, what the approval expected, and what the row
 //! holds now or that it is gone. Pure, so the wording is unit-tested.
 
-use super::guard::Guard;
+use crate::job::rules::guard::Guard;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -89,7 +89,7 @@ pub fn ordinal(n: i32) -> String {
 /// JSON equality where numbers compare by value, exactly (2 = 2.0 = 2.00, and
 /// 0.1000000000000000001 is not 0.1).
 fn same(a: &Value, b: &Value) -> bool {
-    use super::approval::canonical_number;
+    use crate::job::rules::approval::canonical_number;
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => {
             canonical_number(&x.to_string()) == canonical_number(&y.to_string())

@@ -22,13 +22,13 @@
 //! before the stop is recorded, and every drainer that comes after waits for it and then
 //! reads the job's new status, and stops.
 
-use super::checkpoint::{chunk_items, first_audit_from, outside_changes};
-use super::chunk::{held_back, OpenChunk, Opening, Recheck};
-use super::progress::Progress;
-use super::seal;
-use super::sql;
-use super::tables::JobTables;
 use crate::error::{BatchError, Result};
+use crate::job::register::tables::JobTables;
+use crate::job::rules::progress::Progress;
+use crate::job::run::checkpoint::{chunk_items, first_audit_from, outside_changes};
+use crate::job::run::chunk::{held_back, OpenChunk, Opening, Recheck};
+use crate::job::run::seal;
+use crate::job::sql;
 use crate::own_rows::{self, Columns, Compare, Key, Lock, RowWriter, Tid};
 use crate::query;
 use crate::status::JobStatus;
@@ -120,7 +120,7 @@ pub fn open(
     progress: Progress,
     cursor: &mut Cursor,
 ) -> Result<Opening> {
-    let chunks = super::progress::chunk_count(progress.item_count, progress.chunk_size);
+    let chunks = crate::job::rules::progress::chunk_count(progress.item_count, progress.chunk_size);
     let claimed = own_rows::with_table(&tables.chunks_relname(), |rows_of_chunks| {
         // the job as the transaction that holds the lock sees it: a stop recorded before
         // is seen here

@@ -21,22 +21,22 @@
 //! it came to (`Round`); the loop commits it, rolls it back, records a retry, waits, or
 //! raises, whichever transactions it runs in (txn::Transactions).
 
-use super::approval::{self, parse_object, OnDrift};
-use super::audit::{AuditWriter, ChunkAudit};
-use super::checkpoint;
-use super::chunk::{OpenChunk, Opening, Recheck};
-use super::conflict::{self, Expected};
-use super::crash::{self, Point};
-use super::definition::Definition;
-use super::order::Order;
-use super::pace::{self, Signal, Wait};
-use super::signals;
-use super::sql;
-use super::target::Constants;
 use crate::access::{self, Of, Right};
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::definition::Definition;
+use crate::job::pace::signals;
+use crate::job::pace::{self, Signal, Wait};
+use crate::job::rules::approval::{self, parse_object, OnDrift};
+use crate::job::rules::conflict::{self, Expected};
+use crate::job::run::audit::{AuditWriter, ChunkAudit};
+use crate::job::run::checkpoint;
+use crate::job::run::chunk::{OpenChunk, Opening, Recheck};
+use crate::job::run::crash::{self, Point};
+use crate::job::run::order::Order;
+use crate::job::sql;
+use crate::job::target::Constants;
 use crate::lease::Fence;
 use crate::pauses::Paused;
 use crate::progress_notices::{self as told, Teller};
@@ -259,7 +259,7 @@ pub fn drain<T: Transactions>(
                     format!("job \"{job_id}\" is outside its windows; this call stops here"),
                     format!(
                         "Its next window opens in {}. pace_job sets the windows.",
-                        super::window::human_minutes(opens_in)
+                        crate::job::rules::window::human_minutes(opens_in)
                     )
                 );
                 drained.outside_windows = true;
@@ -665,7 +665,7 @@ impl Job {
                     // a pause_job, or a stop_launch of this worker's launch, ends the wait
                     // as it would before a chunk: a window may be hours away
                     let held = tx.item(|_| {
-                        let held = self.owner(|| super::chunk::held_back(self.id()))?;
+                        let held = self.owner(|| crate::job::run::chunk::held_back(self.id()))?;
                         if held.is_some() {
                             self.end_wait(&wait, since_told.elapsed())?;
                         }

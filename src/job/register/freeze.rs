@@ -3,11 +3,11 @@
 //! fingerprint as it goes; and read back in the same order to compare a new registration
 //! with it or to verify it. Lists of any size take the memory of one batch.
 
-use super::approval::{Fingerprint, Guards, Item, Key, Terms};
-use super::key::KeyOrder;
-use super::sql;
-use super::tables::JobTables;
 use crate::error::{BatchError, Result};
+use crate::job::register::tables::JobTables;
+use crate::job::rules::approval::{Fingerprint, Guards, Item, Key, Terms};
+use crate::job::rules::key::KeyOrder;
+use crate::job::sql;
 use crate::memory::Scratch;
 use crate::own_rows::{Columns, RowWriter};
 use crate::query::{Cursor, Row};

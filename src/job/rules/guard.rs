@@ -10,8 +10,8 @@
 //! operator saw, or the digest of the row taken at registration; and the audit keeps the
 //! one the change left. A guard of named columns keeps none.
 
-use super::columns::{Columns, HashBy, Kind};
 use crate::error::{BatchError, Result};
+use crate::job::rules::columns::{Columns, HashBy, Kind};
 use pgrx::spi::quote_identifier;
 
 /// The kinds of guard.

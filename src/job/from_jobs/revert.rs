@@ -16,17 +16,17 @@
 //! finish their chunk, and its status becomes reverted, so that nothing changes its
 //! rows while the revert runs. A revert of a revert works the same way.
 
-use super::against_rows::{self, LeftOut, LeftOutBecause};
-use super::approval::Action;
-use super::claim;
-use super::definition::Definition;
-use super::guard::Guard;
-use super::register::{self, Items, Registered, Request};
-use super::sql;
-use super::target::{Constants, Target};
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::definition::Definition;
+use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
+use crate::job::register::{self, Items, Registered, Request};
+use crate::job::rules::approval::Action;
+use crate::job::rules::guard::Guard;
+use crate::job::run::claim;
+use crate::job::sql;
+use crate::job::target::{Constants, Target};
 use crate::query;
 use crate::roles::{as_owner, as_role};
 use crate::status::JobStatus;
@@ -138,7 +138,7 @@ pub fn preview_left_out(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Ve
 }
 
 pub fn register_revert(req: Revert) -> Result<Registered> {
-    super::require_read_committed("etc_batch.register_revert")?;
+    crate::job::require_read_committed("etc_batch.register_revert")?;
     let owner = installed::owner()?;
     let def = revertible(&req.job_id, "revert")?;
     def.require_tables()?;
@@ -306,7 +306,7 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
     Ok(Registered {
         created: false,
         items: stored.item_count,
-        chunks: super::progress::chunk_count(stored.item_count, stored.chunk_size),
+        chunks: crate::job::rules::progress::chunk_count(stored.item_count, stored.chunk_size),
     })
 }
 

@@ -2,10 +2,10 @@
 //! gives them, its key, its tenant column if it has one, and its guard. Pure Rust, read
 //! from the catalog by `target`.
 
-use super::columns::{Column, Columns};
-use super::guard::Guard;
-use super::key::JobKey;
 use crate::error::{BatchError, Result};
+use crate::job::rules::columns::{Column, Columns};
+use crate::job::rules::guard::Guard;
+use crate::job::rules::key::JobKey;
 use serde_json::Value;
 
 /// What the approval is checked against: the target's columns and the roles they play.

@@ -11,13 +11,13 @@
 //! digest, takes each item's row's digest. Its rows come through a cursor, a batch at a
 //! time, under settings that print every value the same way in every session.
 
-use super::approval::Item;
-use super::columns::Kind;
-use super::freeze::ItemCursor;
-use super::items_query::ItemsQuery;
-use super::tables::JobTables;
-use super::target::{text_array_sql, Target};
 use crate::error::Result;
+use crate::job::register::freeze::ItemCursor;
+use crate::job::register::items_query::ItemsQuery;
+use crate::job::register::tables::JobTables;
+use crate::job::rules::approval::Item;
+use crate::job::rules::columns::Kind;
+use crate::job::target::{text_array_sql, Target};
 use pgrx::datum::DatumWithOid;
 use pgrx::spi::{quote_identifier, quote_literal};
 

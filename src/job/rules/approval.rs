@@ -8,12 +8,12 @@
 //! guards in column-name order. Two registrations are the same request exactly when
 //! their normal forms are equal, whatever order the caller listed the items in.
 
-use super::columns::json_kind;
-use super::guard::Guard;
-pub use super::key::Key;
-use super::key::{JobKey, KeyOrder};
-use super::shape::Shape;
 use crate::error::{BatchError, Result};
+use crate::job::rules::columns::json_kind;
+use crate::job::rules::guard::Guard;
+pub use crate::job::rules::key::Key;
+use crate::job::rules::key::{JobKey, KeyOrder};
+use crate::job::rules::shape::Shape;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -997,7 +997,7 @@ mod tests {
         assert!(flat_entries(r#"{"qty": 2.5}"#).is_none());
     }
 
-    use crate::job::columns::Column;
+    use crate::job::rules::columns::Column;
     use serde_json::json;
 
     fn shape(key_type: &str) -> Shape {

@@ -2,24 +2,38 @@
 //! normalize it, and freeze it as rows of the job's own partition; or recognise the same
 //! request, or name how a different one differs. Both end as the same kind of job.
 
-use super::approval::{canonical_object, first_difference, Action, Item, OnDrift, Terms};
-use super::claim;
-use super::columns::{scalar_text, Kind};
-use super::definition::Definition;
-use super::freeze::{Frozen, ItemCursor, Writer};
-use super::guard::Guard;
-use super::items_query::ItemsQuery;
-use super::key::{JobKey, KeyOrder};
-use super::ordered::{Given, SqlOrder};
-use super::progress::chunk_count;
-use super::seal;
-use super::shape::Shape;
-use super::sql;
-use super::tables::JobTables;
-use super::target::Target;
+//!
+//! - `items_query` the SELECT register_job_from_query reads the items from.
+//! - `freeze`      the frozen list written and read back a batch at a time, fingerprinted.
+//! - `ordered`     approvals PostgreSQL puts in order (keys of several columns or of
+//!   any type, digests of rows).
+//! - `tables`      the job's own partitions of job_item and job_audit.
+
+pub(crate) mod freeze;
+pub(crate) mod items_query;
+pub(crate) mod ordered;
+pub(crate) mod tables;
+
 use crate::access::{self, Of, Right};
 use crate::error::{capitalize, non_empty, BatchError, Defaulted, Result};
 use crate::installed;
+use crate::job::definition::Definition;
+use crate::job::register::freeze::{Frozen, ItemCursor, Writer};
+use crate::job::register::items_query::ItemsQuery;
+use crate::job::register::ordered::{Given, SqlOrder};
+use crate::job::register::tables::JobTables;
+use crate::job::rules::approval::{
+    canonical_object, first_difference, Action, Item, OnDrift, Terms,
+};
+use crate::job::rules::columns::{scalar_text, Kind};
+use crate::job::rules::guard::Guard;
+use crate::job::rules::key::{JobKey, KeyOrder};
+use crate::job::rules::progress::chunk_count;
+use crate::job::rules::shape::Shape;
+use crate::job::run::claim;
+use crate::job::run::seal;
+use crate::job::sql;
+use crate::job::target::Target;
 use crate::query;
 use crate::roles::{as_role, current_user};
 use crate::txn::subtransaction;
@@ -453,7 +467,7 @@ fn choose_key(
         }
         (None, Some(many)) => many,
         (None, None) => {
-            let primary: Vec<String> = super::target::primary_key(target)?
+            let primary: Vec<String> = crate::job::target::primary_key(target)?
                 .into_iter()
                 .filter(|c| Some(c.as_str()) != tenant_column)
                 .collect();

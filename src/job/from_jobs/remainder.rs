@@ -15,16 +15,16 @@
 //! then: register_remainder on the continued job with include_drifted registers them as a
 //! job of their own, and job_left_out says which job approved each again.
 
-use super::against_rows::{self, LeftOut, LeftOutBecause};
-use super::approval::Action;
-use super::claim;
-use super::definition::Definition;
-use super::register::{self, Items, Registered, Request};
-use super::sql;
-use super::target::{text_array_sql, Constants, Target};
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::definition::Definition;
+use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
+use crate::job::register::{self, Items, Registered, Request};
+use crate::job::rules::approval::Action;
+use crate::job::run::claim;
+use crate::job::sql;
+use crate::job::target::{text_array_sql, Constants, Target};
 use crate::query;
 use crate::roles::as_role;
 use crate::status::JobStatus;
@@ -40,7 +40,7 @@ pub struct Remainder {
 }
 
 pub fn register_remainder(req: Remainder) -> Result<Registered> {
-    super::require_read_committed("etc_batch.register_remainder")?;
+    crate::job::require_read_committed("etc_batch.register_remainder")?;
     access::require(Of::Job(&req.job_id), Right::Act("continue"))?;
     let owner = installed::owner()?;
     let def = as_role(owner, || Definition::require(&req.job_id))?;

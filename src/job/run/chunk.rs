@@ -3,8 +3,8 @@
 //! (checkpoint.rs), or in any order, each claimed by one of many drainers (claim.rs);
 //! and what opening one may come to instead.
 
-use super::progress::Progress;
 use crate::error::Result;
+use crate::job::rules::progress::Progress;
 use crate::own_rows::Tid;
 use crate::pauses::{self, Paused};
 use crate::query::Opaque;

@@ -3,8 +3,8 @@
 //! is registered (sql/jobs.sql, create_job_tables), filled, then attached; read and
 //! written by its chunks directly, never through the parents.
 
-use super::sql;
 use crate::error::Result;
+use crate::job::sql;
 use crate::query;
 use pgrx::pg_sys;
 

@@ -7,10 +7,10 @@
 //! values are cast to the target's types as the chunk's statement casts them, and sorted
 //! by key in the key's own type (text keys in byte order).
 
-use super::columns::Kind;
-use super::key::KeyOrder;
-use super::target::Target;
 use crate::error::{capitalize, BatchError, Result};
+use crate::job::rules::columns::Kind;
+use crate::job::rules::key::KeyOrder;
+use crate::job::target::Target;
 use crate::parse::{self, Kind as Statement};
 use crate::query::{self, ResultColumn};
 use pgrx::pg_sys;

@@ -8,10 +8,10 @@
 //! Every item read ends in exactly one place: the new approval, or
 //! etc_batch.job_left_out with the reason it was left out, counted in a NOTICE.
 
-use super::definition::Definition;
-use super::target::Target;
 use crate::error::Result;
 use crate::installed;
+use crate::job::definition::Definition;
+use crate::job::target::Target;
 use crate::query::{self, Cursor, Opaque, Row};
 use crate::roles::as_role;
 use pgrx::datum::DatumWithOid;
@@ -183,7 +183,7 @@ pub fn leave_out(
     let owner = installed::owner()?;
     as_role(owner, || {
         query::run(
-            super::sql::LEAVE_OUT,
+            crate::job::sql::LEAVE_OUT,
             &[
                 approval.into(),
                 left_out
