@@ -5,6 +5,8 @@
 //!   conflict, window (plain Rust, reached by unit tests alone).
 //! - `target`     the business table: its columns from the catalog, the statements built for it.
 //! - `definition` a registered job, as drain and the reports read it.
+//! - `lifecycle`  the checks every routine acting on a job makes: may this role act on
+//!   it, its drainers held and its status locked, the refusal by status.
 //! - `register`   register_job and register_job_from_query: checked, frozen, partitioned.
 //! - `from_jobs`  jobs made from other jobs: register_remainder, register_revert.
 //! - `run`        the commit loop and the chunks it takes, in order or claimed.
@@ -14,6 +16,7 @@
 
 pub mod definition;
 pub mod from_jobs;
+pub(crate) mod lifecycle;
 pub mod pace;
 pub mod register;
 pub mod report;

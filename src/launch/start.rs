@@ -6,7 +6,7 @@ use super::bgw::{self, WorkerStart};
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
 use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
-use crate::job::run::drain::stopped_job;
+use crate::job::lifecycle;
 use crate::pauses::role_name;
 use crate::query;
 use crate::roles::{as_owner, current_user};
@@ -180,8 +180,7 @@ fn check(work: Work, workers: i32) -> Result<()> {
             .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
             match JobStatus::parse(&status)? {
                 JobStatus::Pending => {}
-                JobStatus::Done => return Err(BatchError::JobFinished { job: job_id.into() }),
-                stopped => return Err(stopped_job(job_id, stopped)?),
+                stopped => return Err(lifecycle::refusal(job_id, stopped)?),
             }
             if !parallel && workers > 1 {
                 return Err(BatchError::SequentialWorkers {

@@ -15,14 +15,13 @@
 //! then: register_remainder on the continued job with include_drifted registers them as a
 //! job of their own, and job_left_out says which job approved each again.
 
-use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
+use crate::job::lifecycle;
 use crate::job::register::{self, Items, Registered, Request};
 use crate::job::rules::approval::Action;
-use crate::job::run::claim;
 use crate::job::sql;
 use crate::job::target::{text_array_sql, Constants, Target};
 use crate::query;
@@ -41,54 +40,22 @@ pub struct Remainder {
 
 pub fn register_remainder(req: Remainder) -> Result<Registered> {
     crate::job::require_read_committed("etc_batch.register_remainder")?;
-    access::require(Of::Job(&req.job_id), Right::Act("continue"))?;
+    let def = lifecycle::acted_on(&req.job_id, "continue")?;
     let owner = installed::owner()?;
-    let def = as_role(owner, || Definition::require(&req.job_id))?;
     def.require_tables()?;
     // the job's drainers finish their chunk first, and none starts another
-    let status = as_role(owner, || {
-        if def.parallel {
-            claim::stop(&def.tables)?;
-        }
-        query::one::<String>(sql::LOCK_JOB_STATUS, &[req.job_id.as_str().into()])
-    })?
-    .ok_or_else(|| BatchError::UnknownJob {
-        job: req.job_id.clone(),
-    })?;
-    match JobStatus::parse(&status)? {
+    match lifecycle::hold(&def)? {
         JobStatus::Pending | JobStatus::Conflict | JobStatus::Aborted => {}
-        JobStatus::Done => return Err(BatchError::JobFinished { job: req.job_id }),
-        JobStatus::Continued => {
-            let successor = as_role(owner, || {
-                query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
-            })?;
-            if req.include_drifted {
-                if let Some(successor) = &successor {
-                    if let Some(registered) = approve_drifted_again(&req, &def, successor)? {
-                        return Ok(registered);
-                    }
+        JobStatus::Continued if req.include_drifted => {
+            if let Some(successor) = lifecycle::reason(&req.job_id)? {
+                if let Some(registered) = approve_drifted_again(&req, &def, &successor)? {
+                    return Ok(registered);
                 }
             }
-            return Err(BatchError::JobContinued {
-                job: req.job_id,
-                successor,
-            });
+            return Err(lifecycle::refusal(&req.job_id, JobStatus::Continued)?);
         }
-        JobStatus::Reverted => {
-            let by = as_role(owner, || {
-                query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
-            })?;
-            return Err(BatchError::JobReverted {
-                job: req.job_id,
-                by,
-            });
-        }
-        JobStatus::Corrupt => {
-            return Err(BatchError::JobCorrupt {
-                job: req.job_id,
-                detail: "Its records cannot be trusted to tell what it changed.".into(),
-            })
-        }
+        JobStatus::Corrupt => return Err(lifecycle::untrusted(&req.job_id)),
+        stopped => return Err(lifecycle::refusal(&req.job_id, stopped)?),
     }
     let target = def.target()?;
     let found = remaining_items(

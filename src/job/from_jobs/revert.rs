@@ -16,19 +16,18 @@
 //! finish their chunk, and its status becomes reverted, so that nothing changes its
 //! rows while the revert runs. A revert of a revert works the same way.
 
-use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
+use crate::job::lifecycle;
 use crate::job::register::{self, Items, Registered, Request};
 use crate::job::rules::approval::Action;
 use crate::job::rules::guard::Guard;
-use crate::job::run::claim;
 use crate::job::sql;
 use crate::job::target::{Constants, Target};
 use crate::query;
-use crate::roles::{as_owner, as_role};
+use crate::roles::as_role;
 use crate::status::JobStatus;
 use pgrx::pg_sys;
 use serde_json::{Map, Value};
@@ -109,7 +108,7 @@ pub struct Preview {
 }
 
 pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
-    let def = revertible(job_id, "preview a revert of")?;
+    let def = lifecycle::acted_on(job_id, "preview a revert of")?;
     let terms = terms_of(&def, inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
@@ -131,7 +130,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
 /// The committed items of the job that a revert registered now would leave out, in
 /// position order, with why: what revert_preview counts, one row an item.
 pub fn preview_left_out(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Vec<LeftOut>> {
-    let def = revertible(job_id, "preview a revert of")?;
+    let def = lifecycle::acted_on(job_id, "preview a revert of")?;
     let terms = terms_of(&def, inverse)?;
     let target = def.target()?;
     Ok(classify(&def, &target, &terms)?.left_out)
@@ -140,42 +139,23 @@ pub fn preview_left_out(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Ve
 pub fn register_revert(req: Revert) -> Result<Registered> {
     crate::job::require_read_committed("etc_batch.register_revert")?;
     let owner = installed::owner()?;
-    let def = revertible(&req.job_id, "revert")?;
+    let def = lifecycle::acted_on(&req.job_id, "revert")?;
     def.require_tables()?;
     // the job's drainers finish their chunk first, and none starts another
-    let status = as_role(owner, || {
-        if def.parallel {
-            claim::stop(&def.tables)?;
-        }
-        query::one::<String>(sql::LOCK_JOB_STATUS, &[req.job_id.as_str().into()])
-    })?
-    .ok_or_else(|| BatchError::UnknownJob {
-        job: req.job_id.clone(),
-    })?;
-    match JobStatus::parse(&status)? {
+    match lifecycle::hold(&def)? {
         JobStatus::Pending
         | JobStatus::Conflict
         | JobStatus::Aborted
         | JobStatus::Done
         | JobStatus::Continued => {}
         JobStatus::Reverted => {
-            let by = as_role(owner, || {
-                query::one::<String>(sql::JOB_STATUS_REASON, &[req.job_id.as_str().into()])
-            })?;
+            let by = lifecycle::reason(&req.job_id)?;
             if by.as_deref() == Some(req.revert_job_id.as_str()) {
                 return registered_again(&req, owner);
             }
-            return Err(BatchError::JobReverted {
-                job: req.job_id,
-                by,
-            });
+            return Err(lifecycle::stopped(&req.job_id, JobStatus::Reverted, by));
         }
-        JobStatus::Corrupt => {
-            return Err(BatchError::JobCorrupt {
-                job: req.job_id,
-                detail: "Its records cannot be trusted to tell what it changed.".into(),
-            })
-        }
+        JobStatus::Corrupt => return Err(lifecycle::untrusted(&req.job_id)),
     }
     let terms = terms_of(&def, req.inverse)?;
     let target = def.target()?;
@@ -257,12 +237,6 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
                            "left_out": left_out}),
     );
     Ok(registered)
-}
-
-/// The job, if the caller may act on it (access.rs): `doing` names the act.
-fn revertible(job_id: &str, doing: &'static str) -> Result<Definition> {
-    access::require(Of::Job(job_id), Right::Act(doing))?;
-    as_owner(|| Definition::require(job_id))
 }
 
 /// The revert registered before under the same id, asked for again: the same request

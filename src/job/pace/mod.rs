@@ -21,7 +21,6 @@
 
 pub(crate) mod signals;
 
-use crate::access::{self, Of, Right};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::window::{self, Windows};
@@ -214,8 +213,7 @@ pub fn set(job_id: &str, mut pace: Pace) -> Result<()> {
         None => {}
     }
     let by = current_user();
-    access::require(Of::Job(job_id), Right::Act("pace"))?;
-    let def = as_owner(|| Definition::require(job_id))?;
+    let def = crate::job::lifecycle::acted_on(job_id, "pace")?;
     for (what, text) in [
         ("throttle_query", &pace.throttle_query),
         ("critical_query", &pace.critical_query),

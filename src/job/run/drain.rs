@@ -26,6 +26,7 @@ use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::job::definition::Definition;
+use crate::job::lifecycle;
 use crate::job::pace::signals;
 use crate::job::pace::{self, Signal, Wait};
 use crate::job::rules::approval::{self, parse_object, OnDrift};
@@ -1215,7 +1216,7 @@ impl Job {
             }
             Ok(())
         })?;
-        Ok(Round::Stopped(stopped_error(
+        Ok(Round::Stopped(lifecycle::stopped(
             self.id(),
             status,
             Some(reason.to_string()),
@@ -1224,37 +1225,7 @@ impl Job {
 
     /// The error for a job that is stopped for good.
     fn stopped(&self, status: JobStatus) -> Result<BatchError> {
-        stopped_job(self.id(), status)
-    }
-}
-
-/// The error a call on job `job_id`, stopped for good in `status`, gets (drain_job's,
-/// launch_job's), with the reason recorded, read as the owner.
-pub fn stopped_job(job_id: &str, status: JobStatus) -> Result<BatchError> {
-    let reason =
-        crate::roles::as_owner(|| query::one::<String>(sql::JOB_STATUS_REASON, &[job_id.into()]))?;
-    Ok(stopped_error(job_id, status, reason))
-}
-
-/// The error a call raises for a job stopped in `status`, with the reason recorded
-/// (for a job continued as another, its successor's id).
-fn stopped_error(job: &str, status: JobStatus, reason: Option<String>) -> BatchError {
-    let job = job.to_string();
-    match status {
-        JobStatus::Continued => BatchError::JobContinued {
-            job,
-            successor: reason,
-        },
-        JobStatus::Reverted => BatchError::JobReverted { job, by: reason },
-        JobStatus::Conflict => BatchError::JobConflict {
-            job,
-            detail: reason.unwrap_or_default(),
-        },
-        JobStatus::Corrupt => BatchError::JobCorrupt {
-            job,
-            detail: reason.unwrap_or_default(),
-        },
-        _ => BatchError::JobAborted { job, reason },
+        lifecycle::refusal(self.id(), status)
     }
 }
 
