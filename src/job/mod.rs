@@ -4,6 +4,8 @@
 //! - `rules`      what needs no database: columns, key, guard, approval, progress,
 //!   conflict, window (plain Rust, reached by unit tests alone).
 //! - `target`     the business table: its columns from the catalog, the statements built for it.
+//! - `change`     the kinds of change, one module each: what registration checks, the
+//!   statement a chunk runs, how the change is reverted.
 //! - `definition` a registered job, as drain and the reports read it.
 //! - `lifecycle`  the checks every routine acting on a job makes: may this role act on
 //!   it, its drainers held and its status locked, the refusal by status.
@@ -14,6 +16,7 @@
 //! - `report`     job_report, job_summary, verify_job.
 //! - `sql`        the fixed statements.
 
+pub(crate) mod change;
 pub mod definition;
 pub mod from_jobs;
 pub(crate) mod lifecycle;

@@ -167,12 +167,12 @@ impl Target {
         quote_identifier(name)
     }
 
-    fn cast(&self, expr: &str, column: &str) -> String {
+    pub(crate) fn cast(&self, expr: &str, column: &str) -> String {
         format!("({expr})::{}", self.shape.columns[column].sql_type)
     }
 
     /// SQL: item `item`'s value of `column` in its guards, as the column's type.
-    fn item_value(&self, item: &str, column: &str) -> String {
+    pub(crate) fn item_value(&self, item: &str, column: &str) -> String {
         self.cast(
             &format!(
                 "{item}.guards OPERATOR(pg_catalog.->>) {}",
@@ -188,7 +188,7 @@ impl Target {
     /// planner how many rows to expect, so that it probes the target by index once per
     /// item however large the chunk is; no ORDER BY, which would sort every chunk for
     /// nothing (the change's RETURNING comes in no order anyway).
-    fn chunk_items(items: &str, chunk_size: i32) -> String {
+    pub(crate) fn chunk_items(items: &str, chunk_size: i32) -> String {
         format!(
             "(SELECT u.position, u.item_key, u.revision, u.guards\n          FROM {items} c,\n               \
              etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u\n         \
@@ -200,7 +200,7 @@ impl Target {
     /// The chunk's approved items as `it(position, item_key, revision, guards)`, unfolded
     /// from its row's arrays bound as parameters `$at` (keys), `$at + 1` (revisions) and
     /// `$at + 2` (guards), the first at position $1.
-    fn bound_items(at: usize) -> String {
+    pub(crate) fn bound_items(at: usize) -> String {
         format!(
             "(SELECT u.position, u.item_key, u.revision, u.guards\n          FROM \
              etc_batch.chunk_items($1, ${at}::pg_catalog.text[], ${}::pg_catalog.int8[], \
@@ -225,7 +225,7 @@ impl Target {
     /// Whether the target's row `t` is the one item `it` approved, as it was approved:
     /// tenant, key, guard, every guard column the item has and every expectation.
     /// $3 tenant, the expectations as `constants` numbers them.
-    fn item_matches(&self, guard_columns: &[String], constants: &Constants) -> String {
+    pub(crate) fn item_matches(&self, guard_columns: &[String], constants: &Constants) -> String {
         let s = &self.shape;
         let mut conditions: Vec<String> = self.tenant_condition("$3").into_iter().collect();
         conditions.push(s.key.matches("it.item_key", &s.columns));
@@ -298,56 +298,6 @@ impl Target {
         self.shape.key.bounds_chunks(&self.shape.columns)
     }
 
-    /// The guarded change of one chunk, one statement, run as the registering role: the
-    /// chunk's items, bound as its row of the frozen list holds them, every one that
-    /// still matches changed (with what its guard adds, a revision incremented). Returns
-    /// the position of each item changed and its guard value now, for the audit. $1 the
-    /// chunk's first position, $3 tenant, then the job's constants; with `key_bounds`
-    /// (see bounds_chunks), then the chunk's first and last key; last, the chunk's
-    /// arrays (ItemArrays::args). Bound as values, the arrays tell the planner how many
-    /// items the chunk has, and the key bounds how many rows of the target lie between
-    /// its first and last key: planned for them (drain.rs, planning), a chunk whose
-    /// items are most of the rows of its key range reads that range once and joins it,
-    /// where one of scattered items probes the target by index once per item.
-    pub fn change_sql(
-        &self,
-        guard_columns: &[String],
-        constants: &Constants,
-        key_bounds: bool,
-    ) -> String {
-        let s = &self.shape;
-        let mut assignments: Vec<String> = constants
-            .assigned()
-            .map(|(column, param)| match param {
-                Some(n) => format!("{} = ${n}", self.col(column)),
-                None => format!("{} = NULL", self.col(column)),
-            })
-            .collect();
-        assignments.extend(
-            constants
-                .from_items
-                .iter()
-                .map(|column| format!("{} = {}", self.col(column), self.item_value("it", column))),
-        );
-        assignments.extend(s.guard.assignments());
-        let mut conditions = self.item_matches(guard_columns, constants);
-        let mut arrays = constants.after();
-        if key_bounds {
-            conditions.push_str("\n     AND ");
-            conditions.push_str(&s.key.between(constants.after(), &s.columns));
-            arrays += 2;
-        }
-        format!(
-            "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
-             RETURNING it.position, {}",
-            self.sql_name,
-            assignments.join(", "),
-            Self::bound_items(arrays),
-            conditions,
-            s.guard_now(),
-        )
-    }
-
     /// The items of a chunk that no longer match their rows, in position order, as the
     /// registering role: what a chunk that changed fewer rows than it has items conflicts
     /// on (the first), or skips (all of them), with the row each names now, as jsonb
@@ -371,43 +321,6 @@ impl Target {
             names = names.join(" AND "),
             items_sql = Self::chunk_items(items, chunk_size),
             matches = self.item_matches(guard_columns, constants),
-        )
-    }
-
-    /// A handler job's chunk: the handler is called once per item, in position order,
-    /// with the item as jsonb (its key columns, its revision, the tenant, the guards);
-    /// it returns the row's new state, or NULL for a conflict. Returns (position, result
-    /// as text, key) per item. $1-$3 as change_sql.
-    pub fn handler_sql(&self, items: &str, chunk_size: i32, handler: &str) -> String {
-        let s = &self.shape;
-        let mut fields: Vec<String> = s
-            .key
-            .columns()
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let part = match s.key.columns().len() {
-                    1 => "it.item_key".to_string(),
-                    _ => format!("(it.item_key::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {i})"),
-                };
-                format!("{}, {}", quote_literal(c), self.cast(&part, c))
-            })
-            .collect();
-        if let Some(column) = s.guard.column() {
-            fields.push(format!("{}, it.revision", quote_literal(column)));
-        }
-        if let Some(column) = &s.tenant_column {
-            fields.push(format!(
-                "{}, {}",
-                quote_literal(column),
-                self.cast("$3", column)
-            ));
-        }
-        format!(
-            "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}) \
-             OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM {}\n ORDER BY it.position",
-            fields.join(", "),
-            Self::chunk_items(items, chunk_size),
         )
     }
 
@@ -570,7 +483,7 @@ impl Constants {
     }
 
     /// Columns to set, with the number of the parameter each is bound to.
-    fn assigned(&self) -> impl Iterator<Item = (&str, Option<usize>)> {
+    pub(crate) fn assigned(&self) -> impl Iterator<Item = (&str, Option<usize>)> {
         Self::numbered(&self.set, 4)
     }
 
@@ -578,6 +491,11 @@ impl Constants {
     fn expected(&self) -> impl Iterator<Item = (&str, Option<usize>)> {
         let after_set = 4 + self.set.iter().filter(|(_, v)| v.is_some()).count();
         Self::numbered(&self.expect, after_set)
+    }
+
+    /// The columns set to each item's own value.
+    pub(crate) fn item_columns(&self) -> &[String] {
+        &self.from_items
     }
 
     /// The number of the first parameter after the bound values.

@@ -18,11 +18,11 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::change::{handler, KindOfChange, RevertTerms};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
 use crate::job::lifecycle;
 use crate::job::register::{self, Items, Registered, Request};
-use crate::job::rules::approval::Action;
 use crate::job::rules::guard::Guard;
 use crate::job::sql;
 use crate::job::target::{Constants, Target};
@@ -40,43 +40,6 @@ pub struct Revert {
     pub parallel: Option<bool>,
     /// For a handler job: the handler that undoes its change.
     pub inverse: Option<pg_sys::Oid>,
-}
-
-/// What a revert of a job sets and expects.
-#[derive(Debug)]
-struct Terms {
-    /// The values the columns the job set had before it, where one value held for every
-    /// row (the job's expect): what the revert sets them to. None for a handler job.
-    set_back: Option<BTreeMap<String, Value>>,
-    /// The columns set back to each item's own value before the change, recorded in its
-    /// guards (record_before): the revert's set_from_items.
-    from_items: Vec<String>,
-    /// A handler job's inverse.
-    inverse: Option<pg_sys::Oid>,
-    /// What every row must still hold: the values the job set, and the other values it
-    /// expected (which its change left as they were).
-    expect: BTreeMap<String, Value>,
-    /// The columns taken out of each item's guards: values that held before the change
-    /// and no longer do, which the revert expects and sets as the job's terms say.
-    strip: Vec<String>,
-}
-
-impl Terms {
-    /// The columns of an item's guards its row must still hold for the revert: the job's
-    /// guards (and the values a revert set from each item, which it expects back), less
-    /// those taken out and those that are values to set.
-    fn guard_columns(&self, def: &Definition) -> Vec<String> {
-        let mut columns: Vec<String> = def
-            .guard_columns
-            .iter()
-            .chain(&def.set_from_items)
-            .filter(|c| !self.strip.contains(c) && !self.from_items.contains(c))
-            .cloned()
-            .collect();
-        columns.sort();
-        columns.dedup();
-        columns
-    }
 }
 
 /// The job's committed items, read against their rows now.
@@ -109,7 +72,7 @@ pub struct Preview {
 
 pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
     let def = lifecycle::acted_on(job_id, "preview a revert of")?;
-    let terms = terms_of(&def, inverse)?;
+    let terms = KindOfChange::of(&def).reverted(&def, inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
     Ok(Preview {
@@ -121,7 +84,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
         set_back_per_item: terms.from_items,
         expected: object(terms.expect),
         inverse: match terms.inverse {
-            Some(oid) => Some(register::handler_name(oid)?),
+            Some(oid) => Some(handler::name(oid)?),
             None => None,
         },
     })
@@ -131,7 +94,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
 /// position order, with why: what revert_preview counts, one row an item.
 pub fn preview_left_out(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Vec<LeftOut>> {
     let def = lifecycle::acted_on(job_id, "preview a revert of")?;
-    let terms = terms_of(&def, inverse)?;
+    let terms = KindOfChange::of(&def).reverted(&def, inverse)?;
     let target = def.target()?;
     Ok(classify(&def, &target, &terms)?.left_out)
 }
@@ -157,7 +120,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         }
         JobStatus::Corrupt => return Err(lifecycle::untrusted(&req.job_id)),
     }
-    let terms = terms_of(&def, req.inverse)?;
+    let terms = KindOfChange::of(&def).reverted(&def, req.inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
     if found.items.is_empty() {
@@ -256,7 +219,7 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
     }
     if req.inverse != stored.handler_oid {
         let name = |oid: Option<pg_sys::Oid>| match oid {
-            Some(oid) => register::handler_name(oid).unwrap_or_else(|_| oid.to_u32().to_string()),
+            Some(oid) => handler::name(oid).unwrap_or_else(|_| oid.to_u32().to_string()),
             None => "none".to_string(),
         };
         return Err(differs(
@@ -284,110 +247,9 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
     })
 }
 
-/// What the revert of `def` sets and expects; refused when a value before the change is
-/// not known.
-fn terms_of(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<Terms> {
-    match def.terms().action {
-        Action::Handler(_) => {
-            let Some(inverse) = inverse else {
-                return Err(BatchError::Unsupported {
-                    message: format!(
-                        "job \"{}\" changed its rows with a handler, whose change etc_batch cannot undo by itself",
-                        def.job_id
-                    ),
-                    detail: "A handler job is reverted by a handler that undoes its change: give it as inverse => 'schema.function(jsonb)'::regprocedure.".into(),
-                });
-            };
-            Ok(Terms {
-                set_back: None,
-                from_items: Vec::new(),
-                inverse: Some(inverse),
-                expect: BTreeMap::new(),
-                strip: def.guard_columns.clone(),
-            })
-        }
-        Action::Set(set) => {
-            if inverse.is_some() {
-                return Err(BatchError::invalid_because(
-                    "an inverse is for a handler job",
-                    format!(
-                        "Job \"{}\" set values, which its revert sets back by itself.",
-                        def.job_id
-                    ),
-                ));
-            }
-            set_back(
-                &def.job_id,
-                &set,
-                &def.set_from_items,
-                &def.expect,
-                def.record_before,
-            )
-        }
-    }
-}
-
-/// The revert of a job that set `set` (and the columns `from_items` to each item's own
-/// value) on rows expected to hold `expect`. A column goes back to the value the job
-/// expected of every row, or, where the job recorded its values before the change
-/// (`record_before`), to each item's own. The revert's rows must hold what the job set:
-/// the values of `set`, or each item's own value of a column set from it (which stays
-/// in its guards); and the rest of what the job expected. Refused when the value before
-/// of a column the job set is known neither way.
-fn set_back(
-    job_id: &str,
-    set: &BTreeMap<String, Value>,
-    from_items: &[String],
-    expect: &BTreeMap<String, Value>,
-    record_before: bool,
-) -> Result<Terms> {
-    let unknown: Vec<String> = set
-        .keys()
-        .filter(|c| !expect.contains_key(*c) && !record_before)
-        .chain(from_items.iter().filter(|c| !expect.contains_key(*c)))
-        .map(|c| format!("\"{c}\""))
-        .collect();
-    if !unknown.is_empty() {
-        return Err(BatchError::invalid_because(
-            format!(
-                "job \"{job_id}\" cannot be reverted: the values of {} before its change are not known",
-                unknown.join(", ")
-            ),
-            "A job knows what a column held before it changed it when its approval expected that value of every row (expect => '{\"column\": value}'), or when it recorded each row's value at registration (record_before => true); this one did neither.",
-        ));
-    }
-    let changed = |c: &String| set.contains_key(c) || from_items.contains(c);
-    let mut still: BTreeMap<String, Value> = expect
-        .iter()
-        .filter(|(c, _)| !changed(c))
-        .map(|(c, v)| (c.clone(), v.clone()))
-        .collect();
-    still.extend(set.iter().map(|(c, v)| (c.clone(), v.clone())));
-    let (constant, recorded): (Vec<&String>, Vec<&String>) = set
-        .keys()
-        .chain(from_items)
-        .partition(|c| expect.contains_key(*c));
-    Ok(Terms {
-        set_back: Some(
-            constant
-                .iter()
-                .map(|c| ((*c).clone(), expect[*c].clone()))
-                .collect(),
-        ),
-        from_items: recorded.into_iter().cloned().collect(),
-        inverse: None,
-        expect: still,
-        strip: set
-            .keys()
-            .filter(|c| expect.contains_key(*c))
-            .cloned()
-            .collect(),
-    })
-}
-
 /// The job's committed items, each read against its row now as the revert would expect
 /// it: approved again, or left out as drifted or gone.
-fn classify(def: &Definition, target: &Target, terms: &Terms) -> Result<Classified> {
+fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<Classified> {
     let constants = Constants::new(None, &terms.expect);
     let against = against_rows_sql(def, target, &terms.guard_columns(def), &constants);
     let mut out = Classified::default();
@@ -465,122 +327,4 @@ fn against_rows_sql(
 
 fn object(values: BTreeMap<String, Value>) -> Value {
     Value::Object(values.into_iter().collect::<Map<String, Value>>())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn map(v: Value) -> BTreeMap<String, Value> {
-        v.as_object().unwrap().clone().into_iter().collect()
-    }
-
-    fn names(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn a_revert_sets_back_what_was_expected_on_rows_that_hold_what_was_set() {
-        let t = set_back(
-            "j",
-            &map(json!({"status": "cancelled", "note": null})),
-            &[],
-            &map(json!({"status": "pending", "note": "x", "region": "eu"})),
-            false,
-        )
-        .unwrap();
-        assert_eq!(
-            t.set_back.map(object),
-            Some(json!({"status": "pending", "note": "x"}))
-        );
-        assert!(t.from_items.is_empty());
-        assert_eq!(
-            object(t.expect),
-            json!({"status": "cancelled", "note": null, "region": "eu"})
-        );
-        assert_eq!(t.strip, names(&["note", "status"]));
-    }
-
-    #[test]
-    fn values_recorded_before_are_set_back_item_by_item_and_stay_in_the_items() {
-        let t = set_back(
-            "j",
-            &map(json!({"plan": "standard", "status": "moved"})),
-            &[],
-            &map(json!({"status": "active"})),
-            true,
-        )
-        .unwrap();
-        assert_eq!(t.set_back.map(object), Some(json!({"status": "active"})));
-        assert_eq!(t.from_items, names(&["plan"]));
-        assert_eq!(
-            object(t.expect),
-            json!({"plan": "standard", "status": "moved"})
-        );
-        assert_eq!(t.strip, names(&["status"]));
-    }
-
-    #[test]
-    fn a_revert_of_a_revert_is_the_job_again() {
-        let (set, expect) = (
-            map(json!({"status": "cancelled"})),
-            map(json!({"status": "pending"})),
-        );
-        let back = set_back("j", &set, &[], &expect, false).unwrap();
-        let again = set_back("j-back", &back.set_back.unwrap(), &[], &back.expect, false).unwrap();
-        assert_eq!(again.set_back.unwrap(), set);
-        assert_eq!(again.expect, expect);
-    }
-
-    #[test]
-    fn a_revert_of_a_revert_of_values_recorded_before_sets_what_the_job_set() {
-        // the job set plan and recorded each row's plan before; its revert sets each
-        // row's own plan back and expects the job's; the revert of that sets the job's
-        // plan again, on rows that hold their own plan (kept in the items as a guard)
-        let job = set_back(
-            "j",
-            &map(json!({"plan": "standard"})),
-            &[],
-            &BTreeMap::new(),
-            true,
-        )
-        .unwrap();
-        let back = job.set_back.clone().unwrap();
-        let again = set_back("j-back", &back, &job.from_items, &job.expect, false).unwrap();
-        assert_eq!(
-            again.set_back.map(object),
-            Some(json!({"plan": "standard"}))
-        );
-        assert!(again.from_items.is_empty() && again.strip.is_empty());
-        assert_eq!(object(again.expect), json!({}));
-    }
-
-    #[test]
-    fn a_column_set_without_a_value_known_before_is_refused_by_name() {
-        let e = set_back(
-            "move",
-            &map(json!({"plan": "standard", "status": "x"})),
-            &[],
-            &map(json!({"status": "y"})),
-            false,
-        )
-        .err()
-        .unwrap();
-        let r = e.report();
-        assert!(
-            r.message.contains("the values of \"plan\" before"),
-            "{}",
-            r.message
-        );
-        assert!(!r.message.contains("status"), "{}", r.message);
-        assert!(set_back(
-            "move",
-            &map(json!({"plan": "standard"})),
-            &[],
-            &BTreeMap::new(),
-            true
-        )
-        .is_ok());
-    }
 }

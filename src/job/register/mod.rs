@@ -17,6 +17,7 @@ pub(crate) mod tables;
 use crate::access::{self, Of, Right};
 use crate::error::{capitalize, non_empty, BatchError, Defaulted, Result};
 use crate::installed;
+use crate::job::change;
 use crate::job::definition::Definition;
 use crate::job::register::freeze::{Frozen, ItemCursor, Writer};
 use crate::job::register::items_query::ItemsQuery;
@@ -29,7 +30,6 @@ use crate::job::rules::columns::{scalar_text, Kind};
 use crate::job::rules::guard::Guard;
 use crate::job::rules::key::{JobKey, KeyOrder};
 use crate::job::rules::progress::chunk_count;
-use crate::job::rules::shape::Shape;
 use crate::job::run::claim;
 use crate::job::run::seal;
 use crate::job::sql;
@@ -247,36 +247,16 @@ fn register_now(mut req: Request) -> Result<Registered> {
         Items::Json(items) => Source::List(shape.normalize_json("items", &items)?),
         Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
     };
-    let action = match (&req.set_values, req.handler) {
-        (Some(values), None) => Action::Set(check_set_values(shape, values, &req.set_from_items)?),
-        (None, Some(handler)) => {
-            if guard.column().is_none() {
-                return Err(BatchError::Unsupported {
-                    message: "a handler job needs a revision column".into(),
-                    detail: "A handler is handed each item's revision and returns the row's new one; a job guarded by a digest of the row or by named columns changes rows with set_values.".into(),
-                });
-            }
-            Action::Handler(check_handler(handler)?)
-        }
-        _ => {
-            return Err(BatchError::invalid_because(
-                "a job needs either set_values or a handler",
-                "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both.",
-            ))
-        }
-    };
+    let action = change::approve(
+        shape,
+        &guard,
+        req.set_values.as_ref(),
+        req.handler,
+        &req.set_from_items,
+    )?;
     let expect = shape.check_columns_object("expect", &req.expect)?;
     // the columns whose values before the change are recorded
-    let record: Vec<String> = match (&action, req.record_before) {
-        (_, false) => Vec::new(),
-        (Action::Set(values), true) => values.keys().cloned().collect(),
-        (Action::Handler(_), true) => {
-            return Err(BatchError::invalid_because(
-                "record_before is for a job that sets values",
-                "A handler's change is its own: which columns it changes, and so which values to record, is known only to it.",
-            ))
-        }
-    };
+    let record = change::recorded(&action, req.record_before)?;
     if let Some(column) = names_recorded(&source, &record) {
         return Err(BatchError::invalid_because(
             format!("items must not name column \"{column}\", whose values record_before records"),
@@ -290,9 +270,7 @@ fn register_now(mut req: Request) -> Result<Registered> {
     };
     check_casts(&target, tenant.as_ref(), listed, &action, &expect)?;
     check_keys(&target, listed)?;
-    if let Action::Set(values) = &action {
-        check_constraints(&target, req.target, values)?;
-    }
+    change::check_constraints(&target, req.target, &action)?;
     let handler = match &action {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
         Action::Set(_) => None,
@@ -515,122 +493,6 @@ fn same_request(
     })
 }
 
-/// The values to set, and the columns set from each item (set_from_items): columns of
-/// the target, none of them one that names or guards a row, or generated.
-fn check_set_values(
-    shape: &Shape,
-    values: &Value,
-    from_items: &[String],
-) -> Result<BTreeMap<String, Value>> {
-    let values = shape.check_columns_object("set_values", values)?;
-    // every chunk's UPDATE would fail on the constraint: refused now, not at every drain
-    if let Some((column, _)) = values
-        .iter()
-        .find(|(c, v)| v.is_null() && shape.columns.get(*c).is_some_and(|c| c.not_null))
-    {
-        return Err(BatchError::NotNullViolation {
-            column: column.clone(),
-        });
-    }
-    let named: Value = from_items
-        .iter()
-        .map(|c| (c.clone(), Value::Null))
-        .collect::<serde_json::Map<_, _>>()
-        .into();
-    let mut all = shape.check_columns_object("set_values", &named)?;
-    all.extend(values.clone());
-    check_assigned(shape, &all)?;
-    Ok(values)
-}
-
-fn check_assigned(shape: &Shape, values: &BTreeMap<String, Value>) -> Result<()> {
-    if values.is_empty() {
-        return Err(BatchError::invalid(
-            "set_values must name at least one column",
-        ));
-    }
-    for protected in shape.roles() {
-        if values.contains_key(protected) {
-            return Err(BatchError::invalid_because(
-                format!("set_values must not assign column \"{protected}\""),
-                "The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch.",
-            ));
-        }
-    }
-    if let Some(generated) = values.keys().find(|c| shape.columns[c.as_str()].generated) {
-        return Err(BatchError::GeneratedColumn {
-            column: generated.clone(),
-        });
-    }
-    Ok(())
-}
-
-/// A handler is a function (jsonb) RETURNS jsonb; returns its regprocedure text.
-pub fn handler_name(handler: pg_sys::Oid) -> Result<String> {
-    check_handler(handler)
-}
-
-fn check_handler(handler: pg_sys::Oid) -> Result<String> {
-    let row = query::row(sql::HANDLER, &[handler.into()], |r| {
-        Ok((r.get::<String>(1)?, r.get::<bool>(2)?))
-    })?;
-    match row {
-        Some((Some(name), Some(true))) => Ok(name),
-        Some((Some(name), _)) => Err(BatchError::invalid_because(
-            format!("handler {name} must take one jsonb argument and return jsonb"),
-            "It is called once per item with the item as jsonb, and returns the new state of the row, or NULL for a conflict.",
-        )),
-        _ => Err(BatchError::UnknownFunction {
-            oid: handler.to_u32(),
-        }),
-    }
-}
-
-/// A value set_values sets that a CHECK constraint of the target on that column alone
-/// refuses would fail every chunk: refused now, with the constraint's SQLSTATE. Each
-/// constraint is read from the catalog and asked of the value alone, as the caller, in a
-/// subtransaction; one that cannot be asked so (it fails on the value) is left to the
-/// chunks, as before.
-fn check_constraints(
-    target: &Target,
-    table: pg_sys::Oid,
-    values: &BTreeMap<String, Value>,
-) -> Result<()> {
-    for (name, value) in values {
-        let (Some(column), Some(text)) = (target.shape.columns.get(name), scalar_text(value))
-        else {
-            continue;
-        };
-        let checks = query::rows(
-            sql::COLUMN_CHECKS,
-            &[table.into(), name.as_str().into()],
-            0,
-            |r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<String>(2)?.unwrap_or_default(),
-                ))
-            },
-        )?;
-        for (constraint, expression) in checks {
-            let asked = format!(
-                "SELECT ({expression}) IS NOT FALSE FROM (SELECT $1::pg_catalog.text::{}) AS t({})",
-                column.sql_type,
-                pgrx::spi::quote_identifier(name)
-            );
-            let passes = subtransaction(|| query::one::<bool>(&asked, &[text.as_str().into()]));
-            if let Ok(Ok(Some(false))) = passes {
-                return Err(BatchError::CheckViolation {
-                    column: name.clone(),
-                    constraint,
-                    value: text,
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Values of types Rust cannot check (dates, enums, numbers against the column's range,
 /// precision and scale, the tenant as the tenant column's type) are cast by PostgreSQL
 /// itself, in a subtransaction, before anything is stored.
@@ -766,11 +628,7 @@ fn check_privileges(
     action: &Action,
     from_items: &[String],
 ) -> Result<()> {
-    let mut assigned: Vec<String> = match action {
-        Action::Set(values) => values.keys().cloned().collect(),
-        Action::Handler(_) => Vec::new(),
-    };
-    assigned.extend(from_items.iter().cloned());
+    let mut assigned = change::updated_columns(action, from_items);
     assigned.extend(
         target
             .shape

@@ -25,11 +25,12 @@ use crate::access::{self, Of, Right};
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::change::{KindOfChange, Ran};
 use crate::job::definition::Definition;
 use crate::job::lifecycle;
 use crate::job::pace::signals;
 use crate::job::pace::{self, Signal, Wait};
-use crate::job::rules::approval::{self, parse_object, OnDrift};
+use crate::job::rules::approval::{parse_object, OnDrift};
 use crate::job::rules::conflict::{self, Expected};
 use crate::job::run::audit::{AuditWriter, ChunkAudit};
 use crate::job::run::checkpoint;
@@ -92,6 +93,8 @@ fn planning(chunk_size: i32) -> query::Planning {
 struct Job {
     activity: Activity,
     def: Definition,
+    /// What the job does to each item's row.
+    kind: KindOfChange,
     /// How the job's chunks are taken: in order, or claimed.
     order: Order,
     /// The lease this drainer works under, checked again in every chunk's transaction.
@@ -186,14 +189,9 @@ enum Round {
     Failed { number: i32, failure: Failure },
 }
 
-/// What the chunk's change did.
+/// What the chunk's change came to.
 enum Change {
-    /// The items it changed, each one's position and its guard value now (a revision,
-    /// a digest); and those a handler refused (returned NULL for), in position order.
-    Ran {
-        changed: Vec<(i32, Option<i64>)>,
-        refused: Vec<i32>,
-    },
+    Ran(Ran),
     /// The change failed with a transient error, caught: nothing may run in the
     /// transaction before it is rolled back.
     Transient(Failure),
@@ -457,12 +455,11 @@ impl Job {
         let constants = Constants::new(def.set_values.as_ref(), &def.expect)
             .with_item_values(&def.set_from_items);
         let bounds = target.bounds_chunks();
-        let change_sql = match &def.handler {
-            Some(handler) => target.handler_sql(items, def.chunk_size, handler),
-            None => target.change_sql(&def.guard_columns, &constants, bounds),
-        };
+        let kind = KindOfChange::of(&def);
+        let change_sql = kind.chunk_sql(&def, &target, &constants, bounds);
         Ok(Job {
             activity: Activity::begin(),
+            kind,
             change_sql,
             mismatch_sql: target.mismatches_sql(
                 items,
@@ -510,7 +507,7 @@ impl Job {
     /// whole, once per item. A handler's own statements are planned as it plans them.
     fn changing<R>(&self, work: impl FnOnce() -> R) -> R {
         let mut extra = Vec::with_capacity(3 + crate::settings::STABLE_OUTPUT.len());
-        if self.def.handler.is_none() {
+        if self.kind.is_guarded_update() {
             // the change reads the target by its key's index, whatever its statistics
             // say; and a plan shared by every chunk, which cannot know how a chunk's
             // items lie in their key range, probes the index once per item, which costs
@@ -802,7 +799,7 @@ impl Job {
         // The change. Its error, a permission, a constraint, a cancel, rolls the chunk
         // back with the transaction; it is recorded and raised again, saying so.
         let (changed, refused) = match self.change(&chunk)? {
-            Change::Ran { changed, refused } => (changed, refused),
+            Change::Ran(Ran { changed, refused }) => (changed, refused),
             Change::Transient(failure) => {
                 return Ok(Round::Transient {
                     number: chunk.number,
@@ -938,7 +935,7 @@ impl Job {
             range.end.into(),
             self.def.tenant_value().into(),
         ];
-        if self.def.handler.is_none() {
+        if self.kind.is_guarded_update() {
             args.extend(self.constants.iter().map(query::Opaque::arg));
             if self.bounds {
                 args.push(chunk.first_key.as_str().into());
@@ -947,12 +944,17 @@ impl Job {
             args.extend(chunk.items.args());
         }
         match caught(|| {
-            self.changing(|| match &self.def.handler {
-                None => self.guarded_update(&args, range),
-                Some(_) => self.handler_change(&args, range),
+            self.changing(|| {
+                self.kind.run(
+                    &self.def,
+                    &self.change_sql,
+                    &args,
+                    self.planning,
+                    range.len(),
+                )
             })
         }) {
-            Ok(change) => Ok(change),
+            Ok(ran) => Ok(Change::Ran(ran)),
             Err(mut failure) => {
                 failure.raised = failure
                     .raised
@@ -964,50 +966,6 @@ impl Job {
                 })
             }
         }
-    }
-
-    fn guarded_update(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
-        let mut changed = Vec::with_capacity(range.len());
-        query::rows_planned(&self.change_sql, args, self.planning, 0, |r| {
-            changed.push((r.get::<i32>(1)?.unwrap_or(-1), r.get::<i64>(2)?));
-            Ok(())
-        })?;
-        Ok(Change::Ran {
-            changed,
-            refused: Vec::new(),
-        })
-    }
-
-    /// A handler job's chunk: each item's result, read as text (jsonb that serde_json
-    /// cannot hold is a clear error here, not an internal one); NULL refuses the item.
-    fn handler_change(&self, args: &[DatumWithOid], range: &Range<i32>) -> Result<Change> {
-        let rows: Vec<(i32, Option<String>, String)> =
-            query::rows(&self.change_sql, args, 0, |row| {
-                Ok((
-                    row.get::<i32>(1)?.unwrap_or(-1),
-                    row.get::<String>(2)?,
-                    row.get::<String>(3)?.unwrap_or_default(),
-                ))
-            })?;
-        let mut changed = Vec::with_capacity(range.len());
-        let mut refused = Vec::new();
-        for (position, result, key) in rows {
-            let Some(text) = result else {
-                refused.push(position);
-                continue;
-            };
-            let result =
-                approval::read_json(&format!("the handler's result for item {key}"), &text)?;
-            let field = self.def.guard.column().unwrap_or_default();
-            let Some(revision) = result.get(field).and_then(Value::as_i64) else {
-                return Err(BatchError::invalid_because(
-                    format!("handler result for item {key} has no integer \"{field}\""),
-                    "A handler returns the new state of the row, revision included, or NULL for a conflict.",
-                ));
-            };
-            changed.push((position, Some(revision)));
-        }
-        Ok(Change::Ran { changed, refused })
     }
 
     /// The items of the chunk `range` that its change left unchanged, each with the row

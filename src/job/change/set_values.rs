@@ -1,0 +1,372 @@
+//! A guarded UPDATE to the values the approval names (set_values): each chunk one
+//! statement that changes every item whose row still matches it, and returns each
+//! changed row's guard value now; reverted by setting back what the rows held before.
+
+use super::{item_values, Ran, RevertTerms};
+use crate::error::{BatchError, Result};
+use crate::job::definition::Definition;
+use crate::job::rules::columns::scalar_text;
+use crate::job::rules::shape::Shape;
+use crate::job::sql;
+use crate::job::target::{Constants, Target};
+use crate::query;
+use crate::txn::subtransaction;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::spi::quote_identifier;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The values to set, and the columns set from each item (set_from_items): columns of
+/// the target, none of them one that names or guards a row, or generated.
+pub(crate) fn check(
+    shape: &Shape,
+    values: &Value,
+    from_items: &[String],
+) -> Result<BTreeMap<String, Value>> {
+    let values = shape.check_columns_object("set_values", values)?;
+    // every chunk's UPDATE would fail on the constraint: refused now, not at every drain
+    if let Some((column, _)) = values
+        .iter()
+        .find(|(c, v)| v.is_null() && shape.columns.get(*c).is_some_and(|c| c.not_null))
+    {
+        return Err(BatchError::NotNullViolation {
+            column: column.clone(),
+        });
+    }
+    let mut all = shape.check_columns_object("set_values", &item_values::named(from_items))?;
+    all.extend(values.clone());
+    check_assigned(shape, &all)?;
+    Ok(values)
+}
+
+fn check_assigned(shape: &Shape, values: &BTreeMap<String, Value>) -> Result<()> {
+    if values.is_empty() {
+        return Err(BatchError::invalid(
+            "set_values must name at least one column",
+        ));
+    }
+    for protected in shape.roles() {
+        if values.contains_key(protected) {
+            return Err(BatchError::invalid_because(
+                format!("set_values must not assign column \"{protected}\""),
+                "The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch.",
+            ));
+        }
+    }
+    if let Some(generated) = values.keys().find(|c| shape.columns[c.as_str()].generated) {
+        return Err(BatchError::GeneratedColumn {
+            column: generated.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// A value set_values sets that a CHECK constraint of the target on that column alone
+/// refuses would fail every chunk: refused now, with the constraint's SQLSTATE. Each
+/// constraint is read from the catalog and asked of the value alone, as the caller, in a
+/// subtransaction; one that cannot be asked so (it fails on the value) is left to the
+/// chunks, as before.
+pub(crate) fn check_constraints(
+    target: &Target,
+    table: pg_sys::Oid,
+    values: &BTreeMap<String, Value>,
+) -> Result<()> {
+    for (name, value) in values {
+        let (Some(column), Some(text)) = (target.shape.columns.get(name), scalar_text(value))
+        else {
+            continue;
+        };
+        let checks = query::rows(
+            sql::COLUMN_CHECKS,
+            &[table.into(), name.as_str().into()],
+            0,
+            |r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<String>(2)?.unwrap_or_default(),
+                ))
+            },
+        )?;
+        for (constraint, expression) in checks {
+            let asked = format!(
+                "SELECT ({expression}) IS NOT FALSE FROM (SELECT $1::pg_catalog.text::{}) AS t({})",
+                column.sql_type,
+                pgrx::spi::quote_identifier(name)
+            );
+            let passes = subtransaction(|| query::one::<bool>(&asked, &[text.as_str().into()]));
+            if let Ok(Ok(Some(false))) = passes {
+                return Err(BatchError::CheckViolation {
+                    column: name.clone(),
+                    constraint,
+                    value: text,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The guarded change of one chunk, one statement, run as the registering role: the
+/// chunk's items, bound as its row of the frozen list holds them, every one that
+/// still matches changed (with what its guard adds, a revision incremented). Returns
+/// the position of each item changed and its guard value now, for the audit. $1 the
+/// chunk's first position, $3 tenant, then the job's constants; with `key_bounds`
+/// (see bounds_chunks), then the chunk's first and last key; last, the chunk's
+/// arrays (ItemArrays::args). Bound as values, the arrays tell the planner how many
+/// items the chunk has, and the key bounds how many rows of the target lie between
+/// its first and last key: planned for them (drain.rs, planning), a chunk whose
+/// items are most of the rows of its key range reads that range once and joins it,
+/// where one of scattered items probes the target by index once per item.
+pub(crate) fn chunk_sql(
+    target: &Target,
+    guard_columns: &[String],
+    constants: &Constants,
+    key_bounds: bool,
+) -> String {
+    let s = &target.shape;
+    let mut assignments: Vec<String> = constants
+        .assigned()
+        .map(|(column, param)| match param {
+            Some(n) => format!("{} = ${n}", quote_identifier(column)),
+            None => format!("{} = NULL", quote_identifier(column)),
+        })
+        .collect();
+    assignments.extend(item_values::assignments(target, constants.item_columns()));
+    assignments.extend(s.guard.assignments());
+    let mut conditions = target.item_matches(guard_columns, constants);
+    let mut arrays = constants.after();
+    if key_bounds {
+        conditions.push_str("\n     AND ");
+        conditions.push_str(&s.key.between(constants.after(), &s.columns));
+        arrays += 2;
+    }
+    format!(
+        "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
+         RETURNING it.position, {}",
+        target.sql_name,
+        assignments.join(", "),
+        Target::bound_items(arrays),
+        conditions,
+        s.guard_now(),
+    )
+}
+
+/// Runs a chunk's guarded UPDATE and reads, for the audit, each item it changed.
+pub(crate) fn run(
+    sql: &str,
+    args: &[DatumWithOid],
+    planning: query::Planning,
+    items: usize,
+) -> Result<Ran> {
+    let mut changed = Vec::with_capacity(items);
+    query::rows_planned(sql, args, planning, 0, |r| {
+        changed.push((r.get::<i32>(1)?.unwrap_or(-1), r.get::<i64>(2)?));
+        Ok(())
+    })?;
+    Ok(Ran {
+        changed,
+        refused: Vec::new(),
+    })
+}
+
+/// What the revert of a job that set values sets and expects.
+pub(crate) fn reverted(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<RevertTerms> {
+    if inverse.is_some() {
+        return Err(BatchError::invalid_because(
+            "an inverse is for a handler job",
+            format!(
+                "Job \"{}\" set values, which its revert sets back by itself.",
+                def.job_id
+            ),
+        ));
+    }
+    let set = def.set_values.clone().unwrap_or_default();
+    set_back(
+        &def.job_id,
+        &set,
+        &def.set_from_items,
+        &def.expect,
+        def.record_before,
+    )
+}
+
+/// The revert of a job that set `set` (and the columns `from_items` to each item's own
+/// value) on rows expected to hold `expect`. A column goes back to the value the job
+/// expected of every row, or, where the job recorded its values before the change
+/// (`record_before`), to each item's own. The revert's rows must hold what the job set:
+/// the values of `set`, or each item's own value of a column set from it (which stays
+/// in its guards); and the rest of what the job expected. Refused when the value before
+/// of a column the job set is known neither way.
+fn set_back(
+    job_id: &str,
+    set: &BTreeMap<String, Value>,
+    from_items: &[String],
+    expect: &BTreeMap<String, Value>,
+    record_before: bool,
+) -> Result<RevertTerms> {
+    let unknown: Vec<String> = set
+        .keys()
+        .filter(|c| !expect.contains_key(*c) && !record_before)
+        .chain(from_items.iter().filter(|c| !expect.contains_key(*c)))
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(BatchError::invalid_because(
+            format!(
+                "job \"{job_id}\" cannot be reverted: the values of {} before its change are not known",
+                unknown.join(", ")
+            ),
+            "A job knows what a column held before it changed it when its approval expected that value of every row (expect => '{\"column\": value}'), or when it recorded each row's value at registration (record_before => true); this one did neither.",
+        ));
+    }
+    let changed = |c: &String| set.contains_key(c) || from_items.contains(c);
+    let mut still: BTreeMap<String, Value> = expect
+        .iter()
+        .filter(|(c, _)| !changed(c))
+        .map(|(c, v)| (c.clone(), v.clone()))
+        .collect();
+    still.extend(set.iter().map(|(c, v)| (c.clone(), v.clone())));
+    let (constant, recorded): (Vec<&String>, Vec<&String>) = set
+        .keys()
+        .chain(from_items)
+        .partition(|c| expect.contains_key(*c));
+    Ok(RevertTerms {
+        set_back: Some(
+            constant
+                .iter()
+                .map(|c| ((*c).clone(), expect[*c].clone()))
+                .collect(),
+        ),
+        from_items: recorded.into_iter().cloned().collect(),
+        inverse: None,
+        expect: still,
+        strip: set
+            .keys()
+            .filter(|c| expect.contains_key(*c))
+            .cloned()
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> BTreeMap<String, Value> {
+        v.as_object().unwrap().clone().into_iter().collect()
+    }
+
+    fn object(values: BTreeMap<String, Value>) -> Value {
+        Value::Object(values.into_iter().collect())
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_revert_sets_back_what_was_expected_on_rows_that_hold_what_was_set() {
+        let t = set_back(
+            "j",
+            &map(json!({"status": "cancelled", "note": null})),
+            &[],
+            &map(json!({"status": "pending", "note": "x", "region": "eu"})),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            t.set_back.map(object),
+            Some(json!({"status": "pending", "note": "x"}))
+        );
+        assert!(t.from_items.is_empty());
+        assert_eq!(
+            object(t.expect),
+            json!({"status": "cancelled", "note": null, "region": "eu"})
+        );
+        assert_eq!(t.strip, names(&["note", "status"]));
+    }
+
+    #[test]
+    fn values_recorded_before_are_set_back_item_by_item_and_stay_in_the_items() {
+        let t = set_back(
+            "j",
+            &map(json!({"plan": "standard", "status": "moved"})),
+            &[],
+            &map(json!({"status": "active"})),
+            true,
+        )
+        .unwrap();
+        assert_eq!(t.set_back.map(object), Some(json!({"status": "active"})));
+        assert_eq!(t.from_items, names(&["plan"]));
+        assert_eq!(
+            object(t.expect),
+            json!({"plan": "standard", "status": "moved"})
+        );
+        assert_eq!(t.strip, names(&["status"]));
+    }
+
+    #[test]
+    fn a_revert_of_a_revert_is_the_job_again() {
+        let (set, expect) = (
+            map(json!({"status": "cancelled"})),
+            map(json!({"status": "pending"})),
+        );
+        let back = set_back("j", &set, &[], &expect, false).unwrap();
+        let again = set_back("j-back", &back.set_back.unwrap(), &[], &back.expect, false).unwrap();
+        assert_eq!(again.set_back.unwrap(), set);
+        assert_eq!(again.expect, expect);
+    }
+
+    #[test]
+    fn a_revert_of_a_revert_of_values_recorded_before_sets_what_the_job_set() {
+        // the job set plan and recorded each row's plan before; its revert sets each
+        // row's own plan back and expects the job's; the revert of that sets the job's
+        // plan again, on rows that hold their own plan (kept in the items as a guard)
+        let job = set_back(
+            "j",
+            &map(json!({"plan": "standard"})),
+            &[],
+            &BTreeMap::new(),
+            true,
+        )
+        .unwrap();
+        let back = job.set_back.clone().unwrap();
+        let again = set_back("j-back", &back, &job.from_items, &job.expect, false).unwrap();
+        assert_eq!(
+            again.set_back.map(object),
+            Some(json!({"plan": "standard"}))
+        );
+        assert!(again.from_items.is_empty() && again.strip.is_empty());
+        assert_eq!(object(again.expect), json!({}));
+    }
+
+    #[test]
+    fn a_column_set_without_a_value_known_before_is_refused_by_name() {
+        let e = set_back(
+            "move",
+            &map(json!({"plan": "standard", "status": "x"})),
+            &[],
+            &map(json!({"status": "y"})),
+            false,
+        )
+        .err()
+        .unwrap();
+        let r = e.report();
+        assert!(
+            r.message.contains("the values of \"plan\" before"),
+            "{}",
+            r.message
+        );
+        assert!(!r.message.contains("status"), "{}", r.message);
+        assert!(set_back(
+            "move",
+            &map(json!({"plan": "standard"})),
+            &[],
+            &BTreeMap::new(),
+            true
+        )
+        .is_ok());
+    }
+}
