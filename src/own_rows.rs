@@ -296,31 +296,29 @@ unsafe fn insert_index_tuples(
     estate: *mut pg_sys::EState,
     only_summarizing: bool,
 ) -> *mut pg_sys::List {
+    // the arguments every version takes, then 16's only_summarizing
+    macro_rules! insert {
+        ($($since_16:expr)?) => {
+            pg_sys::ExecInsertIndexTuples(
+                result_rel,
+                slot,
+                estate,
+                false,
+                false,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                $($since_16)?
+            )
+        };
+    }
     #[cfg(feature = "pg15")]
     {
         let _ = only_summarizing;
-        pg_sys::ExecInsertIndexTuples(
-            result_rel,
-            slot,
-            estate,
-            false,
-            false,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
+        insert!()
     }
     #[cfg(not(feature = "pg15"))]
     {
-        pg_sys::ExecInsertIndexTuples(
-            result_rel,
-            slot,
-            estate,
-            false,
-            false,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            only_summarizing,
-        )
+        insert!(only_summarizing)
     }
 }
 

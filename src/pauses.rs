@@ -201,34 +201,30 @@ fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool, i64)> {
 
 /// Pauses a job; returns whether anything changed (false: it was paused already).
 pub fn pause_job(job_id: &str) -> Result<bool> {
-    access::require(Of::Job(job_id), Right::Act("pause"))?;
-    match change(PAUSE_JOB, job_id, true)? {
-        (false, ..) => Err(BatchError::UnknownJob { job: job_id.into() }),
-        (true, changed, number) => {
-            if changed {
-                crate::events::job(
-                    number,
-                    job_id,
-                    "paused",
-                    serde_json::json!({"by": role_name(current_user())}),
-                );
-            }
-            Ok(changed)
-        }
-    }
+    hold_job(job_id, true)
 }
 
 /// Lets a paused job go on; returns whether anything changed (false: it was not paused).
 pub fn resume_job(job_id: &str) -> Result<bool> {
-    access::require(Of::Job(job_id), Right::Act("resume"))?;
-    match change(RESUME_JOB, job_id, false)? {
+    hold_job(job_id, false)
+}
+
+/// Pauses the job (`paused`) or lets it go on, saying so when that changed anything.
+fn hold_job(job_id: &str, paused: bool) -> Result<bool> {
+    let (act, statement, event) = if paused {
+        ("pause", PAUSE_JOB, "paused")
+    } else {
+        ("resume", RESUME_JOB, "resumed")
+    };
+    access::require(Of::Job(job_id), Right::Act(act))?;
+    match change(statement, job_id, paused)? {
         (false, ..) => Err(BatchError::UnknownJob { job: job_id.into() }),
         (true, changed, number) => {
             if changed {
                 crate::events::job(
                     number,
                     job_id,
-                    "resumed",
+                    event,
                     serde_json::json!({"by": role_name(current_user())}),
                 );
             }

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::installed;
 use crate::job::definition::Definition;
 use crate::job::target::Target;
-use crate::query::{self, Cursor, Opaque, Row};
+use crate::query::{self, Cursor, Opaque};
 use crate::roles::as_role;
 use pgrx::datum::DatumWithOid;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
@@ -30,14 +30,28 @@ pub struct Listed {
     pub guards: String,
 }
 
+/// A job's items read against their rows now: those approved again, each with its
+/// position, in position order; and those left out, with why.
+#[derive(Default)]
+pub struct Sorted {
+    pub approved: Vec<(i32, String)>,
+    pub left_out: Vec<LeftOut>,
+}
+
+impl Sorted {
+    /// How many were left out `because`.
+    pub fn count(&self, because: LeftOutBecause) -> i32 {
+        count(&self.left_out, because)
+    }
+}
+
 /// Reads the items `listing` gives (SQL over the job's tables `{items}` and `{audit}`,
 /// with `listing_args`: position, key, revision, guards, in position order), and binds
 /// each batch to `against` as a chunk's statement binds its items: $1 and $2 NULL, $3 the
 /// tenant, the job's `constants`, then the batch's keys, revisions and guards, then
-/// `flags`. Hands each batch, with the rows `read` made of `against`'s, one an item in
-/// order, to `visit`.
-#[allow(clippy::too_many_arguments)]
-pub fn each_batch<R>(
+/// `flags`. `against` gives a row an item, in order: its state (state_sql) and its item
+/// object to approve again, or NULL to leave it out.
+pub fn sort(
     def: &Definition,
     target: &Target,
     listing: &str,
@@ -45,9 +59,8 @@ pub fn each_batch<R>(
     against: &str,
     constants: &[Opaque],
     flags: &[bool],
-    read: impl Fn(&Row) -> Result<R>,
-    mut visit: impl FnMut(Vec<Listed>, Vec<R>),
-) -> Result<()> {
+) -> Result<Sorted> {
+    let mut sorted = Sorted::default();
     let owner = installed::owner()?;
     let cursor = as_role(owner, || {
         Cursor::open(&def.tables.sql(listing), &listing_args)
@@ -89,12 +102,23 @@ pub fn each_batch<R>(
         );
         args.extend(flags.iter().map(|&f| DatumWithOid::from(f)));
         let rows = crate::settings::stable_output_if(target.shape.reads_rows_as_text(), || {
-            query::rows(against, &args, 0, &read)
+            query::rows(against, &args, 0, |r| {
+                Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?))
+            })
         })?;
-        visit(batch, rows);
+        for (item, (state, approved)) in batch.into_iter().zip(rows) {
+            match approved {
+                Some(approved) => sorted.approved.push((item.position, approved)),
+                None => sorted.left_out.push(LeftOut {
+                    position: item.position,
+                    key: item.key,
+                    because: LeftOutBecause::of_state(&state),
+                }),
+            }
+        }
     }
     cursor.close();
-    Ok(())
+    Ok(sorted)
 }
 
 /// Why an item of a job was left out of an approval made from it.
@@ -145,6 +169,33 @@ pub struct LeftOut {
 /// How many of `left_out` were left out for `because`.
 pub fn count(left_out: &[LeftOut], because: LeftOutBecause) -> i32 {
     left_out.iter().filter(|l| l.because == because).count() as i32
+}
+
+/// SQL: a batch of items, bound as arrays from parameter `first` on (keys, revisions,
+/// guards), each against its row `t` now, in order: its state (state_sql, `matches`
+/// being whether the row is as the new approval wants it) and `approved`, an expression
+/// over the item `it`, the row `t` and the state `m.state`: the item object to approve,
+/// or NULL to leave it out. $3 the tenant.
+pub fn batch_sql(target: &Target, first: usize, matches: &str, approved: &str) -> String {
+    let s = &target.shape;
+    let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
+    names.push(s.key.matches("it.item_key", &s.columns));
+    format!(
+        "SELECT m.state,
+       {approved}
+  FROM ROWS FROM (pg_catalog.unnest(${first}::pg_catalog.text[]),
+                  pg_catalog.unnest(${}::pg_catalog.int8[]),
+                  pg_catalog.unnest(${}::pg_catalog.text[]::pg_catalog.jsonb[]))
+       WITH ORDINALITY AS it(item_key, revision, guards, n)
+  LEFT JOIN {name} AS t ON {names}
+ CROSS JOIN LATERAL (SELECT {state} AS state) m
+ ORDER BY it.n",
+        first + 1,
+        first + 2,
+        name = target.sql_name,
+        names = names.join(" AND "),
+        state = state_sql(target, &format!("COALESCE({matches}, false)")),
+    )
 }
 
 /// SQL: the state of an item against its row `t` of the target, joined by the item's key

@@ -18,7 +18,7 @@
 use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::job::definition::Definition;
-use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
+use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
 use crate::job::register::{self, Items, Registered, Request};
 use crate::job::rules::approval::Action;
@@ -65,7 +65,7 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
         Vec::new(),
         req.include_drifted,
     )?;
-    if found.items.is_empty() {
+    if found.approved.is_empty() {
         return Err(nothing_remains(
             &req.job_id,
             &found.left_out,
@@ -111,14 +111,14 @@ fn approve_drifted_again(
         vec![successor.into()],
         true,
     )?;
-    if found.items.is_empty() && found.left_out.is_empty() {
+    if found.approved.is_empty() && found.left_out.is_empty() {
         return Ok(None);
     }
-    if found.items.is_empty() {
+    if found.approved.is_empty() {
         return Err(nothing_remains(&req.job_id, &found.left_out, true));
     }
     let registered = register_items(req, def, &found)?;
-    let positions: Vec<i32> = found.items.iter().map(|(p, _)| *p).collect();
+    let positions: Vec<i32> = found.approved.iter().map(|(p, _)| *p).collect();
     as_role(owner, || {
         query::run(
             sql::APPROVED_AGAIN,
@@ -166,12 +166,12 @@ fn nothing_remains(job_id: &str, left_out: &[LeftOut], include_drifted: bool) ->
 }
 
 /// Registers `found`'s items as the job `req.new_job_id`, with the job's change.
-fn register_items(req: &Remainder, def: &Definition, found: &Found) -> Result<Registered> {
+fn register_items(req: &Remainder, def: &Definition, found: &Sorted) -> Result<Registered> {
     let (set_values, handler) = match def.terms().action {
         Action::Set(values) => (Some(Value::Object(values.into_iter().collect())), None),
         Action::Handler(_) => (None, def.handler_oid),
     };
-    let items: Vec<&str> = found.items.iter().map(|(_, i)| i.as_str()).collect();
+    let items: Vec<&str> = found.approved.iter().map(|(_, i)| i.as_str()).collect();
     register::register(Request {
         job_id: req.new_job_id.clone(),
         tenant: def.tenant_value().map(str::to_string),
@@ -193,14 +193,7 @@ fn register_items(req: &Remainder, def: &Definition, found: &Found) -> Result<Re
     })
 }
 
-/// A job's items read against their rows: those approved again, as (position, item
-/// object of register_job) in position order, and those left out.
-struct Found {
-    items: Vec<(i32, String)>,
-    left_out: Vec<LeftOut>,
-}
-
-/// The items `listing` gives (see against_rows::each_batch), each approved again or left
+/// The items `listing` gives (see against_rows::sort), each approved again or left
 /// out.
 fn remaining_items(
     def: &Definition,
@@ -208,13 +201,9 @@ fn remaining_items(
     listing: &str,
     listing_args: Vec<pgrx::datum::DatumWithOid<'static>>,
     include_drifted: bool,
-) -> Result<Found> {
+) -> Result<Sorted> {
     let constants = Constants::new(def.set_values.as_ref(), &def.expect).args(target)?;
-    let mut found = Found {
-        items: Vec::new(),
-        left_out: Vec::new(),
-    };
-    against_rows::each_batch(
+    against_rows::sort(
         def,
         target,
         listing,
@@ -222,21 +211,7 @@ fn remaining_items(
         &against_rows_sql(def, target),
         &constants,
         &[include_drifted],
-        |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?)),
-        |batch, rows| {
-            for (item, (state, approved)) in batch.into_iter().zip(rows) {
-                match approved {
-                    Some(approved) => found.items.push((item.position, approved)),
-                    None => found.left_out.push(LeftOut {
-                        position: item.position,
-                        key: item.key,
-                        because: LeftOutBecause::of_state(&state),
-                    }),
-                }
-            }
-        },
-    )?;
-    Ok(found)
+    )
 }
 
 /// SQL: the items of a batch (bound as arrays after the job's constants) against their
@@ -247,7 +222,8 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
     let s = &target.shape;
     let constants = Constants::new(def.set_values.as_ref(), &def.expect);
     let first = constants.after();
-    let (keys, revisions, guards, drifted) = (first, first + 1, first + 2, first + 3);
+    // after the batch's keys, revisions and guards
+    let drifted = first + 3;
     let key_object = target.key_object_sql();
     let revision = |from: &str| match s.guard.column() {
         Some(column) => format!(
@@ -273,32 +249,18 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
         ),
         _ => String::new(),
     };
-    let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
-    names.push(s.key.matches("it.item_key", &s.columns));
-    format!(
-        "SELECT m.state,
-       (CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
+    against_rows::batch_sql(
+        target,
+        first,
+        &target.matches_item(&def.guard_columns, &constants),
+        &format!(
+            "(CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
              THEN {key_object}{approved} OPERATOR(pg_catalog.||) (it.guards{recorded})
              WHEN m.state OPERATOR(pg_catalog.=) 'drifted' AND ${drifted}
              THEN {key_object}{now} OPERATOR(pg_catalog.||) ({current_guards}{recorded})
-        END)::pg_catalog.text
-  FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
-                  pg_catalog.unnest(${revisions}::pg_catalog.int8[]),
-                  pg_catalog.unnest(${guards}::pg_catalog.text[]::pg_catalog.jsonb[]))
-       WITH ORDINALITY AS it(item_key, revision, guards, n)
-  LEFT JOIN {name} AS t ON {names}
- CROSS JOIN LATERAL (SELECT {state} AS state) m
- ORDER BY it.n",
-        state = against_rows::state_sql(
-            target,
-            &format!(
-                "COALESCE({}, false)",
-                target.matches_item(&def.guard_columns, &constants)
-            )
+        END)::pg_catalog.text",
+            approved = revision("it.revision"),
+            now = revision(&s.guard_now()),
         ),
-        approved = revision("it.revision"),
-        now = revision(&s.guard_now()),
-        name = target.sql_name,
-        names = names.join(" AND "),
     )
 }

@@ -20,7 +20,7 @@ use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::job::change::{handler, KindOfChange, RevertTerms};
 use crate::job::definition::Definition;
-use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause};
+use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
 use crate::job::register::{self, Items, Registered, Request};
 use crate::job::rules::guard::Guard;
@@ -42,21 +42,6 @@ pub struct Revert {
     pub inverse: Option<pg_sys::Oid>,
 }
 
-/// The job's committed items, read against their rows now.
-#[derive(Default)]
-struct Classified {
-    /// The item objects of the revert's approval, in position order.
-    items: Vec<String>,
-    /// Those left out, and why.
-    left_out: Vec<LeftOut>,
-}
-
-impl Classified {
-    fn count(&self, because: LeftOutBecause) -> i32 {
-        against_rows::count(&self.left_out, because)
-    }
-}
-
 /// What a revert would do, before it is registered.
 pub struct Preview {
     pub items: i32,
@@ -76,7 +61,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
     Ok(Preview {
-        items: found.items.len() as i32,
+        items: found.approved.len() as i32,
         drifted: found.count(LeftOutBecause::Drifted),
         gone: found.count(LeftOutBecause::Gone),
         another_tenant: found.count(LeftOutBecause::AnotherTenant),
@@ -123,7 +108,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
     let terms = KindOfChange::of(&def).reverted(&def, req.inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
-    if found.items.is_empty() {
+    if found.approved.is_empty() {
         return Err(BatchError::invalid_because(
             format!("nothing of job \"{}\" remains to revert", req.job_id),
             if found.left_out.is_empty() {
@@ -142,7 +127,15 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         job_id: req.revert_job_id.clone(),
         tenant: def.tenant_value().map(str::to_string),
         target: def.target,
-        items: Items::Json(format!("[{}]", found.items.join(",\n"))),
+        items: Items::Json(format!(
+            "[{}]",
+            found
+                .approved
+                .iter()
+                .map(|(_, item)| item.as_str())
+                .collect::<Vec<_>>()
+                .join(",\n")
+        )),
         chunk_size: req.chunk_size.unwrap_or(def.chunk_size),
         set_values: terms.set_back.map(object),
         expect: object(terms.expect),
@@ -249,11 +242,10 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
 
 /// The job's committed items, each read against its row now as the revert would expect
 /// it: approved again, or left out as drifted or gone.
-fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<Classified> {
+fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<Sorted> {
     let constants = Constants::new(None, &terms.expect);
     let against = against_rows_sql(def, target, &terms.guard_columns(def), &constants);
-    let mut out = Classified::default();
-    against_rows::each_batch(
+    against_rows::sort(
         def,
         target,
         sql::COMMITTED_ITEMS,
@@ -261,21 +253,7 @@ fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<Cl
         &against,
         &constants.args(target)?,
         &[],
-        |r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?)),
-        |batch, rows| {
-            for (item, (state, approved)) in batch.into_iter().zip(rows) {
-                match approved {
-                    Some(approved) => out.items.push(approved),
-                    None => out.left_out.push(LeftOut {
-                        position: item.position,
-                        key: item.key,
-                        because: LeftOutBecause::of_state(&state),
-                    }),
-                }
-            }
-        },
-    )?;
-    Ok(out)
+    )
 }
 
 /// SQL: a batch of committed items (bound as arrays after the revert's constants)
@@ -289,11 +267,6 @@ fn against_rows_sql(
     guard_columns: &[String],
     constants: &Constants,
 ) -> String {
-    let s = &target.shape;
-    let first = constants.after();
-    let (keys, revisions, guards) = (first, first + 1, first + 2);
-    let mut names: Vec<String> = target.tenant_condition("$3").into_iter().collect();
-    names.push(s.key.matches("it.item_key", &s.columns));
     let revision = match def.guard.column() {
         Some(column) => format!(
             " OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object({}, it.revision)",
@@ -301,27 +274,15 @@ fn against_rows_sql(
         ),
         None => String::new(),
     };
-    format!(
-        "SELECT m.state,
-       CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
-            THEN ({key_object}{revision} OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END
-  FROM ROWS FROM (pg_catalog.unnest(${keys}::pg_catalog.text[]),
-                  pg_catalog.unnest(${revisions}::pg_catalog.int8[]),
-                  pg_catalog.unnest(${guards}::pg_catalog.text[]::pg_catalog.jsonb[]))
-       WITH ORDINALITY AS it(item_key, revision, guards, n)
-  LEFT JOIN {name} AS t ON {names}
- CROSS JOIN LATERAL (SELECT {state} AS state) m
- ORDER BY it.n",
-        key_object = target.key_object_sql(),
-        state = against_rows::state_sql(
-            target,
-            &format!(
-                "COALESCE({}, false)",
-                target.matches_item(guard_columns, constants)
-            )
+    against_rows::batch_sql(
+        target,
+        constants.after(),
+        &target.matches_item(guard_columns, constants),
+        &format!(
+            "CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
+            THEN ({}{revision} OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END",
+            target.key_object_sql()
         ),
-        name = target.sql_name,
-        names = names.join(" AND "),
     )
 }
 

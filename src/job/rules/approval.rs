@@ -886,6 +886,35 @@ pub fn canonical_number(text: &str) -> String {
     out
 }
 
+/// The approval the unit tests build on: status set to 'cancelled' on public.orders, rows
+/// of tenant 'x' named by id and guarded by their revision, chunks of 10.
+#[cfg(test)]
+impl Approval {
+    pub(crate) fn of_orders(items: Vec<Item>) -> Approval {
+        Approval {
+            terms: Terms {
+                tenant: Some(("x".into(), "tenant".into())),
+                target: "public.orders".into(),
+                key: JobKey::one("id"),
+                guard: Guard::Revision {
+                    column: "revision".into(),
+                },
+                chunk_size: 10,
+                action: Action::Set(BTreeMap::from([(
+                    "status".to_string(),
+                    Value::from("cancelled"),
+                )])),
+                expect: BTreeMap::new(),
+                parallel: false,
+                on_drift: OnDrift::Stop,
+                record_before: false,
+                set_from_items: Vec::new(),
+            },
+            items,
+        }
+    }
+}
+
 #[cfg(test)]
 mod fuzz;
 
@@ -997,50 +1026,21 @@ mod tests {
         assert!(flat_entries(r#"{"qty": 2.5}"#).is_none());
     }
 
-    use crate::job::rules::columns::Column;
     use serde_json::json;
 
     fn shape(key_type: &str) -> Shape {
-        let cols = [
+        Shape::of_orders(&[
             ("id", key_type),
             ("tenant", "text"),
             ("revision", "int4"),
             ("qty", "int4"),
             ("status", "text"),
             ("price", "numeric"),
-        ];
-        Shape {
-            columns: cols
-                .iter()
-                .map(|(n, t)| (n.to_string(), Column::of(n, t)))
-                .collect(),
-            key: JobKey::one("id"),
-            tenant_column: Some("tenant".into()),
-            guard: Guard::Revision {
-                column: "revision".into(),
-            },
-        }
+        ])
     }
 
     fn approval(items: Vec<Item>) -> Approval {
-        Approval {
-            terms: Terms {
-                tenant: Some(("x".into(), "tenant".into())),
-                target: "public.orders".into(),
-                key: JobKey::one("id"),
-                guard: Guard::Revision {
-                    column: "revision".into(),
-                },
-                chunk_size: 10,
-                action: Action::Set(BTreeMap::from([("status".to_string(), json!("cancelled"))])),
-                expect: BTreeMap::new(),
-                parallel: false,
-                on_drift: OnDrift::Stop,
-                record_before: false,
-                set_from_items: Vec::new(),
-            },
-            items,
-        }
+        Approval::of_orders(items)
     }
 
     #[test]

@@ -94,3 +94,27 @@ impl Shape {
         self.key.columns().iter().any(|c| c == field) || self.guard.column() == Some(field)
     }
 }
+
+/// The table the unit tests build on: `columns` (name, type), rows of a tenant column
+/// `tenant`, named by `id` and guarded by `revision`.
+#[cfg(test)]
+impl Shape {
+    pub(crate) fn of_orders(columns: &[(&str, &str)]) -> Shape {
+        Shape {
+            columns: columns
+                .iter()
+                .map(|(name, type_name)| {
+                    (
+                        name.to_string(),
+                        super::columns::Column::of(name, type_name),
+                    )
+                })
+                .collect(),
+            key: JobKey::one("id"),
+            tenant_column: Some("tenant".into()),
+            guard: Guard::Revision {
+                column: "revision".into(),
+            },
+        }
+    }
+}

@@ -13,7 +13,7 @@
 //! it to.
 
 use super::*;
-use crate::job::rules::columns::{parse_uuid, Column, Kind};
+use crate::job::rules::columns::{parse_uuid, Kind};
 use crate::job::rules::key::KeyOrder;
 use proptest::collection::{btree_set, vec};
 use proptest::option;
@@ -65,17 +65,7 @@ fn shape(key_type: &str, revision_type: &str) -> Shape {
         ("revision", revision_type),
     ];
     columns.extend_from_slice(GUARDS);
-    Shape {
-        columns: columns
-            .into_iter()
-            .map(|(name, type_name)| (name.to_string(), Column::of(name, type_name)))
-            .collect(),
-        key: JobKey::one("id"),
-        tenant_column: Some("tenant".into()),
-        guard: Guard::Revision {
-            column: "revision".into(),
-        },
-    }
+    Shape::of_orders(&columns)
 }
 
 fn any_shape() -> impl Strategy<Value = Shape> {
@@ -83,24 +73,7 @@ fn any_shape() -> impl Strategy<Value = Shape> {
 }
 
 fn approval(items: Vec<Item>) -> Approval {
-    Approval {
-        terms: Terms {
-            tenant: Some(("t".into(), "tenant".into())),
-            target: "public.orders".into(),
-            key: JobKey::one("id"),
-            guard: Guard::Revision {
-                column: "revision".into(),
-            },
-            chunk_size: 7,
-            action: Action::Set(BTreeMap::from([("status".to_string(), json!("done"))])),
-            expect: BTreeMap::new(),
-            parallel: false,
-            on_drift: OnDrift::Stop,
-            record_before: false,
-            set_from_items: Vec::new(),
-        },
-        items,
-    }
+    Approval::of_orders(items)
 }
 
 // JSON ------------------------------------------------------------------------------------
