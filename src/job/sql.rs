@@ -12,25 +12,28 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(
 
 /// A job as registered: what it changes and how. Never changes after registration.
 pub const JOB_DEFINITION: &str = "\
-SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
-       j.tenant_column::pg_catalog.text, j.revision_column::pg_catalog.text, j.chunk_size,
-       j.set_values::pg_catalog.text,
+SELECT j.tenant, j.target::pg_catalog.oid AS target, j.key_columns::pg_catalog.text[] AS key_columns,
+       j.tenant_column::pg_catalog.text AS tenant_column,
+       j.revision_column::pg_catalog.text AS revision_column, j.chunk_size,
+       j.set_values::pg_catalog.text AS set_values,
        (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
                OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname)
           FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid),
-       j.expect::pg_catalog.text, j.guard_columns, j.item_count,
-       j.registered_by::pg_catalog.oid, j.fingerprint, j.target_name,
-       j.search_path, j.handler IS NOT NULL, j.job_number,
+         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid) AS handler,
+       j.expect::pg_catalog.text AS expect, j.guard_columns, j.item_count,
+       j.registered_by::pg_catalog.oid AS registered_by, j.fingerprint, j.target_name,
+       j.search_path, j.handler IS NOT NULL AS has_handler, j.job_number,
        pg_catalog.to_regclass('etc_batch.job_item_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND pg_catalog.to_regclass('etc_batch.job_audit_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND (NOT j.parallel
-            OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
+            OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL)
+         AS tables_present,
        j.parallel, j.guard, j.on_drift,
-       EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
-       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid,
-       j.record_before, j.set_from_items::pg_catalog.text[]
+       EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid)
+         AS target_present,
+       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid AS handler_oid,
+       j.record_before, j.set_from_items::pg_catalog.text[] AS set_from_items
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
