@@ -172,24 +172,24 @@ SELECT u.item_key, u.revision, u.guards::pg_catalog.text
 
 /// Counts that the full check compares with the checkpoint. $1 next_index.
 pub const FULL_COUNTS: &str = "\
-SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
+SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8 AS items,
+       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8 AS audits,
        (SELECT pg_catalog.count(*) FROM {audit} a
-         WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8";
+         WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8 AS beyond";
 
 /// A parallel job's records counted, for verify_job: approved items, audit rows, audit
 /// rows inside chunks not committed, and the items of the committed chunks (its chunk
 /// rows are counted by claim::chunk_rows). $1 chunk size, $2 item count.
 pub const PARALLEL_COUNTS: &str = "\
-SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
+SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8 AS items,
+       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8 AS audits,
        (SELECT pg_catalog.count(*) FROM {audit} a
           LEFT JOIN {chunks} c
             ON c.chunk OPERATOR(pg_catalog.=) ((a.position OPERATOR(pg_catalog./) $1) OPERATOR(pg_catalog.+) 1)
-         WHERE c.committed IS NOT TRUE)::pg_catalog.int8,
+         WHERE c.committed IS NOT TRUE)::pg_catalog.int8 AS outside,
        (SELECT COALESCE(pg_catalog.sum(LEAST($1, $2 OPERATOR(pg_catalog.-)
                   ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1))), 0)
-          FROM {chunks} c WHERE c.committed)::pg_catalog.int8";
+          FROM {chunks} c WHERE c.committed)::pg_catalog.int8 AS committed_items";
 
 /// The approved items of a parallel job's committed chunks that have no audit row, at
 /// most $2. $1 chunk size.
@@ -499,14 +499,14 @@ SELECT EXISTS (
 /// What job_summary says of a job from its row (and a parallel job's committed chunks),
 /// read as the owner. $1 job.
 pub const JOB_SUMMARY: &str = "\
-SELECT j.status, j.item_count,
+SELECT j.status, j.item_count AS approved,
        -- a parallel job's committed items are those of its committed chunks
        CASE WHEN j.parallel THEN (
             SELECT COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-)
                        ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size))), 0)::pg_catalog.int4
               FROM etc_batch.job_chunk c
              WHERE c.job_id OPERATOR(pg_catalog.=) $1 AND c.committed)
-            ELSE j.next_index END,
+            ELSE j.next_index END AS committed,
        j.parallel, j.failed_at, j.failure_sqlstate, j.failure_message
   FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
