@@ -67,17 +67,8 @@ pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Res
 /// Puts every step of a batch back to pending; returns how many. A NOTICE for each step
 /// that was not pending says what it was; the failures it clears stay in step_audit.
 pub fn reset(batch: &str) -> Result<i32> {
-    let steps = as_owner(|| {
-        query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, |r| {
-            Ok(Cleared {
-                id: r.get::<i64>(1)?.unwrap_or(0),
-                status: r.get::<String>(2)?.unwrap_or_default(),
-                attempts: r.get::<i32>(3)?.unwrap_or(0),
-                sqlstate: r.get::<String>(4)?,
-                error: r.get::<String>(5)?,
-            })
-        })
-    })?;
+    let steps =
+        as_owner(|| query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, Cleared::read))?;
     if steps.is_empty() {
         return Err(BatchError::UnknownBatch {
             batch: batch.to_string(),
@@ -93,14 +84,15 @@ pub fn reset(batch: &str) -> Result<i32> {
 pub fn retry(id: i64) -> Result<()> {
     let retried = as_owner(|| {
         if let Some(step) = query::row(sql::RETRY_STEP, &[id.into()], |r| {
+            let r = Retried::read(r)?;
             Ok((
-                r.get::<String>(1)?.unwrap_or_default(),
+                r.batch,
                 Cleared {
                     id,
                     status: "failed".into(),
-                    attempts: r.get::<i32>(2)?.unwrap_or(0),
-                    sqlstate: r.get::<String>(3)?,
-                    error: r.get::<String>(4)?,
+                    attempts: r.attempts,
+                    sqlstate: r.sqlstate,
+                    error: r.error,
                 },
             ))
         })? {
@@ -115,13 +107,25 @@ pub fn retry(id: i64) -> Result<()> {
     Ok(())
 }
 
-/// A step put back to pending, as it was.
-struct Cleared {
-    id: i64,
-    status: String,
-    attempts: i32,
-    sqlstate: Option<String>,
-    error: Option<String>,
+query::row_reader! {
+    /// A step put back to pending, as it was (as RESET_BATCH_STEPS reads it).
+    struct Cleared {
+        id: i64 = 0,
+        status: String = String::new(),
+        attempts: i32 = 0,
+        sqlstate: Option<String>,
+        error: Option<String>,
+    }
+}
+
+query::row_reader! {
+    /// A failed step put back to pending, as RETRY_STEP reads it.
+    struct Retried {
+        batch: String = String::new(),
+        attempts: i32 = 0,
+        sqlstate: Option<String>,
+        error: Option<String>,
+    }
 }
 
 impl Cleared {
