@@ -165,7 +165,7 @@ VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
 /// The frozen list in key order, to compare and fingerprint it a batch at a time: its
 /// chunk rows in order, each unfolded in order (a sort within each chunk's row only).
 pub const STORED_ITEMS: &str = "\
-SELECT u.item_key, u.revision, u.guards::pg_catalog.text
+SELECT u.item_key, u.revision, u.guards::pg_catalog.text AS guards
   FROM {item_chunks} c,
        etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
  ORDER BY c.first_position, u.position";
