@@ -67,8 +67,18 @@ pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Res
 /// Puts every step of a batch back to pending; returns how many. A NOTICE for each step
 /// that was not pending says what it was; the failures it clears stay in step_audit.
 pub fn reset(batch: &str) -> Result<i32> {
-    let steps =
-        as_owner(|| query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, Cleared::read))?;
+    let steps = as_owner(|| {
+        query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, |r| {
+            let r = Reset::read(r)?;
+            Ok(Cleared {
+                id: r.id,
+                status: r.status,
+                attempts: r.attempts,
+                sqlstate: r.sqlstate,
+                error: r.error,
+            })
+        })
+    })?;
     if steps.is_empty() {
         return Err(BatchError::UnknownBatch {
             batch: batch.to_string(),
@@ -107,9 +117,18 @@ pub fn retry(id: i64) -> Result<()> {
     Ok(())
 }
 
+/// A step put back to pending, as it was.
+struct Cleared {
+    id: i64,
+    status: String,
+    attempts: i32,
+    sqlstate: Option<String>,
+    error: Option<String>,
+}
+
 query::row_reader! {
-    /// A step put back to pending, as it was (as RESET_BATCH_STEPS reads it).
-    struct Cleared {
+    /// A step put back to pending, as RESET_BATCH_STEPS reads it.
+    struct Reset {
         id: i64 = 0,
         status: String = String::new(),
         attempts: i32 = 0,
