@@ -15,14 +15,23 @@ const EXTENSION: &str = "\
 SELECT e.extowner, e.extversion FROM pg_catalog.pg_extension e
  WHERE e.extname OPERATOR(pg_catalog.=) 'etc_batch'";
 
+query::row_reader! {
+    /// The row of pg_extension that EXTENSION reads.
+    struct Extension {
+        extowner: Option<pg_sys::Oid>,
+        extversion: Option<String>,
+    }
+}
+
 /// The owner of the installed etc_batch, once it is known to be of this library's
 /// version.
 pub fn owner() -> Result<pg_sys::Oid> {
-    let (owner, version) = query::row(EXTENSION, &[], |r| {
-        Ok((r.get::<pg_sys::Oid>(1)?, r.get::<String>(2)?))
-    })?
-    .ok_or_else(|| BatchError::Internal("extension etc_batch is not installed".into()))?;
-    match (owner, version) {
+    let Extension {
+        extowner,
+        extversion,
+    } = query::row(EXTENSION, &[], Extension::read)?
+        .ok_or_else(|| BatchError::Internal("extension etc_batch is not installed".into()))?;
+    match (extowner, extversion) {
         (Some(owner), Some(v)) if v == env!("CARGO_PKG_VERSION") => Ok(owner),
         (_, installed) => Err(BatchError::VersionMismatch {
             installed: installed.unwrap_or_default(),

@@ -145,7 +145,8 @@ p AS (INSERT INTO etc_batch.job_pause (job_id, paused_at, paused_by)
       SELECT j.job_id, pg_catalog.now(), $2::pg_catalog.oid::pg_catalog.regrole FROM j
       ON CONFLICT (job_id) DO NOTHING
       RETURNING job_id)
-SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p), (SELECT j.job_number FROM j)";
+SELECT EXISTS (SELECT FROM j) AS found, EXISTS (SELECT FROM p) AS changed,
+       (SELECT j.job_number FROM j) AS job_number";
 
 /// Resumes job $1. Returns whether the job exists, whether it was paused, and its
 /// number.
@@ -153,7 +154,8 @@ const RESUME_JOB: &str = "\
 WITH j AS (SELECT j.job_id, j.job_number FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),
 p AS (DELETE FROM etc_batch.job_pause p WHERE p.job_id OPERATOR(pg_catalog.=) $1
       RETURNING p.job_id)
-SELECT EXISTS (SELECT FROM j), EXISTS (SELECT FROM p), (SELECT j.job_number FROM j)";
+SELECT EXISTS (SELECT FROM j) AS found, EXISTS (SELECT FROM p) AS changed,
+       (SELECT j.job_number FROM j) AS job_number";
 
 /// Pauses batch $1 as role $2: marks every step of it not yet paused, but the one a
 /// runner holds (SKIP LOCKED: that step is in flight, and the runner stops at the next,
@@ -169,7 +171,8 @@ p AS (UPDATE etc_batch.batch_log b
          SET paused_at = pg_catalog.now(), paused_by = $2::pg_catalog.oid::pg_catalog.regrole
         FROM s WHERE b.id OPERATOR(pg_catalog.=) s.id
       RETURNING b.id)
-SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p), NULL::pg_catalog.int8";
+SELECT EXISTS (SELECT FROM b) AS found, EXISTS (SELECT FROM p) AS changed,
+       NULL::pg_catalog.int8 AS job_number";
 
 /// Resumes batch $1: its steps' marks removed. Returns whether the batch has steps, and
 /// whether any was paused.
@@ -178,7 +181,8 @@ WITH b AS (SELECT FROM etc_batch.batch_log b WHERE b.batch OPERATOR(pg_catalog.=
 p AS (UPDATE etc_batch.batch_log b SET paused_at = NULL, paused_by = NULL
        WHERE b.batch OPERATOR(pg_catalog.=) $1 AND b.paused_at IS NOT NULL
       RETURNING b.id)
-SELECT EXISTS (SELECT FROM b), EXISTS (SELECT FROM p), NULL::pg_catalog.int8";
+SELECT EXISTS (SELECT FROM b) AS found, EXISTS (SELECT FROM p) AS changed,
+       NULL::pg_catalog.int8 AS job_number";
 
 /// Runs one of the statements above; (exists, changed, the job's number).
 fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool, i64)> {
@@ -189,14 +193,22 @@ fn change(sql: &str, name: &str, with_role: bool) -> Result<(bool, bool, i64)> {
             args.push(by.into());
         }
         query::row(sql, &args, |r| {
-            Ok((
-                r.get::<bool>(1)?.unwrap_or(false),
-                r.get::<bool>(2)?.unwrap_or(false),
-                r.get::<i64>(3)?.unwrap_or(0),
-            ))
+            let r = Changed::read(r)?;
+            Ok((r.found, r.changed, r.job_number))
         })
     })
     .map(Option::unwrap_or_default)
+}
+
+query::row_reader! {
+    /// What a statement above returns.
+    struct Changed {
+        /// Whether the job or the batch exists.
+        found: bool = false,
+        /// Whether it was changed now (not paused or resumed already).
+        changed: bool = false,
+        job_number: i64 = 0,
+    }
 }
 
 /// Pauses a job; returns whether anything changed (false: it was paused already).

@@ -16,27 +16,76 @@
 use crate::error::{BatchError, Result};
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys;
+use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::raw::c_char;
+use std::rc::Rc;
 
 /// One row of a statement run by `row`, read while SPI still holds it.
 pub struct Row<'a> {
     tuple: pg_sys::HeapTuple,
-    desc: pg_sys::TupleDesc,
-    /// The base type of each column (a domain reads as its base type), looked up once
-    /// per statement rather than once per value: a chunk's change returns a row per item.
-    types: &'a [pg_sys::Oid],
+    result: &'a Columns,
 }
 
-/// The base types of a result's columns.
-///
-/// # Safety
-/// `desc` must be the tuple descriptor of an SPI result that is still held.
-unsafe fn column_types(desc: pg_sys::TupleDesc) -> Vec<pg_sys::Oid> {
-    (1..=(*desc).natts)
-        .map(|column| pg_sys::getBaseType(pg_sys::SPI_gettypeid(desc, column)))
+/// What is learned of a statement's result once rather than once per row (a chunk's
+/// change returns a row per item): the base type of each column (a domain reads as its
+/// base type) and, for each reader (`row_reader!`) of its rows, the column of each of
+/// the reader's fields.
+struct Columns {
+    desc: pg_sys::TupleDesc,
+    types: Vec<pg_sys::Oid>,
+    readers: RefCell<Vec<(TypeId, Rc<[usize]>)>>,
+}
+
+impl Columns {
+    /// # Safety
+    /// `desc` must be the tuple descriptor of an SPI result that is still held.
+    unsafe fn of(desc: pg_sys::TupleDesc) -> Columns {
+        Columns {
+            desc,
+            types: (1..=(*desc).natts)
+                .map(|column| pg_sys::getBaseType(pg_sys::SPI_gettypeid(desc, column)))
+                .collect(),
+            readers: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The name of each column, in order.
+    fn names(&self) -> Vec<&[u8]> {
+        (0..self.types.len())
+            .map(|i| {
+                // SAFETY: the descriptor is held (see `of`) for as long as self, and has
+                // this attribute, whose name is a NUL-terminated NameData.
+                unsafe {
+                    attribute(self.desc, i, |a| {
+                        std::ffi::CStr::from_ptr(a.attname.data.as_ptr()).to_bytes()
+                    })
+                }
+            })
+            .collect()
+    }
+}
+
+/// The column number (1-based) of each of `fields` among a result's `columns`, found by
+/// name; the error names a field that no column, or more than one, is named for.
+fn column_numbers(columns: &[impl AsRef<[u8]>], fields: &[&str]) -> Result<Rc<[usize]>> {
+    fields
+        .iter()
+        .map(|field| {
+            let mut named =
+                (1..=columns.len()).filter(|&n| columns[n - 1].as_ref() == field.as_bytes());
+            match (named.next(), named.next()) {
+                (Some(n), None) => Ok(n),
+                (None, _) => Err(BatchError::Internal(format!(
+                    "a result has no column \"{field}\""
+                ))),
+                (Some(_), Some(_)) => Err(BatchError::Internal(format!(
+                    "a result has more than one column \"{field}\""
+                ))),
+            }
+        })
         .collect()
 }
 
@@ -44,16 +93,17 @@ impl Row<'_> {
     /// Column `n` (1-based) as an opaque value, copied into the memory context that was
     /// current before the statement ran, so that it outlives SPI_finish.
     pub fn opaque(&self, n: usize) -> Result<Option<Opaque>> {
+        let desc = self.result.desc;
         // SAFETY: as in get; SPI_datumTransfer copies into the context SPI_connect saved.
         unsafe {
             let column = n as i32;
-            let oid = pg_sys::SPI_gettypeid(self.desc, column);
+            let oid = pg_sys::SPI_gettypeid(desc, column);
             let mut is_null = false;
-            let datum = pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut is_null);
+            let datum = pg_sys::SPI_getbinval(self.tuple, desc, column, &mut is_null);
             if is_null {
                 return Ok(None);
             }
-            let (byval, len) = attribute(self.desc, n - 1, |a| (a.attbyval, a.attlen));
+            let (byval, len) = attribute(desc, n - 1, |a| (a.attbyval, a.attlen));
             let datum = pg_sys::SPI_datumTransfer(datum, byval, len as i32);
             Ok(Some(Opaque { datum, oid }))
         }
@@ -61,25 +111,107 @@ impl Row<'_> {
 
     /// Column `n` (1-based), copied out as a Rust value of a compatible type.
     pub fn get<T: FromDatum + IntoDatum>(&self, n: usize) -> Result<Option<T>> {
-        let Some(&type_oid) = n.checked_sub(1).and_then(|i| self.types.get(i)) else {
-            return Err(BatchError::Internal(format!("a result has no column {n}")));
+        self.value(n, || format!("column {n}"))
+    }
+
+    /// Column `n` (1-based), which a reader's field `name` was found to be (`columns`),
+    /// as that field's type.
+    pub fn named<T: FromDatum + IntoDatum>(&self, n: usize, name: &str) -> Result<Option<T>> {
+        self.value(n, || format!("column \"{name}\""))
+    }
+
+    /// Column `n`; `column` names it in an error.
+    fn value<T: FromDatum + IntoDatum>(
+        &self,
+        n: usize,
+        column: impl FnOnce() -> String,
+    ) -> Result<Option<T>> {
+        let Some(&type_oid) = n.checked_sub(1).and_then(|i| self.result.types.get(i)) else {
+            return Err(BatchError::Internal(format!(
+                "a result has no {}",
+                column()
+            )));
         };
         // SAFETY: tuple and desc come from SPI_tuptable of the statement just run, and
         // rows are read before SPI_finish frees them; the column exists.
         unsafe {
             if !T::is_compatible_with(type_oid) {
                 return Err(BatchError::Internal(format!(
-                    "column {n} has type oid {}, which {} cannot hold",
+                    "{} has type oid {}, which {} cannot hold",
+                    column(),
                     type_oid.to_u32(),
                     std::any::type_name::<T>()
                 )));
             }
             let mut is_null = false;
-            let datum = pg_sys::heap_getattr(self.tuple, n as i32, self.desc, &mut is_null);
+            let datum = pg_sys::heap_getattr(self.tuple, n as i32, self.result.desc, &mut is_null);
             Ok(T::from_polymorphic_datum(datum, is_null, type_oid))
         }
     }
+
+    /// The column number of each of `fields`, reader `R`'s, found by name on the first
+    /// row of the result that `R` reads and kept for the others.
+    pub fn columns<R: 'static>(&self, fields: &[&str]) -> Result<Rc<[usize]>> {
+        let reader = TypeId::of::<R>();
+        let kept = self
+            .result
+            .readers
+            .borrow()
+            .iter()
+            .find(|(r, _)| *r == reader)
+            .map(|(_, at)| at.clone());
+        if let Some(at) = kept {
+            return Ok(at);
+        }
+        let at = column_numbers(&self.result.names(), fields)?;
+        self.result.readers.borrow_mut().push((reader, at.clone()));
+        Ok(at)
+    }
 }
+
+/// Declares a struct whose fields are read from the columns of a statement's row, each
+/// from the column of its own name (the statement names its columns so, with AS), and
+/// its `read(row)`. A field is `Option<T>` where the column may be NULL, or `T = value`
+/// to read NULL as `value`. A column missing, or of a type the field cannot hold, is an
+/// internal error that names it. Columns are found by name once per result, not per row.
+///
+/// ```ignore
+/// query::row_reader! {
+///     struct Lease {
+///         holder: String = String::new(),
+///         expires_at: Option<TimestampWithTimeZone>,
+///     }
+/// }
+/// query::row(sql::LEASE, &[name.into()], Lease::read)
+/// ```
+macro_rules! row_reader {
+    (
+        $(#[$doc:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$field_doc:meta])* $field_vis:vis $field:ident: $type:ty $(= $default:expr)?),+ $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        $vis struct $name {
+            $($(#[$field_doc])* $field_vis $field: $type,)+
+        }
+
+        impl $name {
+            $vis fn read(row: &$crate::query::Row<'_>) -> $crate::error::Result<Self> {
+                const FIELDS: &[&str] = &[$(stringify!($field)),+];
+                let at = row.columns::<Self>(FIELDS)?;
+                let mut at = at.iter().zip(FIELDS);
+                Ok(Self {
+                    $($field: {
+                        let (&n, name) = at.next().expect("a column for every field");
+                        row.named(n, name)? $(.unwrap_or_else(|| $default))?
+                    },)+
+                })
+            }
+        }
+    };
+}
+pub(crate) use row_reader;
 
 /// Reads attribute `i` (0-based) of a tuple descriptor. The one place that knows how a
 /// descriptor lays out its attributes, which PostgreSQL 18 changed; pgrx's PgTupleDesc
@@ -304,13 +436,12 @@ unsafe fn read_result<R>(mut read: impl FnMut(&Row) -> Result<R>) -> Result<Vec<
         return Ok(Vec::new());
     }
     let table = &*pg_sys::SPI_tuptable;
-    let types = column_types(table.tupdesc);
+    let result = Columns::of(table.tupdesc);
     (0..pg_sys::SPI_processed as usize)
         .map(|i| {
             read(&Row {
                 tuple: *table.vals.add(i),
-                desc: table.tupdesc,
-                types: &types,
+                result: &result,
             })
         })
         .collect()
@@ -595,5 +726,37 @@ impl Cursor {
             }
             pg_sys::SPI_finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_found_by_name_in_any_order() {
+        let columns = ["holder", "generation", "live"];
+        assert_eq!(
+            column_numbers(&columns, &["live", "holder"]).unwrap()[..],
+            [3, 1]
+        );
+        assert!(column_numbers(&columns, &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_field_without_its_one_column_is_named() {
+        let columns = ["holder", "?column?", "?column?"];
+        assert_eq!(
+            column_numbers(&columns, &["holder", "generation"]),
+            Err(BatchError::Internal(
+                "a result has no column \"generation\"".into()
+            ))
+        );
+        assert_eq!(
+            column_numbers(&columns, &["?column?"]),
+            Err(BatchError::Internal(
+                "a result has more than one column \"?column?\"".into()
+            ))
+        );
     }
 }

@@ -42,6 +42,14 @@ pub fn enter(batch: &str) -> Result<Running> {
     })
 }
 
+query::row_reader! {
+    /// A step that commits, as COMMITTING_STEPS reads it.
+    struct CommittingStep {
+        id: i64 = 0,
+        command: String = String::new(),
+    }
+}
+
 /// Fails when a step that commits, in `batch` or in a batch it runs, runs `batch`
 /// again. Run as the extension's owner.
 pub fn check_no_cycle(batch: &str) -> Result<()> {
@@ -49,14 +57,13 @@ pub fn check_no_cycle(batch: &str) -> Result<()> {
     let mut queue: Vec<(String, String)> = vec![(batch.to_string(), batch.to_string())];
     let mut seen: Vec<String> = vec![batch.to_string()];
     while let Some((current, path)) = queue.pop() {
-        let steps: Vec<(i64, String)> =
-            query::rows(sql::COMMITTING_STEPS, &[current.as_str().into()], 0, |r| {
-                Ok((
-                    r.get::<i64>(1)?.unwrap_or_default(),
-                    r.get::<String>(2)?.unwrap_or_default(),
-                ))
-            })?;
-        for (id, text) in steps {
+        let steps = query::rows(
+            sql::COMMITTING_STEPS,
+            &[current.as_str().into()],
+            0,
+            CommittingStep::read,
+        )?;
+        for CommittingStep { id, command: text } in steps {
             let Some(called) = command::called_step(&text) else {
                 continue;
             };

@@ -112,7 +112,7 @@ RETURNING id";
 pub const RETRY_STEP: &str = "\
 UPDATE etc_batch.batch_log SET status = 'pending'
  WHERE id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'failed'
-RETURNING batch, attempts, last_sqlstate, last_error";
+RETURNING batch, attempts, last_sqlstate AS sqlstate, last_error AS error";
 
 pub const STEP_STATUS: &str = "\
 SELECT b.status FROM etc_batch.batch_log b WHERE b.id OPERATOR(pg_catalog.=) $1";
@@ -231,7 +231,7 @@ reset AS (
     FROM was
    WHERE b.id OPERATOR(pg_catalog.=) was.id
   RETURNING b.id)
-SELECT was.id, was.status, was.attempts, was.last_sqlstate, was.last_error
+SELECT was.id, was.status, was.attempts, was.last_sqlstate AS sqlstate, was.last_error AS error
   FROM was JOIN reset ON reset.id OPERATOR(pg_catalog.=) was.id
  ORDER BY was.id";
 

@@ -69,12 +69,13 @@ pub fn add(batch: &str, command: &str, id: Option<i64>, options: Options) -> Res
 pub fn reset(batch: &str) -> Result<i32> {
     let steps = as_owner(|| {
         query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, |r| {
+            let r = Reset::read(r)?;
             Ok(Cleared {
-                id: r.get::<i64>(1)?.unwrap_or(0),
-                status: r.get::<String>(2)?.unwrap_or_default(),
-                attempts: r.get::<i32>(3)?.unwrap_or(0),
-                sqlstate: r.get::<String>(4)?,
-                error: r.get::<String>(5)?,
+                id: r.id,
+                status: r.status,
+                attempts: r.attempts,
+                sqlstate: r.sqlstate,
+                error: r.error,
             })
         })
     })?;
@@ -93,14 +94,15 @@ pub fn reset(batch: &str) -> Result<i32> {
 pub fn retry(id: i64) -> Result<()> {
     let retried = as_owner(|| {
         if let Some(step) = query::row(sql::RETRY_STEP, &[id.into()], |r| {
+            let r = Retried::read(r)?;
             Ok((
-                r.get::<String>(1)?.unwrap_or_default(),
+                r.batch,
                 Cleared {
                     id,
                     status: "failed".into(),
-                    attempts: r.get::<i32>(2)?.unwrap_or(0),
-                    sqlstate: r.get::<String>(3)?,
-                    error: r.get::<String>(4)?,
+                    attempts: r.attempts,
+                    sqlstate: r.sqlstate,
+                    error: r.error,
                 },
             ))
         })? {
@@ -122,6 +124,27 @@ struct Cleared {
     attempts: i32,
     sqlstate: Option<String>,
     error: Option<String>,
+}
+
+query::row_reader! {
+    /// A step put back to pending, as RESET_BATCH_STEPS reads it.
+    struct Reset {
+        id: i64 = 0,
+        status: String = String::new(),
+        attempts: i32 = 0,
+        sqlstate: Option<String>,
+        error: Option<String>,
+    }
+}
+
+query::row_reader! {
+    /// A failed step put back to pending, as RETRY_STEP reads it.
+    struct Retried {
+        batch: String = String::new(),
+        attempts: i32 = 0,
+        sqlstate: Option<String>,
+        error: Option<String>,
+    }
 }
 
 impl Cleared {

@@ -53,6 +53,39 @@ pub struct Definition {
     pub set_from_items: Vec<String>,
 }
 
+query::row_reader! {
+    /// A job's row as JOB_DEFINITION reads it.
+    struct JobRow {
+        tenant: Option<String>,
+        target: pg_sys::Oid = pg_sys::Oid::INVALID,
+        key_columns: Vec<String> = Vec::new(),
+        tenant_column: Option<String>,
+        revision_column: Option<String>,
+        chunk_size: i32 = 1,
+        set_values: Option<String>,
+        /// The handler as a callable, schema-qualified, quoted name; None: none, or
+        /// dropped.
+        handler: Option<String>,
+        expect: Option<String>,
+        guard_columns: Vec<String> = Vec::new(),
+        item_count: i32 = 0,
+        registered_by: pg_sys::Oid = pg_sys::Oid::INVALID,
+        fingerprint: String = String::new(),
+        target_name: String = String::new(),
+        search_path: String = String::new(),
+        has_handler: bool = false,
+        job_number: i64 = 0,
+        tables_present: bool = false,
+        parallel: bool = false,
+        guard: String = String::new(),
+        on_drift: String = String::new(),
+        target_present: bool = false,
+        handler_oid: Option<pg_sys::Oid>,
+        record_before: bool = false,
+        set_from_items: Vec<String> = Vec::new(),
+    }
+}
+
 impl Definition {
     /// The job, or the error for an unknown job id.
     pub fn require(job_id: &str) -> Result<Definition> {
@@ -84,43 +117,35 @@ impl Definition {
     }
 
     pub fn load(job_id: &str) -> Result<Option<Definition>> {
-        query::row(sql::JOB_DEFINITION, &[job_id.into()], |r| {
-            let tenant = r.get::<String>(1)?;
-            let tenant_column = r.get::<String>(4)?;
-            Ok(Definition {
-                job_id: job_id.to_string(),
-                tenant: tenant.zip(tenant_column),
-                target: r.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::Oid::INVALID),
-                key: JobKey::of(r.get::<Vec<String>>(3)?.unwrap_or_default()),
-                guard: Guard::stored(
-                    &r.get::<String>(20)?.unwrap_or_default(),
-                    r.get::<String>(5)?.as_deref(),
-                ),
-                on_drift: OnDrift::parse(&r.get::<String>(21)?.unwrap_or_default())?,
-                chunk_size: r.get::<i32>(6)?.unwrap_or(1),
-                set_values: r.get::<String>(7)?.map(|t| parse_object(&t)),
-                handler: r.get::<String>(8)?,
-                expect: r
-                    .get::<String>(9)?
-                    .map(|t| parse_object(&t))
-                    .unwrap_or_default(),
-                guard_columns: r.get::<Vec<String>>(10)?.unwrap_or_default(),
-                item_count: r.get::<i32>(11)?.unwrap_or(0),
-                registered_by: r.get::<pg_sys::Oid>(12)?.unwrap_or(pg_sys::Oid::INVALID),
-                fingerprint: r.get::<String>(13)?.unwrap_or_default(),
-                target_name: r.get::<String>(14)?.unwrap_or_default(),
-                search_path: r.get::<String>(15)?.unwrap_or_default(),
-                handler_dropped: r.get::<bool>(16)?.unwrap_or(false)
-                    && r.get::<String>(8)?.is_none(),
-                tables: JobTables::of(r.get::<i64>(17)?.unwrap_or_default()),
-                tables_present: r.get::<bool>(18)?.unwrap_or(false),
-                parallel: r.get::<bool>(19)?.unwrap_or(false),
-                target_present: r.get::<bool>(22)?.unwrap_or(false),
-                handler_oid: r.get::<pg_sys::Oid>(23)?,
-                record_before: r.get::<bool>(24)?.unwrap_or(false),
-                set_from_items: r.get::<Vec<String>>(25)?.unwrap_or_default(),
-            })
-        })
+        let Some(r) = query::row(sql::JOB_DEFINITION, &[job_id.into()], JobRow::read)? else {
+            return Ok(None);
+        };
+        Ok(Some(Definition {
+            job_id: job_id.to_string(),
+            tenant: r.tenant.zip(r.tenant_column),
+            target: r.target,
+            key: JobKey::of(r.key_columns),
+            guard: Guard::stored(&r.guard, r.revision_column.as_deref()),
+            on_drift: OnDrift::parse(&r.on_drift)?,
+            chunk_size: r.chunk_size,
+            set_values: r.set_values.map(|t| parse_object(&t)),
+            handler_dropped: r.has_handler && r.handler.is_none(),
+            handler: r.handler,
+            expect: r.expect.map(|t| parse_object(&t)).unwrap_or_default(),
+            guard_columns: r.guard_columns,
+            item_count: r.item_count,
+            registered_by: r.registered_by,
+            fingerprint: r.fingerprint,
+            target_name: r.target_name,
+            search_path: r.search_path,
+            tables: JobTables::of(r.job_number),
+            tables_present: r.tables_present,
+            parallel: r.parallel,
+            target_present: r.target_present,
+            handler_oid: r.handler_oid,
+            record_before: r.record_before,
+            set_from_items: r.set_from_items,
+        }))
     }
 
     /// What the job approved besides its items, in normal form.

@@ -58,11 +58,15 @@ pub fn report(job_id: &str) -> Result<Report> {
 fn left_out(job_id: &str) -> Result<VecDeque<ReportRow>> {
     let rows = as_owner(|| {
         query::rows(sql::LEFT_OUT, &[job_id.into()], 0, |r| {
-            let because = r.get::<String>(2)?.unwrap_or_default();
+            let LeftOut {
+                item_key,
+                state: because,
+                approved_again_as,
+            } = LeftOut::read(r)?;
             Ok(ReportRow {
                 position: None,
-                item_key: r.get::<String>(1)?.unwrap_or_default(),
-                state: match r.get::<String>(3)? {
+                item_key,
+                state: match approved_again_as {
                     Some(again) => format!("left out, {because}; approved again as job {again}"),
                     None => format!("left out, {because}"),
                 },
@@ -72,6 +76,16 @@ fn left_out(job_id: &str) -> Result<VecDeque<ReportRow>> {
         })
     })?;
     Ok(rows.into())
+}
+
+query::row_reader! {
+    /// An item left out, as LEFT_OUT reads it from etc_batch.job_left_out.
+    struct LeftOut {
+        item_key: String = String::new(),
+        /// Why it was left out.
+        state: String = String::new(),
+        approved_again_as: Option<String>,
+    }
 }
 
 /// A job's definition, read as the owner, once the caller is found to be one who may
@@ -155,6 +169,19 @@ pub struct Summary {
     pub failure_message: Option<String>,
 }
 
+query::row_reader! {
+    /// A job's row as JOB_SUMMARY reads it.
+    struct SummaryRow {
+        status: String = String::new(),
+        approved: i32 = 0,
+        committed: i32 = 0,
+        parallel: bool = false,
+        failed_at: Option<TimestampWithTimeZone>,
+        failure_sqlstate: Option<String>,
+        failure_message: Option<String>,
+    }
+}
+
 /// The job's status and its items counted by state: the report's rows counted where
 /// they are read, and what the job's row says, read as the owner. Both statements run
 /// in the snapshot of the query that called job_summary, so they see one state.
@@ -164,14 +191,15 @@ pub fn summary(job_id: &str) -> Result<Summary> {
     query::in_callers_snapshot(|| {
         let job = as_owner(|| {
             query::row(sql::JOB_SUMMARY, &[job_id.into()], |r| {
+                let r = SummaryRow::read(r)?;
                 Ok(Summary {
-                    status: r.get::<String>(1)?.unwrap_or_default(),
-                    approved: r.get::<i32>(2)?.unwrap_or(0),
-                    committed: r.get::<i32>(3)?.unwrap_or(0),
-                    parallel: r.get::<bool>(4)?.unwrap_or(false),
-                    failed_at: r.get::<TimestampWithTimeZone>(5)?,
-                    failure_sqlstate: r.get::<String>(6)?,
-                    failure_message: r.get::<String>(7)?,
+                    status: r.status,
+                    approved: r.approved,
+                    committed: r.committed,
+                    parallel: r.parallel,
+                    failed_at: r.failed_at,
+                    failure_sqlstate: r.failure_sqlstate,
+                    failure_message: r.failure_message,
                     ..Summary::default()
                 })
             })
@@ -203,6 +231,18 @@ pub struct Check {
     pub detail: String,
 }
 
+query::row_reader! {
+    /// A job's checkpoint and its changes made outside etc_batch, as JOB_CHECKPOINT
+    /// reads them.
+    #[derive(Default)]
+    struct Checkpoint {
+        status: String = String::new(),
+        next_index: i32 = 0,
+        audit_changes: i64 = 0,
+        item_changes: i64 = 0,
+    }
+}
+
 /// The full check: every audit row against every approved item, the counts, the
 /// fingerprint of the frozen list. A pending job that fails it becomes corrupt.
 pub fn verify(job_id: &str) -> Result<Vec<Check>> {
@@ -210,15 +250,12 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
     as_owner(|| {
         let def = Definition::load(job_id)?
             .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
-        let (status, next_index, audit_changes, item_changes) =
-            query::row(sql::JOB_CHECKPOINT, &[job_id.into()], |r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<i32>(2)?.unwrap_or(0),
-                    r.get::<i64>(3)?.unwrap_or(0),
-                    r.get::<i64>(4)?.unwrap_or(0),
-                ))
-            })?
+        let Checkpoint {
+            status,
+            next_index,
+            audit_changes,
+            item_changes,
+        } = query::row(sql::JOB_CHECKPOINT, &[job_id.into()], Checkpoint::read)?
             .unwrap_or_default();
         let p = Progress {
             next_index,
@@ -294,16 +331,14 @@ fn verify_checkpoint(
             )
         }),
     );
-    let (items, audits, beyond) = query::row(
+    let FullCounts {
+        items,
+        audits,
+        beyond,
+    } = query::row(
         &def.tables.sql(sql::FULL_COUNTS),
         &[next_index.into()],
-        |r| {
-            Ok((
-                r.get::<i64>(1)?.unwrap_or(0),
-                r.get::<i64>(2)?.unwrap_or(0),
-                r.get::<i64>(3)?.unwrap_or(0),
-            ))
-        },
+        FullCounts::read,
     )?
     .unwrap_or_default();
     approval(def, items, fingerprint_ok, check);
@@ -321,6 +356,17 @@ fn verify_checkpoint(
     Ok(())
 }
 
+query::row_reader! {
+    /// A sequential job's records counted, as FULL_COUNTS reads them.
+    #[derive(Default)]
+    struct FullCounts {
+        items: i64 = 0,
+        audits: i64 = 0,
+        /// Audit rows at or beyond the checkpoint.
+        beyond: i64 = 0,
+    }
+}
+
 /// The check that every item committed has its audit row: `problems`, what is not so.
 fn items_audited(
     check: &mut impl FnMut(&'static str, bool, String),
@@ -335,6 +381,18 @@ fn items_audited(
     );
 }
 
+query::row_reader! {
+    /// A parallel job's records counted, as PARALLEL_COUNTS reads them.
+    struct ParallelCounts {
+        items: i64 = 0,
+        audits: i64 = 0,
+        /// Audit rows in chunks not committed.
+        outside: i64 = 0,
+        /// The items of the committed chunks.
+        committed_items: i64 = 0,
+    }
+}
+
 /// A parallel job's checks: a sealed row for every chunk, the approved items all there,
 /// an audit row for every item of a committed chunk and none in any other.
 fn verify_chunks(
@@ -342,21 +400,17 @@ fn verify_chunks(
     fingerprint_ok: bool,
     check: &mut impl FnMut(&'static str, bool, String),
 ) -> Result<()> {
-    let counts = query::row(
+    let ParallelCounts {
+        items,
+        audits,
+        outside,
+        committed_items,
+    } = query::row(
         &def.tables.sql(sql::PARALLEL_COUNTS),
         &[def.chunk_size.into(), def.item_count.into()],
-        |r| {
-            (1..=4)
-                .map(|n| Ok(r.get::<i64>(n)?.unwrap_or(0)))
-                .collect::<Result<Vec<i64>>>()
-        },
+        ParallelCounts::read,
     )?
-    .unwrap_or_default();
-    let [items, audits, outside, committed_items] = counts[..] else {
-        return Err(BatchError::Internal(
-            "the chunk counts did not come back".into(),
-        ));
-    };
+    .ok_or_else(|| BatchError::Internal("the chunk counts did not come back".into()))?;
     let claim::ChunkRows {
         rows,
         committed,
@@ -382,13 +436,7 @@ fn verify_chunks(
         &def.tables.sql(sql::PARALLEL_AUDIT_MISSING),
         &[def.chunk_size.into(), 20_i64.into()],
         0,
-        |r| {
-            Ok(format!(
-                "The audit row of position {} (key {}) is missing.",
-                r.get::<i32>(1)?.unwrap_or(0),
-                r.get::<String>(2)?.unwrap_or_default()
-            ))
-        },
+        |r| Ok(Positioned::read(r)?.missing()),
     )?;
     items_audited(
         check,
@@ -426,6 +474,26 @@ fn approval(
     );
 }
 
+query::row_reader! {
+    /// A position and the key approved there (None: none is), as AUDIT_BEYOND,
+    /// AUDIT_MISSING and PARALLEL_AUDIT_MISSING read them.
+    struct Positioned {
+        position: i32 = 0,
+        item_key: Option<String>,
+    }
+}
+
+impl Positioned {
+    /// The problem of an approved item without its audit row.
+    fn missing(self) -> String {
+        format!(
+            "The audit row of position {} (key {}) is missing.",
+            self.position,
+            self.item_key.unwrap_or_default()
+        )
+    }
+}
+
 /// Disagreements between the audit and the approved list: approved items of positions
 /// [from, next_index) without their audit row, at most `limit` of them, and any audit
 /// row at or beyond next_index.
@@ -440,11 +508,11 @@ pub fn audit_problems(
         query::row(
             &tables.sql(sql::AUDIT_BEYOND),
             &[p.next_index.into()],
-            |r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?)),
+            Positioned::read,
         )
     })?;
-    if let Some((position, key)) = beyond {
-        let approved = match key {
+    if let Some(Positioned { position, item_key }) = beyond {
+        let approved = match item_key {
             Some(key) => format!("for key {key}"),
             None => "where no item is approved".to_string(),
         };
@@ -459,13 +527,7 @@ pub fn audit_problems(
             &tables.sql(sql::AUDIT_MISSING),
             &args,
             0,
-            |r| {
-                Ok(format!(
-                    "The audit row of position {} (key {}) is missing.",
-                    r.get::<i32>(1)?.unwrap_or(0),
-                    r.get::<String>(2)?.unwrap_or_default()
-                ))
-            },
+            |r| Ok(Positioned::read(r)?.missing()),
         )?);
     }
     Ok(problems)

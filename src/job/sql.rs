@@ -12,25 +12,28 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(
 
 /// A job as registered: what it changes and how. Never changes after registration.
 pub const JOB_DEFINITION: &str = "\
-SELECT j.tenant, j.target::pg_catalog.oid, j.key_columns::pg_catalog.text[],
-       j.tenant_column::pg_catalog.text, j.revision_column::pg_catalog.text, j.chunk_size,
-       j.set_values::pg_catalog.text,
+SELECT j.tenant, j.target::pg_catalog.oid AS target, j.key_columns::pg_catalog.text[] AS key_columns,
+       j.tenant_column::pg_catalog.text AS tenant_column,
+       j.revision_column::pg_catalog.text AS revision_column, j.chunk_size,
+       j.set_values::pg_catalog.text AS set_values,
        (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
                OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname)
           FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid),
-       j.expect::pg_catalog.text, j.guard_columns, j.item_count,
-       j.registered_by::pg_catalog.oid, j.fingerprint, j.target_name,
-       j.search_path, j.handler IS NOT NULL, j.job_number,
+         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid) AS handler,
+       j.expect::pg_catalog.text AS expect, j.guard_columns, j.item_count,
+       j.registered_by::pg_catalog.oid AS registered_by, j.fingerprint, j.target_name,
+       j.search_path, j.handler IS NOT NULL AS has_handler, j.job_number,
        pg_catalog.to_regclass('etc_batch.job_item_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND pg_catalog.to_regclass('etc_batch.job_audit_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL
        AND (NOT j.parallel
-            OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL),
+            OR pg_catalog.to_regclass('etc_batch.job_chunk_' OPERATOR(pg_catalog.||) j.job_number) IS NOT NULL)
+         AS tables_present,
        j.parallel, j.guard, j.on_drift,
-       EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid),
-       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid,
-       j.record_before, j.set_from_items::pg_catalog.text[]
+       EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid)
+         AS target_present,
+       pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid AS handler_oid,
+       j.record_before, j.set_from_items::pg_catalog.text[] AS set_from_items
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -162,31 +165,31 @@ VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
 /// The frozen list in key order, to compare and fingerprint it a batch at a time: its
 /// chunk rows in order, each unfolded in order (a sort within each chunk's row only).
 pub const STORED_ITEMS: &str = "\
-SELECT u.item_key, u.revision, u.guards::pg_catalog.text
+SELECT u.item_key, u.revision, u.guards::pg_catalog.text AS guards
   FROM {item_chunks} c,
        etc_batch.chunk_items(c.first_position, c.keys, c.revisions, c.guards) u
  ORDER BY c.first_position, u.position";
 
 /// Counts that the full check compares with the checkpoint. $1 next_index.
 pub const FULL_COUNTS: &str = "\
-SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
+SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8 AS items,
+       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8 AS audits,
        (SELECT pg_catalog.count(*) FROM {audit} a
-         WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8";
+         WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8 AS beyond";
 
 /// A parallel job's records counted, for verify_job: approved items, audit rows, audit
 /// rows inside chunks not committed, and the items of the committed chunks (its chunk
 /// rows are counted by claim::chunk_rows). $1 chunk size, $2 item count.
 pub const PARALLEL_COUNTS: &str = "\
-SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8,
-       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8,
+SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8 AS items,
+       (SELECT pg_catalog.count(*) FROM {audit} a)::pg_catalog.int8 AS audits,
        (SELECT pg_catalog.count(*) FROM {audit} a
           LEFT JOIN {chunks} c
             ON c.chunk OPERATOR(pg_catalog.=) ((a.position OPERATOR(pg_catalog./) $1) OPERATOR(pg_catalog.+) 1)
-         WHERE c.committed IS NOT TRUE)::pg_catalog.int8,
+         WHERE c.committed IS NOT TRUE)::pg_catalog.int8 AS outside,
        (SELECT COALESCE(pg_catalog.sum(LEAST($1, $2 OPERATOR(pg_catalog.-)
                   ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) $1))), 0)
-          FROM {chunks} c WHERE c.committed)::pg_catalog.int8";
+          FROM {chunks} c WHERE c.committed)::pg_catalog.int8 AS committed_items";
 
 /// The approved items of a parallel job's committed chunks that have no audit row, at
 /// most $2. $1 chunk size.
@@ -496,14 +499,14 @@ SELECT EXISTS (
 /// What job_summary says of a job from its row (and a parallel job's committed chunks),
 /// read as the owner. $1 job.
 pub const JOB_SUMMARY: &str = "\
-SELECT j.status, j.item_count,
+SELECT j.status, j.item_count AS approved,
        -- a parallel job's committed items are those of its committed chunks
        CASE WHEN j.parallel THEN (
             SELECT COALESCE(pg_catalog.sum(LEAST(j.chunk_size, j.item_count OPERATOR(pg_catalog.-)
                        ((c.chunk OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) j.chunk_size))), 0)::pg_catalog.int4
               FROM etc_batch.job_chunk c
              WHERE c.job_id OPERATOR(pg_catalog.=) $1 AND c.committed)
-            ELSE j.next_index END,
+            ELSE j.next_index END AS committed,
        j.parallel, j.failed_at, j.failure_sqlstate, j.failure_message
   FROM etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 

@@ -50,24 +50,26 @@ impl Fence {
     /// unexpired; on success the lease row stays locked FOR SHARE until the transaction
     /// ends. Run as the extension's owner.
     pub fn check(&self) -> Result<()> {
-        let row = query::row(sql::LOCK_LEASE, &[self.name.clone().into()], |r| {
-            Ok((
-                r.get::<String>(1)?.unwrap_or_default(),
-                r.get::<i64>(2)?.unwrap_or_default(),
-                r.get::<bool>(3)?.unwrap_or(false),
-            ))
-        })?;
+        let row = query::row(sql::LOCK_LEASE, &[self.name.clone().into()], Held::read)?;
         let detail = match row {
             None => format!("No lease named \"{}\" exists.", self.name),
-            Some((holder, generation, live))
-                if holder == self.holder && generation == self.generation && live =>
-            {
-                return Ok(())
-            }
-            Some((holder, generation, true)) => {
+            Some(Held {
+                holder,
+                generation,
+                live,
+            }) if holder == self.holder && generation == self.generation && live => return Ok(()),
+            Some(Held {
+                holder,
+                generation,
+                live: true,
+            }) => {
                 format!("It is held by \"{holder}\" at generation {generation}, unexpired.")
             }
-            Some((holder, generation, false)) => {
+            Some(Held {
+                holder,
+                generation,
+                live: false,
+            }) => {
                 format!(
                     "It has expired; its last holder was \"{holder}\" at generation {generation}."
                 )
@@ -95,12 +97,23 @@ pub struct Acquired {
     pub expires_at: pgrx::datum::TimestampWithTimeZone,
 }
 
-fn lease_row(r: &query::Row) -> Result<(String, i64, Option<pgrx::datum::TimestampWithTimeZone>)> {
-    Ok((
-        r.get::<String>(1)?.unwrap_or_default(),
-        r.get::<i64>(2)?.unwrap_or_default(),
-        r.get(3)?,
-    ))
+query::row_reader! {
+    /// A lease's row as ACQUIRE and CURRENT read it.
+    struct Lease {
+        holder: String = String::new(),
+        generation: i64 = 0,
+        expires_at: Option<pgrx::datum::TimestampWithTimeZone>,
+    }
+}
+
+query::row_reader! {
+    /// A lease's row as the fence (LOCK_LEASE) reads it.
+    struct Held {
+        holder: String = String::new(),
+        generation: i64 = 0,
+        /// Whether it is unexpired.
+        live: bool = false,
+    }
 }
 
 /// Takes or renews a lease, or reports who holds it.
@@ -120,16 +133,20 @@ pub fn acquire(name: &str, holder: &str, ttl: pgrx::datum::Interval) -> Result<A
             ttl.into(),
             clock_timestamp().into(),
         ];
-        let (acquired, row) = match query::row(sql::ACQUIRE, &args, lease_row)? {
+        let (acquired, row) = match query::row(sql::ACQUIRE, &args, Lease::read)? {
             Some(row) => (true, row),
             None => (
                 false,
-                query::row(sql::CURRENT, &[name.into()], lease_row)?.ok_or_else(|| {
+                query::row(sql::CURRENT, &[name.into()], Lease::read)?.ok_or_else(|| {
                     BatchError::Internal(format!("lease \"{name}\" vanished while it was locked"))
                 })?,
             ),
         };
-        let (holder, generation, expires_at) = row;
+        let Lease {
+            holder,
+            generation,
+            expires_at,
+        } = row;
         Ok(Acquired {
             acquired,
             holder,
@@ -154,10 +171,16 @@ pub fn release(name: &str, holder: &str) -> Result<bool> {
         {
             return Ok(true);
         }
-        match query::row(sql::CURRENT, &[name.into()], lease_row)? {
+        match query::row(sql::CURRENT, &[name.into()], Lease::read)? {
             None => Err(BatchError::UnknownLease { name: name.into() }),
-            Some((current, _, _)) if current == holder => Ok(false),
-            Some((current, generation, _)) => Err(BatchError::LeaseNotHeld {
+            Some(Lease {
+                holder: current, ..
+            }) if current == holder => Ok(false),
+            Some(Lease {
+                holder: current,
+                generation,
+                ..
+            }) => Err(BatchError::LeaseNotHeld {
                 name: name.into(),
                 holder: holder.into(),
                 detail: format!(

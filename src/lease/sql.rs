@@ -43,7 +43,7 @@ RETURNING generation";
 /// The fence: the lease row, locked FOR SHARE so that nobody takes it over before the
 /// transaction that checked it ends. $1 name.
 pub const LOCK_LEASE: &str = "\
-SELECT l.holder, l.generation, l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+SELECT l.holder, l.generation, l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() AS live
   FROM etc_batch.lease l
  WHERE l.name OPERATOR(pg_catalog.=) $1
    FOR SHARE";

@@ -10,7 +10,7 @@ use crate::job::rules::key::KeyOrder;
 use crate::job::sql;
 use crate::memory::Scratch;
 use crate::own_rows::{Columns, RowWriter};
-use crate::query::{Cursor, Row};
+use crate::query::{self, Cursor, Row};
 use crate::roles::as_role;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
@@ -217,33 +217,57 @@ impl ItemCursor {
     }
 }
 
+query::row_reader! {
+    /// An item as every statement an ItemCursor reads returns it: its key as text, its
+    /// revision and its guards as jsonb text.
+    struct ItemRow {
+        item_key: Option<String>,
+        revision: Option<i64>,
+        guards: Option<String>,
+    }
+}
+
+query::row_reader! {
+    /// What the statements of a key PostgreSQL orders add to an item: the key's rank in
+    /// that order, and whether the item names no row.
+    struct Ranked {
+        rank: i64 = 0,
+        names_no_row: Option<bool>,
+    }
+}
+
 impl ReadAs {
     fn settings<R>(self, work: impl FnOnce() -> R) -> R {
         crate::settings::stable_output_if(self.stable_output, work)
     }
 
     fn item(self, row: &Row) -> Result<Item> {
-        let key = row.get::<String>(1)?.ok_or_else(|| {
+        let ItemRow {
+            item_key,
+            revision,
+            guards,
+        } = ItemRow::read(row)?;
+        let key = item_key.ok_or_else(|| {
             BatchError::invalid_because(
                 "items_query returned an item without a key",
                 "Every row names its item by the key column, which must not be NULL.",
             )
         })?;
-        let revision = row.get::<i64>(2)?;
-        let guards = match row.get::<String>(3)? {
+        let guards = match guards {
             Some(text) => Guards::read(&text),
             None => Guards::default(),
         };
         let key = match self.order {
             KeyOrder::Here(_) => Key::from_text(self.order, &key),
             KeyOrder::Sql => {
-                if row.get::<bool>(5)? == Some(true) {
+                let Ranked { rank, names_no_row } = Ranked::read(row)?;
+                if names_no_row == Some(true) {
                     return Err(BatchError::invalid_because(
                         format!("item {key} names no row of the target"),
                         "A job guarded by a digest of the row takes each item's digest when it is registered, and one that records the values before its change reads them then, from the row the item names now.",
                     ));
                 }
-                Key::ranked(row.get::<i64>(4)?.unwrap_or_default(), key)
+                Key::ranked(rank, key)
             }
         };
         let revision = revision.ok_or_else(|| {

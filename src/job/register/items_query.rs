@@ -120,7 +120,7 @@ impl ItemsQuery {
     pub fn ordered_sql(&self) -> String {
         let collate = self.collate;
         format!(
-            "SELECT s.k::pg_catalog.text, s.r, s.g::pg_catalog.text\n  FROM (SELECT {} AS k, {} AS r, {} AS g\n          FROM (\n{}\n) q) s\n ORDER BY s.k{collate}",
+            "SELECT s.k::pg_catalog.text AS item_key, s.r AS revision, s.g::pg_catalog.text AS guards\n  FROM (SELECT {} AS k, {} AS r, {} AS g\n          FROM (\n{}\n) q) s\n ORDER BY s.k{collate}",
             self.key_parts[0], self.revision, self.guards, self.statement,
         )
     }

@@ -156,7 +156,8 @@ impl SqlOrder<'_> {
                 )
             };
             format!(
-                "SELECT {}, {}, {guards}, pg_catalog.dense_rank() OVER (ORDER BY {order}), t IS NULL\n  \
+                "SELECT {} AS item_key, {} AS revision, {guards} AS guards, \
+                 pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank, t IS NULL AS names_no_row\n  \
                  FROM {source}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
                 self.canonical("s.k"),
                 if by_digest { s.guard_now() } else { "s.r".to_string() },
@@ -165,7 +166,8 @@ impl SqlOrder<'_> {
             )
         } else {
             format!(
-                "SELECT {}, s.r, s.g, pg_catalog.dense_rank() OVER (ORDER BY {order}), false\n  \
+                "SELECT {} AS item_key, s.r AS revision, s.g AS guards, \
+                 pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank, false AS names_no_row\n  \
                  FROM {source}\n ORDER BY {order}",
                 self.canonical("s.k"),
             )
@@ -194,7 +196,8 @@ impl SqlOrder<'_> {
         };
         let side = |which: i32| {
             format!(
-                "SELECT r.k, r.r, r.g, r.rank, false FROM (\n\
+                "SELECT r.k AS item_key, r.r AS revision, r.g AS guards, r.rank, \
+                 false AS names_no_row FROM (\n\
                    SELECT {canonical} AS k, u.r, u.g, u.side,\n\
                           pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank\n\
                      FROM (SELECT i.item_key, i.revision, {stored_guards}, 0\n\
