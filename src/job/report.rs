@@ -119,6 +119,28 @@ pub struct Report {
     left_out: VecDeque<ReportRow>,
 }
 
+query::row_reader! {
+    /// An item's state, as Target::report_sql gives it.
+    struct ItemState {
+        position: Option<i32>,
+        item_key: String = String::new(),
+        state: String = String::new(),
+        revision_committed: Option<i64>,
+        revision_now: Option<i64>,
+    }
+}
+
+query::row_reader! {
+    /// The job's items counted by state, as Target::counts_sql gives them.
+    struct Counts {
+        unprocessed: i32 = 0,
+        matching: i32 = 0,
+        drifted: i32 = 0,
+        missing: i32 = 0,
+        skipped: i32 = 0,
+    }
+}
+
 impl Iterator for Report {
     type Item = ReportRow;
 
@@ -129,12 +151,13 @@ impl Iterator for Report {
             };
             let rows = crate::settings::stable_output_if(self.stable_output, || {
                 cursor.fetch(BATCH as i64, |r| {
+                    let row = ItemState::read(r)?;
                     Ok(ReportRow {
-                        position: r.get::<i32>(1)?,
-                        item_key: r.get::<String>(2)?.unwrap_or_default(),
-                        state: r.get::<String>(3)?.unwrap_or_default(),
-                        revision_committed: r.get::<i64>(4)?,
-                        revision_now: r.get::<i64>(5)?,
+                        position: row.position,
+                        item_key: row.item_key,
+                        state: row.state,
+                        revision_committed: row.revision_committed,
+                        revision_now: row.revision_now,
                     })
                 })
             })
@@ -210,12 +233,13 @@ pub fn summary(job_id: &str) -> Result<Summary> {
                 &target.counts_sql(&def.set(), &through),
                 &[job_id.into(), def.tenant_value().into()],
                 |r| {
+                    let counts = Counts::read(r)?;
                     Ok(Summary {
-                        unprocessed: r.get::<i32>(1)?.unwrap_or(0),
-                        matching: r.get::<i32>(2)?.unwrap_or(0),
-                        drifted: r.get::<i32>(3)?.unwrap_or(0),
-                        missing: r.get::<i32>(4)?.unwrap_or(0),
-                        skipped: r.get::<i32>(5)?.unwrap_or(0),
+                        unprocessed: counts.unprocessed,
+                        matching: counts.matching,
+                        drifted: counts.drifted,
+                        missing: counts.missing,
+                        skipped: counts.skipped,
                         ..job
                     })
                 },

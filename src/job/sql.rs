@@ -302,7 +302,7 @@ UPDATE etc_batch.job
 /// The items of a job it did not change: without an audit row, or skipped; in position
 /// order: position, key, revision, guards.
 pub const REMAINING_ITEMS: &str = "\
-SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text
+SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text AS guards
   FROM {items} i
   LEFT JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
  WHERE a.position IS NULL OR a.skipped
@@ -312,8 +312,8 @@ SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text
 /// the revision (or row digest) the change left, and the guards less the columns $1
 /// (those whose values the change replaced).
 pub const COMMITTED_ITEMS: &str = "\
-SELECT i.position, i.item_key, a.revision_after,
-       (i.guards OPERATOR(pg_catalog.-) $1::pg_catalog.text[])::pg_catalog.text
+SELECT i.position, i.item_key, a.revision_after AS revision,
+       (i.guards OPERATOR(pg_catalog.-) $1::pg_catalog.text[])::pg_catalog.text AS guards
   FROM {items} i
   JOIN {audit} a ON a.position OPERATOR(pg_catalog.=) i.position
  WHERE NOT a.skipped
@@ -358,7 +358,7 @@ SELECT $1, u.p, u.k, u.s
 /// The items of a job that its remainder $1 left out as drifted and that no later call
 /// approved again, as REMAINING_ITEMS lists them. `{items}` the job's.
 pub const LEFT_OUT_DRIFTED: &str = "\
-SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text
+SELECT i.position, i.item_key, i.revision, i.guards::pg_catalog.text AS guards
   FROM {items} i
   JOIN etc_batch.job_left_out o ON o.\"position\" OPERATOR(pg_catalog.=) i.position
  WHERE o.job_id OPERATOR(pg_catalog.=) $1 AND o.state OPERATOR(pg_catalog.=) 'drifted'
@@ -399,12 +399,12 @@ SELECT CASE WHEN j.status OPERATOR(pg_catalog.=) 'continued' THEN j.continued_as
 /// $1 the function.
 pub const HANDLER: &str = "\
 SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname),
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.proname) AS name,
        p.prokind OPERATOR(pg_catalog.=) 'f'
        AND p.pronargs OPERATOR(pg_catalog.=) 1
        AND p.proargtypes[0] OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
        AND p.prorettype OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
-       AND NOT p.proretset
+       AND NOT p.proretset AS takes_and_returns_jsonb
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
  WHERE p.oid OPERATOR(pg_catalog.=) $1";
@@ -413,18 +413,18 @@ SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
 /// assigns it may not UPDATE; EXECUTE the handler (true when there is none). $1 the
 /// target, $2 the handler or NULL, $3 the columns assigned.
 pub const PRIVILEGES: &str = "\
-SELECT pg_catalog.has_table_privilege($1, 'SELECT'),
+SELECT pg_catalog.has_table_privilege($1, 'SELECT') AS may_select,
        ARRAY(SELECT c FROM pg_catalog.unnest($3::pg_catalog.text[]) AS c
-              WHERE NOT pg_catalog.has_column_privilege($1, c, 'UPDATE')),
-       $2::pg_catalog.oid IS NULL
-       OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')";
+              WHERE NOT pg_catalog.has_column_privilege($1, c, 'UPDATE')) AS not_updatable,
+       ($2::pg_catalog.oid IS NULL
+        OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')) AS may_execute";
 
 /// A job's target: its kind, its quoted name, and its name as regclass prints it.
 pub const RELATION: &str = "\
-SELECT c.relkind::pg_catalog.text,
+SELECT c.relkind::pg_catalog.text AS kind,
        pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname),
-       c.oid::pg_catalog.regclass::pg_catalog.text
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) AS sql_name,
+       c.oid::pg_catalog.regclass::pg_catalog.text AS display
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
  WHERE c.oid OPERATOR(pg_catalog.=) $1";
@@ -444,15 +444,16 @@ WITH RECURSIVE base(attnum, typ, basetype) AS (
   SELECT b.attnum, t.oid, t.typbasetype
     FROM base b JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) b.basetype
    WHERE b.basetype OPERATOR(pg_catalog.<>) 0)
-SELECT a.attname::pg_catalog.text, bt.typname::pg_catalog.text,
+SELECT a.attname::pg_catalog.text AS name, bt.typname::pg_catalog.text AS type_name,
        pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.'
-         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname),
-       a.atttypid,
-       bt.typcollation OPERATOR(pg_catalog.<>) 0,
+         OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname) AS sql_type,
+       a.atttypid AS type_oid,
+       bt.typcollation OPERATOR(pg_catalog.<>) 0 AS collatable,
        a.attcollation OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog.\"C\"'::pg_catalog.regcollation,
-                                                   'pg_catalog.\"POSIX\"'::pg_catalog.regcollation]::pg_catalog.oid[]),
-       a.attgenerated OPERATOR(pg_catalog.<>) '',
-       a.attnotnull
+                                                   'pg_catalog.\"POSIX\"'::pg_catalog.regcollation]::pg_catalog.oid[])
+         AS byte_ordered,
+       a.attgenerated OPERATOR(pg_catalog.<>) '' AS generated,
+       a.attnotnull AS not_null
   FROM pg_catalog.pg_attribute a
   JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
   JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace
@@ -464,7 +465,7 @@ SELECT a.attname::pg_catalog.text, bt.typname::pg_catalog.text,
 
 /// The CHECK constraints of table $1 on its column $2 alone: name, expression.
 pub const COLUMN_CHECKS: &str = "\
-SELECT c.conname::pg_catalog.text, pg_catalog.pg_get_expr(c.conbin, c.conrelid)
+SELECT c.conname::pg_catalog.text AS name, pg_catalog.pg_get_expr(c.conbin, c.conrelid) AS expression
   FROM pg_catalog.pg_constraint c
   JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.conrelid
                                 AND a.attname OPERATOR(pg_catalog.=) $2::pg_catalog.name

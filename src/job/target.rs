@@ -27,18 +27,38 @@ pub struct Target {
     pub shape: Shape,
 }
 
+query::row_reader! {
+    /// A relation as RELATION reads it.
+    struct Relation {
+        kind: String = String::new(),
+        sql_name: String = String::new(),
+        display: String = String::new(),
+    }
+}
+
+query::row_reader! {
+    /// A column as COLUMNS reads it.
+    struct CatalogColumn {
+        name: String = String::new(),
+        type_name: String = String::new(),
+        sql_type: String = String::new(),
+        type_oid: pg_sys::Oid = pg_sys::Oid::INVALID,
+        collatable: bool = false,
+        byte_ordered: bool = false,
+        generated: bool = false,
+        not_null: bool = false,
+    }
+}
+
 /// The target's columns as the catalog describes them, before roles are given to them.
 pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
-    let (kind, sql_name, display) = query::row(RELATION, &[oid.into()], |r| {
-        Ok((
-            r.get::<String>(1)?,
-            r.get::<String>(2)?,
-            r.get::<String>(3)?,
-        ))
-    })?
-    .ok_or_else(|| BatchError::UnknownRelation { oid: oid.to_u32() })?;
-    let (sql_name, display) = (sql_name.unwrap_or_default(), display.unwrap_or_default());
-    if !matches!(kind.as_deref(), Some("r") | Some("p")) {
+    let Relation {
+        kind,
+        sql_name,
+        display,
+    } = query::row(RELATION, &[oid.into()], Relation::read)?
+        .ok_or_else(|| BatchError::UnknownRelation { oid: oid.to_u32() })?;
+    if !matches!(kind.as_str(), "r" | "p") {
         return Err(BatchError::invalid_because(
             format!("target \"{display}\" is not a table"),
             "A job changes rows of a table or a partitioned table.",
@@ -46,24 +66,22 @@ pub fn columns_of(oid: pg_sys::Oid) -> Result<(String, String, Columns)> {
     }
     let mut position = 0;
     let columns = query::rows(COLUMNS, &[oid.into()], 0, |r| {
-        let name = r.get::<String>(1)?.unwrap_or_default();
-        let type_name = r.get::<String>(2)?.unwrap_or_default();
-        let type_oid = r.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::Oid::INVALID);
+        let c = CatalogColumn::read(r)?;
         position += 1;
         Ok((
-            name.clone(),
+            c.name.clone(),
             Column {
-                kind: Kind::for_type(&type_name),
-                name,
-                type_name,
-                sql_type: r.get::<String>(3)?.unwrap_or_default(),
-                type_oid,
-                collatable: r.get::<bool>(5)?.unwrap_or(false),
-                byte_ordered: r.get::<bool>(6)?.unwrap_or(false),
-                generated: r.get::<bool>(7)?.unwrap_or(false),
-                not_null: r.get::<bool>(8)?.unwrap_or(false),
+                kind: Kind::for_type(&c.type_name),
+                name: c.name,
+                type_name: c.type_name,
+                sql_type: c.sql_type,
+                type_oid: c.type_oid,
+                collatable: c.collatable,
+                byte_ordered: c.byte_ordered,
+                generated: c.generated,
+                not_null: c.not_null,
                 position: position - 1,
-                hash: hash_by(type_oid),
+                hash: hash_by(c.type_oid),
             },
         ))
     })?;
@@ -351,7 +369,7 @@ impl Target {
     pub fn counts_sql(&self, set: &Set, through: &Through) -> String {
         let count = |state: &str| {
             format!(
-                "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4"
+                "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4 AS {state}"
             )
         };
         format!(
@@ -407,7 +425,8 @@ impl Target {
             WHEN {present} IS NULL THEN 'missing'
             WHEN {matching} THEN 'matching'
             ELSE 'drifted' END AS state,
-       a.revision_after, CASE WHEN {present} IS NOT NULL THEN {} END
+       a.revision_after AS revision_committed,
+       CASE WHEN {present} IS NOT NULL THEN {} END AS revision_now
   FROM {} i
   LEFT JOIN {} a
     ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position

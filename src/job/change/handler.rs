@@ -43,12 +43,16 @@ pub(crate) fn name(handler: pg_sys::Oid) -> Result<String> {
 }
 
 fn signature(handler: pg_sys::Oid) -> Result<String> {
-    let row = query::row(sql::HANDLER, &[handler.into()], |r| {
-        Ok((r.get::<String>(1)?, r.get::<bool>(2)?))
-    })?;
-    match row {
-        Some((Some(name), Some(true))) => Ok(name),
-        Some((Some(name), _)) => Err(BatchError::invalid_because(
+    query::row_reader! {
+        struct Function {
+            name: Option<String>,
+            takes_and_returns_jsonb: bool = false,
+        }
+    }
+    let row = query::row(sql::HANDLER, &[handler.into()], Function::read)?;
+    match row.map(|f| (f.name, f.takes_and_returns_jsonb)) {
+        Some((Some(name), true)) => Ok(name),
+        Some((Some(name), false)) => Err(BatchError::invalid_because(
             format!("handler {name} must take one jsonb argument and return jsonb"),
             "It is called once per item with the item as jsonb, and returns the new state of the row, or NULL for a conflict.",
         )),
@@ -89,7 +93,7 @@ pub(crate) fn chunk_sql(target: &Target, items: &str, chunk_size: i32, handler: 
     }
     format!(
         "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}) \
-         OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text, it.item_key\n  FROM {}\n ORDER BY it.position",
+         OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text AS result, it.item_key\n  FROM {}\n ORDER BY it.position",
         fields.join(", "),
         Target::chunk_items(items, chunk_size),
     )
@@ -98,16 +102,23 @@ pub(crate) fn chunk_sql(target: &Target, items: &str, chunk_size: i32, handler: 
 /// A handler job's chunk: each item's result, read as text (jsonb that serde_json
 /// cannot hold is a clear error here, not an internal one); NULL refuses the item.
 pub(crate) fn run(def: &Definition, sql: &str, args: &[DatumWithOid], items: usize) -> Result<Ran> {
-    let rows: Vec<(i32, Option<String>, String)> = query::rows(sql, args, 0, |row| {
-        Ok((
-            row.get::<i32>(1)?.unwrap_or(-1),
-            row.get::<String>(2)?,
-            row.get::<String>(3)?.unwrap_or_default(),
-        ))
-    })?;
+    query::row_reader! {
+        /// An item's result, as chunk_sql gives it.
+        struct Called {
+            position: i32 = -1,
+            result: Option<String>,
+            item_key: String = String::new(),
+        }
+    }
+    let rows = query::rows(sql, args, 0, Called::read)?;
     let mut changed = Vec::with_capacity(items);
     let mut refused = Vec::new();
-    for (position, result, key) in rows {
+    for Called {
+        position,
+        result,
+        item_key: key,
+    } in rows
+    {
         let Some(text) = result else {
             refused.push(position);
             continue;

@@ -77,18 +77,23 @@ pub(crate) fn check_constraints(
         else {
             continue;
         };
+        query::row_reader! {
+            struct Check {
+                name: String = String::new(),
+                expression: String = String::new(),
+            }
+        }
         let checks = query::rows(
             sql::COLUMN_CHECKS,
             &[table.into(), name.as_str().into()],
             0,
-            |r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<String>(2)?.unwrap_or_default(),
-                ))
-            },
+            Check::read,
         )?;
-        for (constraint, expression) in checks {
+        for Check {
+            name: constraint,
+            expression,
+        } in checks
+        {
             let asked = format!(
                 "SELECT ({expression}) IS NOT FALSE FROM (SELECT $1::pg_catalog.text::{}) AS t({})",
                 column.sql_type,
@@ -143,7 +148,7 @@ pub(crate) fn chunk_sql(
     }
     format!(
         "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
-         RETURNING it.position, {}",
+         RETURNING it.position, {} AS guard_now",
         target.sql_name,
         assignments.join(", "),
         Target::bound_items(arrays),
@@ -159,9 +164,17 @@ pub(crate) fn run(
     planning: query::Planning,
     items: usize,
 ) -> Result<Ran> {
+    query::row_reader! {
+        /// An item changed, as chunk_sql returns it.
+        struct Changed {
+            position: i32 = -1,
+            guard_now: Option<i64>,
+        }
+    }
     let mut changed = Vec::with_capacity(items);
     query::rows_planned(sql, args, planning, 0, |r| {
-        changed.push((r.get::<i32>(1)?.unwrap_or(-1), r.get::<i64>(2)?));
+        let row = Changed::read(r)?;
+        changed.push((row.position, row.guard_now));
         Ok(())
     })?;
     Ok(Ran {

@@ -20,14 +20,24 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 /// How many items are read against their rows at once.
 const AT_ONCE: i64 = 1000;
 
-/// One of the job's items, as the listing statement gives it.
-pub struct Listed {
-    pub position: i32,
-    pub key: String,
-    /// The revision (or digest) to expect; NULL for none.
-    pub revision: Option<i64>,
-    /// Its guards, as JSON text.
-    pub guards: String,
+query::row_reader! {
+    /// One of the job's items, as the listing statement gives it.
+    pub struct Listed {
+        pub position: i32 = 0,
+        pub item_key: String = String::new(),
+        /// The revision (or digest) to expect; NULL for none.
+        pub revision: Option<i64>,
+        /// Its guards, as JSON text.
+        pub guards: String = "{}".into(),
+    }
+}
+
+query::row_reader! {
+    /// An item against its row, as `batch_sql` gives it.
+    struct AgainstRow {
+        state: String = String::new(),
+        approved: Option<String>,
+    }
 }
 
 /// A job's items read against their rows now: those approved again, each with its
@@ -66,16 +76,7 @@ pub fn sort(
         Cursor::open(&def.tables.sql(listing), &listing_args)
     })?;
     loop {
-        let batch = as_role(owner, || {
-            cursor.fetch(AT_ONCE, |r| {
-                Ok(Listed {
-                    position: r.get::<i32>(1)?.unwrap_or_default(),
-                    key: r.get::<String>(2)?.unwrap_or_default(),
-                    revision: r.get::<i64>(3)?,
-                    guards: r.get::<String>(4)?.unwrap_or_else(|| "{}".into()),
-                })
-            })
-        })?;
+        let batch = as_role(owner, || cursor.fetch(AT_ONCE, Listed::read))?;
         if batch.is_empty() {
             break;
         }
@@ -88,7 +89,7 @@ pub fn sort(
         args.push(
             batch
                 .iter()
-                .map(|b| b.key.clone())
+                .map(|b| b.item_key.clone())
                 .collect::<Vec<_>>()
                 .into(),
         );
@@ -102,16 +103,14 @@ pub fn sort(
         );
         args.extend(flags.iter().map(|&f| DatumWithOid::from(f)));
         let rows = crate::settings::stable_output_if(target.shape.reads_rows_as_text(), || {
-            query::rows(against, &args, 0, |r| {
-                Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<String>(2)?))
-            })
+            query::rows(against, &args, 0, AgainstRow::read)
         })?;
-        for (item, (state, approved)) in batch.into_iter().zip(rows) {
+        for (item, AgainstRow { state, approved }) in batch.into_iter().zip(rows) {
             match approved {
                 Some(approved) => sorted.approved.push((item.position, approved)),
                 None => sorted.left_out.push(LeftOut {
                     position: item.position,
-                    key: item.key,
+                    key: item.item_key,
                     because: LeftOutBecause::of_state(&state),
                 }),
             }
@@ -182,7 +181,7 @@ pub fn batch_sql(target: &Target, first: usize, matches: &str, approved: &str) -
     names.push(s.key.matches("it.item_key", &s.columns));
     format!(
         "SELECT m.state,
-       {approved}
+       {approved} AS approved
   FROM ROWS FROM (pg_catalog.unnest(${first}::pg_catalog.text[]),
                   pg_catalog.unnest(${}::pg_catalog.int8[]),
                   pg_catalog.unnest(${}::pg_catalog.text[]::pg_catalog.jsonb[]))

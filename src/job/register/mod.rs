@@ -637,22 +637,31 @@ fn check_privileges(
             .map(str::to_string)
             .filter(|_| handler.is_none()),
     );
-    let (select, denied_columns, execute) = query::row(
+    query::row_reader! {
+        struct Privileges {
+            may_select: bool = false,
+            not_updatable: Vec<String> = Vec::new(),
+            may_execute: bool = false,
+        }
+    }
+    let Privileges {
+        may_select,
+        not_updatable,
+        may_execute,
+    } = query::row(
         sql::PRIVILEGES,
         &[
             oid.into(),
             handler.map(|(oid, _)| oid).into(),
             assigned.into(),
         ],
-        |r| {
-            Ok((
-                r.get::<bool>(1)?,
-                r.get::<Vec<String>>(2)?,
-                r.get::<bool>(3)?,
-            ))
-        },
+        Privileges::read,
     )?
-    .unwrap_or_default();
+    .unwrap_or(Privileges {
+        may_select: false,
+        not_updatable: Vec::new(),
+        may_execute: false,
+    });
     let denied = |message: String, detail: &str| {
         Err(BatchError::PermissionDenied {
             message,
@@ -660,19 +669,19 @@ fn check_privileges(
         })
     };
     let display = &target.display;
-    if select != Some(true) {
+    if !may_select {
         return denied(
             format!("permission denied for table {display}"),
             "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target (SELECT for a handler job).",
         );
     }
-    if let Some(column) = denied_columns.unwrap_or_default().first() {
+    if let Some(column) = not_updatable.first() {
         return denied(
             format!("permission denied to update column \"{column}\" of table {display}"),
             "A job changes rows with the privileges of the role that registers it, which needs UPDATE on every column the job assigns (and on the revision column, which it increments).",
         );
     }
-    if let (Some((_, name)), false) = (handler, execute == Some(true)) {
+    if let (Some((_, name)), false) = (handler, may_execute) {
         return denied(
             format!("permission denied for function {name}"),
             "A handler runs with the privileges of the role that registers the job, which must be allowed to execute it.",
