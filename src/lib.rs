@@ -31,6 +31,7 @@
 //! installed  the installed extension: its owner, and the version gate.
 //! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
 //! pauses     pause_job, pause_batch and their resumes, read before each chunk or step.
+//! halt       what else stops a drain or a chain's run, handed in by its caller.
 //! activity   what pg_stat_activity shows while a chain or a job runs.
 //! error      the one error type, mapped to SQLSTATEs.
 //! access     who may read or act on a job or a launch: the one rule.
@@ -43,6 +44,7 @@ pub mod api;
 pub mod chain;
 pub mod error;
 pub mod events;
+pub mod halt;
 pub mod installed;
 pub mod job;
 pub mod launch;

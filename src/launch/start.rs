@@ -5,6 +5,7 @@
 use super::bgw::{self, WorkerStart};
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
 use crate::access::{self, Of, Right};
+use crate::chain::runner::StepDelegate;
 use crate::error::{BatchError, Result};
 use crate::job::run::drain::stopped_job;
 use crate::pauses::role_name;
@@ -12,6 +13,7 @@ use crate::query;
 use crate::roles::{as_owner, current_user};
 use crate::session_lock::{self, Space};
 use crate::status::JobStatus;
+use crate::txn::Transactions;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -278,13 +280,27 @@ pub fn stop(launch_id: i64) -> Result<bool> {
     Ok(stopped)
 }
 
-/// A step that commits, added by `author`, for a runner that may not run it itself: a
-/// worker connected as the author runs it alone, as a runner of it would
-/// (chain::runner::run_step_alone), while the runner waits for it to end. The runner's
-/// transaction is committed once the worker runs, so that the runner holds nothing of
-/// the step's while it does; the runner then reads the step again.
-pub fn run_step_as_author(
-    tx: &mut impl crate::txn::Transactions,
+/// The chain runner's delegate, for a CALL and a worker alike: a step that commits,
+/// added by another role, is run alone by a worker connected as its author, as a runner
+/// of it would (chain::runner::run_step_alone), while the runner waits for it to end.
+/// The runner's transaction is committed once the worker runs, so that the runner holds
+/// nothing of the step's while it does; the runner then reads the step again.
+pub struct AuthorWorker;
+
+impl StepDelegate for AuthorWorker {
+    fn run_as_author(
+        &self,
+        tx: &mut dyn Transactions,
+        step_id: i64,
+        author: pg_sys::Oid,
+        batch: &str,
+    ) -> Result<()> {
+        run_step_as_author(tx, step_id, author, batch)
+    }
+}
+
+fn run_step_as_author(
+    tx: &mut dyn Transactions,
     step_id: i64,
     author: pg_sys::Oid,
     batch: &str,

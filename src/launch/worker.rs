@@ -5,8 +5,11 @@
 //! launch).
 
 use super::bgw::{self, WorkerStart};
-use super::{as_worker_of, slot, sql};
+use super::start::AuthorWorker;
+use super::{slot, sql, WhenLaunchEnds};
+use crate::chain::runner;
 use crate::error::{BatchError, Result};
+use crate::halt;
 use crate::job::run::drain;
 use crate::query;
 use crate::roles::as_owner;
@@ -116,22 +119,36 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
         ),
     };
     show_statement(&statement);
-    let ended = run_loop(|tx| {
-        as_worker_of(launch_id, || match &run.work {
-            Work::Job(job) => {
-                drain::drain(tx, job, None, None, drain::AtWindowClose::Wait).map(|d| {
-                    if d.paused {
-                        Outcome::plain("paused")
-                    } else if d.status == JobStatus::Done {
-                        Outcome::plain("done")
-                    } else {
-                        Outcome::plain("pending")
-                    }
-                })
-            }
-            Work::Chain(step) => crate::chain::runner::exec_batch_from_id(tx, *step, true, None)
-                .map(|()| Outcome::plain("done")),
-        })
+    // the work stops before its next chunk or step once the launch no longer runs
+    let halt = WhenLaunchEnds(launch_id);
+    let ended = run_loop(|tx| match &run.work {
+        Work::Job(job) => {
+            let options = drain::Options {
+                max_chunks: None,
+                fence: None,
+                // a worker outlasts a closed window, holding nothing
+                at_window_close: drain::AtWindowClose::Wait,
+                halt: &halt,
+            };
+            drain::drain(tx, job, options).map(|d| {
+                if d.paused {
+                    Outcome::plain("paused")
+                } else if d.status == JobStatus::Done {
+                    Outcome::plain("done")
+                } else {
+                    Outcome::plain("pending")
+                }
+            })
+        }
+        Work::Chain(step) => {
+            let options = runner::Options {
+                wait: true,
+                fence: None,
+                halt: &halt,
+                delegate: &AuthorWorker,
+            };
+            runner::exec_batch_from_id(tx, *step, options).map(|()| Outcome::plain("done"))
+        }
     });
     let outcome = match ended {
         Ok(Ok(outcome)) => outcome,
@@ -172,7 +189,15 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
 /// recording its outcome in the step's row and audit, and nothing else.
 fn run_step(step_id: i64) {
     show_statement(&format!("etc_batch worker: step {step_id}"));
-    let outcome = match run_loop(|tx| crate::chain::runner::run_step_alone(tx, step_id)) {
+    // the runner that waits for it stops the chain when it should; this worker is
+    // connected as the step's author, and never hands the step on
+    let options = runner::Options {
+        wait: true,
+        fence: None,
+        halt: &halt::Never,
+        delegate: &AuthorWorker,
+    };
+    let outcome = match run_loop(|tx| runner::run_step_alone(tx, step_id, options)) {
         Ok(Ok(())) => "ran".to_string(),
         Ok(Err(e)) => e.report().message,
         Err(failure) => format!("{}: {}", failure.sqlstate(), failure.message),

@@ -24,6 +24,7 @@
 use crate::access::{self, Of, Right};
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
+use crate::halt::Halt;
 use crate::installed;
 use crate::job::definition::Definition;
 use crate::job::pace::signals;
@@ -126,6 +127,19 @@ pub enum AtWindowClose {
     Wait,
 }
 
+/// How a drain runs, as its caller asks: everything that differs between a client's
+/// CALL of drain_job and a launch's worker is here, and nowhere else.
+pub struct Options<'a> {
+    /// The most chunks to commit; None: to the end of the job.
+    pub max_chunks: Option<i32>,
+    /// The lease the drainer works under, checked again in every chunk's transaction.
+    pub fence: Option<Fence>,
+    pub at_window_close: AtWindowClose,
+    /// What stops the drain besides the job's pause (halt::Never for a CALL; a worker's
+    /// launch that no longer runs).
+    pub halt: &'a dyn Halt,
+}
+
 /// What the pace let the next chunk do.
 enum BeforeChunk {
     Go,
@@ -200,13 +214,13 @@ enum Change {
     Failed(Failure),
 }
 
-pub fn drain<T: Transactions>(
-    tx: &mut T,
-    job_id: &str,
-    max_chunks: Option<i32>,
-    fence: Option<Fence>,
-    at_window_close: AtWindowClose,
-) -> Result<Drained> {
+pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Result<Drained> {
+    let Options {
+        max_chunks,
+        fence,
+        at_window_close,
+        halt,
+    } = options;
     if let Some(max) = max_chunks.filter(|m| *m < 0) {
         return Err(BatchError::invalid_because(
             format!("max_chunks {max} is out of range"),
@@ -240,7 +254,7 @@ pub fn drain<T: Transactions>(
         && max_chunks.is_none_or(|max| drained.chunks < max)
     {
         // the pace: wait, holding nothing, until the next chunk may go
-        match job.wait_for_pace(tx, at_window_close)? {
+        match job.wait_for_pace(tx, at_window_close, halt)? {
             BeforeChunk::Go => {}
             BeforeChunk::Paused(paused) => {
                 if let Some(paused) = paused {
@@ -266,7 +280,7 @@ pub fn drain<T: Transactions>(
                 continue;
             }
         }
-        let round = tx.item(|_| job.next_chunk(&mut audit))?;
+        let round = tx.item(|_| job.next_chunk(&mut audit, halt))?;
         if !matches!(round, Round::Transient { .. }) {
             failed_attempts = 0;
         }
@@ -355,7 +369,7 @@ pub fn drain<T: Transactions>(
         && !drained.paused
         && drained.chunks > 0
     {
-        let round = tx.item(|_| job.finish_if_complete())?;
+        let round = tx.item(|_| job.finish_if_complete(halt))?;
         tx.commit();
         match round {
             Round::Finished => finished = true,
@@ -553,11 +567,13 @@ impl Job {
     /// Waits until the job's pace (pace.rs) lets its next chunk go: while a signal holds
     /// it back (saying so once per kind of wait), then for its slot of the rate. Every
     /// wait begins with a COMMIT, so that it holds nothing. A critical signal pauses the
-    /// job instead; outside its windows, a call returns at once (`at_window_close`).
+    /// job instead; outside its windows, a call returns at once (`at_window_close`). The
+    /// job's pause, or `halt`, ends a wait.
     fn wait_for_pace(
         &mut self,
         tx: &mut impl Transactions,
         at_window_close: AtWindowClose,
+        halt: &dyn Halt,
     ) -> Result<BeforeChunk> {
         let mut told: Option<Wait> = None;
         let mut since_told = std::time::Instant::now();
@@ -662,10 +678,11 @@ impl Job {
                         told = Some(wait.clone());
                         since_told = std::time::Instant::now();
                     }
-                    // a pause_job, or a stop_launch of this worker's launch, ends the wait
-                    // as it would before a chunk: a window may be hours away
+                    // a pause_job, or the halt (a stop_launch of a worker's launch), ends
+                    // the wait as it would before a chunk: a window may be hours away
                     let held = tx.item(|_| {
-                        let held = self.owner(|| crate::job::run::chunk::held_back(self.id()))?;
+                        let held =
+                            self.owner(|| crate::job::run::chunk::held_back(self.id(), halt))?;
                         if held.is_some() {
                             self.end_wait(&wait, since_told.elapsed())?;
                         }
@@ -770,14 +787,15 @@ impl Job {
     }
 
     /// One chunk, in the current transaction: opened (the fence checked, its records
-    /// locked and checked), changed, its audit rows written and the chunk closed.
-    fn next_chunk(&mut self, audit: &mut AuditWriter) -> Result<Round> {
+    /// locked and checked), changed, its audit rows written and the chunk closed; unless
+    /// the job's pause or `halt` holds it back.
+    fn next_chunk(&mut self, audit: &mut AuditWriter, halt: &dyn Halt) -> Result<Round> {
         // the chunk's own duration, for job_chunk_seconds (the metrics)
         let opened = std::time::Instant::now();
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
-        let opening = as_role(self.bookkeeper, || self.order.open(&self.def))?;
+        let opening = as_role(self.bookkeeper, || self.order.open(&self.def, halt))?;
         let chunk = match opening {
             Opening::Open(chunk) => chunk,
             Opening::Done => return Ok(Round::Finished),
@@ -899,8 +917,8 @@ impl Job {
     /// After a parallel drain stopped at max_chunks: whether the job is done now (its
     /// chunks all committed, by this drainer or others). A chunk claimed only to look is
     /// let go with the transaction.
-    fn finish_if_complete(&mut self) -> Result<Round> {
-        let opening = as_role(self.bookkeeper, || self.order.open(&self.def))?;
+    fn finish_if_complete(&mut self, halt: &dyn Halt) -> Result<Round> {
+        let opening = as_role(self.bookkeeper, || self.order.open(&self.def, halt))?;
         match opening {
             Opening::AllCommitted => self.finish(),
             Opening::Done => Ok(Round::Finished),
