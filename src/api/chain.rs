@@ -8,6 +8,7 @@ use crate::launch::AuthorWorker;
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, results};
+use crate::status::ChainRunStatus;
 use crate::txn::Transactions;
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
@@ -127,7 +128,7 @@ c_procedure!(
         match runs::start(&chain, run_key.as_deref())? {
             runs::Start::Wait(run) => Ok(RunResult {
                 run: Some(run.batch),
-                status: "waiting",
+                status: ChainRunStatus::Waiting.as_str(),
             }),
             runs::Start::Run(run) => {
                 // the run is there for every other caller before any of its steps runs
@@ -140,7 +141,7 @@ c_procedure!(
                 };
                 runner::exec_batch_from_id(tx, run.first_step, options)?;
                 Ok(RunResult {
-                    status: runs::status(&run.batch)?,
+                    status: runs::status(&run.batch)?.as_str(),
                     run: Some(run.batch),
                 })
             }

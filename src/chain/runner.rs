@@ -22,6 +22,7 @@ use crate::pauses::Paused;
 use crate::progress_notices::{self, Teller};
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
+use crate::status::AttemptOutcome;
 use crate::txn::{subtransaction, Failure, FailureKind, Transactions};
 use pgrx::datum::{clock_timestamp as now, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -178,8 +179,8 @@ impl Locked {
             ran_as: added_by,
             lock_requested: self.lock_requested,
             lock_acquired: self.lock_acquired,
-            status_seen: StepStatus::Pending.as_str(),
-            outcome: "done",
+            status_seen: StepStatus::Pending,
+            outcome: AttemptOutcome::Done,
             ran: None,
             error: None,
         }
@@ -428,8 +429,8 @@ impl Runner<'_> {
                         })?
                         .ok_or(BatchError::UnknownStep { id })?;
                     self.audit.borrow_mut().write(&Attempt {
-                        status_seen: StepStatus::Done.as_str(),
-                        outcome: "skipped",
+                        status_seen: StepStatus::Done,
+                        outcome: AttemptOutcome::Skipped,
                         ran: None,
                         error: None,
                         ..locked.attempt(id, &batch, attempt, added_by)
@@ -617,7 +618,7 @@ impl Runner<'_> {
         let next = self.owner(|| {
             let (batch, attempt, added_by, next) = mark_done(id, at, started, finished)?;
             self.audit.borrow_mut().write(&Attempt {
-                outcome: "done",
+                outcome: AttemptOutcome::Done,
                 ran: Some((started, finished)),
                 ..locked.attempt(id, &batch, attempt, added_by)
             })?;
@@ -664,9 +665,9 @@ impl Runner<'_> {
             && crate::retries::is_transient(failure.packed_code())
             && attempt_here < step.max_attempts;
         let (statement, outcome) = match (retry, timed_out) {
-            (true, _) => (sql::MARK_RETRIED, "retried"),
-            (false, true) => (sql::MARK_FAILED, "timed_out"),
-            (false, false) => (sql::MARK_FAILED, "failed"),
+            (true, _) => (sql::MARK_RETRIED, AttemptOutcome::Retried),
+            (false, true) => (sql::MARK_FAILED, AttemptOutcome::TimedOut),
+            (false, false) => (sql::MARK_FAILED, AttemptOutcome::Failed),
         };
         let sqlstate = failure.sqlstate();
         let attempt = self.owner(|| {

@@ -2,7 +2,7 @@
 //! extension's owner, who alone writes batch_log, so that `added_by` is always the role
 //! that really called add_step.
 
-use super::step::{self, StepKind};
+use super::step::{self, StepKind, StepStatus};
 use super::{command, sql};
 use crate::error::{failure_text, BatchError, Result};
 use crate::query;
@@ -71,7 +71,7 @@ pub fn reset(batch: &str) -> Result<i32> {
         query::rows(sql::RESET_BATCH_STEPS, &[batch.into()], 0, |r| {
             Ok(Cleared {
                 id: r.get::<i64>(1)?.unwrap_or(0),
-                status: r.get::<String>(2)?.unwrap_or_default(),
+                status: StepStatus::parse(&r.get::<String>(2)?.unwrap_or_default())?,
                 attempts: r.get::<i32>(3)?.unwrap_or(0),
                 sqlstate: r.get::<String>(4)?,
                 error: r.get::<String>(5)?,
@@ -83,7 +83,7 @@ pub fn reset(batch: &str) -> Result<i32> {
             batch: batch.to_string(),
         });
     }
-    for step in steps.iter().filter(|s| s.status != "pending") {
+    for step in steps.iter().filter(|s| s.status != StepStatus::Pending) {
         step.notice(batch);
     }
     Ok(steps.len() as i32)
@@ -97,7 +97,7 @@ pub fn retry(id: i64) -> Result<()> {
                 r.get::<String>(1)?.unwrap_or_default(),
                 Cleared {
                     id,
-                    status: "failed".into(),
+                    status: StepStatus::Failed,
                     attempts: r.get::<i32>(2)?.unwrap_or(0),
                     sqlstate: r.get::<String>(3)?,
                     error: r.get::<String>(4)?,
@@ -118,7 +118,7 @@ pub fn retry(id: i64) -> Result<()> {
 /// A step put back to pending, as it was.
 struct Cleared {
     id: i64,
-    status: String,
+    status: StepStatus,
     attempts: i32,
     sqlstate: Option<String>,
     error: Option<String>,
@@ -140,7 +140,7 @@ impl Cleared {
 
     /// What the step was: done, or failed and how.
     fn was(&self) -> String {
-        if self.status != "failed" {
+        if self.status != StepStatus::Failed {
             return format!("it was {}", self.status);
         }
         format!(
