@@ -32,6 +32,7 @@ use crate::error::Result;
 use crate::halt::Halt;
 use crate::own_rows::{self, Compare, Key};
 use crate::pauses::Paused;
+use crate::status::LaunchStatus;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -88,13 +89,13 @@ impl Halt for WhenLaunchEnds {
 fn launch_ended(launch_id: i64) -> Result<Option<Paused>> {
     let found = own_rows::reading_table("launch", |launches| {
         launches.first("launch_id", Compare::Equal, Key::Int8(launch_id), |row| {
-            let status = row.get::<String>("status")?.unwrap_or_default();
-            if status == "running" {
+            let status = LaunchStatus::parse(&row.get::<String>("status")?.unwrap_or_default())?;
+            if status == LaunchStatus::Running {
                 return Ok(None);
             }
             Ok(Some(Paused::launch_ended(
                 launch_id,
-                &status,
+                status,
                 row.get::<pg_sys::Oid>("stopped_by")?,
                 row.get::<TimestampWithTimeZone>("ended_at")?,
             )))

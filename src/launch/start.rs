@@ -2,7 +2,7 @@
 //! workers started, all of them or none), stop_launch, and resume_launches (what a
 //! supervisor does, on demand).
 
-use super::bgw::{self, WorkerStart};
+use super::bgw::{self, LaunchWorker, Task, WorkerStart};
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
 use crate::access::{self, Of, Right};
 use crate::chain::runner::StepDelegate;
@@ -12,7 +12,7 @@ use crate::pauses::role_name;
 use crate::query;
 use crate::roles::{as_owner, current_user};
 use crate::session_lock::{self, Space};
-use crate::status::JobStatus;
+use crate::status::{JobStatus, LaunchStatus, StartedBy};
 use crate::txn::Transactions;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -135,11 +135,14 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
             // SAFETY: reads the backend's database
             database: unsafe { pg_sys::MyDatabaseId },
             role,
-            xid,
-            worker,
-            started_by: "launch".into(),
+            task: Task::Launch(LaunchWorker {
+                launch_id,
+                worker,
+                xid,
+                started_by: StartedBy::Launch,
+            }),
         };
-        match bgw::start_worker(launch_id, &start)? {
+        match bgw::start_worker(&start)? {
             Some(pid) => pids.push(pid),
             None => {
                 return Err(BatchError::NoWorkerSlot {
@@ -256,11 +259,11 @@ pub fn stop(launch_id: i64) -> Result<bool> {
     let caller = current_user();
     let status = as_owner(|| {
         query::row(sql::LAUNCH, &[launch_id.into()], |r| {
-            Ok(r.get::<String>(7)?.unwrap_or_default())
+            LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())
         })
     })?
     .ok_or(BatchError::UnknownLaunch { id: launch_id })?;
-    if status != "running" {
+    if status != LaunchStatus::Running {
         notice!("launch {launch_id} is already {status}; nothing changed");
         return Ok(false);
     }
@@ -274,7 +277,8 @@ pub fn stop(launch_id: i64) -> Result<bool> {
         crate::events::launch(
             launch_id,
             "ended",
-            serde_json::json!({"status": "stopped", "by": crate::pauses::role_name(caller)}),
+            serde_json::json!({"status": LaunchStatus::Stopped.as_str(),
+                               "by": crate::pauses::role_name(caller)}),
         );
     }
     Ok(stopped)
@@ -329,11 +333,9 @@ fn run_step_as_author(
         // SAFETY: reads the backend's database
         database: unsafe { pg_sys::MyDatabaseId },
         role: author,
-        xid: 0,
-        worker: 0,
-        started_by: "step".into(),
+        task: Task::Step { step_id },
     };
-    let Some(worker) = bgw::start_step_worker(step_id, &start)? else {
+    let Some(worker) = bgw::start_step_worker(&start)? else {
         return Err(refused(format!(
             "max_worker_processes is {}, and {in_use} background workers run now",
             crate::settings::current(c"max_worker_processes").unwrap_or_default()
@@ -393,11 +395,14 @@ pub fn resume(patient: bool, skip: impl Fn(i64, i32) -> bool) -> Result<Vec<Resu
                 // SAFETY: reads the backend's database
                 database: unsafe { pg_sys::MyDatabaseId },
                 role,
-                xid: xid.parse().unwrap_or(0),
-                worker,
-                started_by: "resume".into(),
+                task: Task::Launch(LaunchWorker {
+                    launch_id,
+                    worker,
+                    xid: xid.parse().unwrap_or(0),
+                    started_by: StartedBy::Resume,
+                }),
             };
-            match bgw::start_worker(launch_id, &start)? {
+            match bgw::start_worker(&start)? {
                 Some(pid) => resumed.push(Resumed {
                     launch_id,
                     worker,
