@@ -454,13 +454,7 @@ c_procedure!(
             committed_items: d.items,
             first_key: d.first_key,
             last_key: d.last_key,
-            status: if d.paused {
-                "paused"
-            } else if d.outside_windows {
-                "outside_windows"
-            } else {
-                d.status.as_str()
-            },
+            status: d.ended.as_str(),
         })
     }
 );

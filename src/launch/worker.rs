@@ -132,14 +132,10 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
                 at_window_close: drain::AtWindowClose::Wait,
                 halt: &halt,
             };
-            drain::drain(tx, job, options).map(|d| {
-                if d.paused {
-                    Outcome::plain(RunOutcome::Paused)
-                } else if d.status == JobStatus::Done {
-                    Outcome::plain(RunOutcome::Done)
-                } else {
-                    Outcome::plain(RunOutcome::Pending)
-                }
+            drain::drain(tx, job, options).map(|d| match d.ended {
+                drain::Ended::Paused => Outcome::plain(RunOutcome::Paused),
+                ended if ended.job_status() == JobStatus::Done => Outcome::plain(RunOutcome::Done),
+                _ => Outcome::plain(RunOutcome::Pending),
             })
         }
         Work::Chain(step) => {

@@ -54,8 +54,8 @@ use serde_json::Value;
 use std::ops::Range;
 
 /// What one CALL did, in numbers that do not grow with the job: the chunks and items it
-/// committed, the first and last key of them, and the job's status after it. The keys
-/// themselves are in the audit.
+/// committed, the first and last key of them, and how it ended. The keys themselves are
+/// in the audit.
 #[derive(Debug)]
 pub struct Drained {
     pub chunks: i32,
@@ -64,11 +64,41 @@ pub struct Drained {
     pub skipped: i64,
     pub first_key: Option<String>,
     pub last_key: Option<String>,
-    pub status: JobStatus,
-    /// The call stopped because the job is paused.
-    pub paused: bool,
-    /// The call stopped because the hour is outside the job's windows.
-    pub outside_windows: bool,
+    pub ended: Ended,
+}
+
+/// How a drain ended, as drain_job's status says it (`as_str`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// With the job's status after it: done; pending when it stopped at max_chunks, or
+    /// found every chunk left held by other drainers; as the job's row says when
+    /// max_chunks 0 kept it from looking.
+    Job(JobStatus),
+    /// The job is paused (pause_job, a critical signal of its pace), or the drain's halt
+    /// stopped it. The job is pending.
+    Paused,
+    /// The job's windows closed, and the call returned (AtWindowClose::Return), with
+    /// the job's status then: pending, or done when other drainers of a parallel job
+    /// committed its last chunks meanwhile.
+    OutsideWindows(JobStatus),
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Job(status) => status.as_str(),
+            Ended::Paused => "paused",
+            Ended::OutsideWindows(_) => "outside_windows",
+        }
+    }
+
+    /// The job's status after the drain.
+    pub fn job_status(self) -> JobStatus {
+        match self {
+            Ended::Job(status) | Ended::OutsideWindows(status) => status,
+            Ended::Paused => JobStatus::Pending,
+        }
+    }
 }
 
 /// Chunks of at least this many items have their change planned for their own items
@@ -238,9 +268,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
         skipped: 0,
         first_key: None,
         last_key: None,
-        status: JobStatus::Pending,
-        paused: false,
-        outside_windows: false,
+        ended: Ended::Job(JobStatus::Pending),
     };
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
@@ -249,8 +277,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
     let mut failed_attempts = 0;
     while !finished
         && !all_held
-        && !drained.paused
-        && !drained.outside_windows
+        && matches!(drained.ended, Ended::Job(_))
         && max_chunks.is_none_or(|max| drained.chunks < max)
     {
         // the pace: wait, holding nothing, until the next chunk may go
@@ -263,7 +290,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
                         &format!("etc_batch.resume_job({})", quote_literal(job_id)),
                     );
                 }
-                drained.paused = true;
+                drained.ended = Ended::Paused;
                 continue;
             }
             BeforeChunk::OutsideWindows { opens_in } => {
@@ -276,7 +303,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
                         crate::job::rules::window::human_minutes(opens_in)
                     )
                 );
-                drained.outside_windows = true;
+                drained.ended = Ended::OutsideWindows(JobStatus::Pending);
                 continue;
             }
         }
@@ -334,7 +361,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
                     &format!("job \"{job_id}\""),
                     &format!("etc_batch.resume_job({})", quote_literal(job_id)),
                 );
-                drained.paused = true;
+                drained.ended = Ended::Paused;
             }
             Round::Mismatch { range, known } => {
                 tx.rollback();
@@ -366,7 +393,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
     if job.order.looks_again_at_the_end()
         && !finished
         && !all_held
-        && !drained.paused
+        && drained.ended != Ended::Paused
         && drained.chunks > 0
     {
         let round = tx.item(|_| job.finish_if_complete(halt))?;
@@ -377,15 +404,20 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
             _ => {}
         }
     }
-    drained.status = if finished {
+    let status = if finished {
         JobStatus::Done
-    } else if drained.chunks > 0 || all_held || drained.paused || drained.outside_windows {
+    } else if drained.chunks > 0 || all_held || !matches!(drained.ended, Ended::Job(_)) {
         // the loop stopped at max_chunks, after a chunk that was not the last, or found
         // every open chunk of a parallel job held by other drainers
         JobStatus::Pending
     } else {
         // max_chunks 0: the job was not even looked at
         job.status()?
+    };
+    drained.ended = match drained.ended {
+        Ended::Job(_) => Ended::Job(status),
+        Ended::Paused => Ended::Paused,
+        Ended::OutsideWindows(_) => Ended::OutsideWindows(status),
     };
     if teller.tells_the_end() {
         drained.end_notice(job_id);
@@ -426,10 +458,9 @@ impl Drained {
             ),
             _ => "committed nothing".to_string(),
         };
-        let status = if self.paused {
-            "paused"
-        } else {
-            self.status.as_str()
+        let status = match self.ended {
+            Ended::Paused => "paused",
+            ended => ended.job_status().as_str(),
         };
         notice!("job \"{job_id}\": this call {done}; the job is {status}");
     }
