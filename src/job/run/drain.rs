@@ -458,8 +458,9 @@ impl Drained {
             ),
             _ => "committed nothing".to_string(),
         };
+        // the job's status, but that a paused job is told as paused
         let status = match self.ended {
-            Ended::Paused => "paused",
+            paused @ Ended::Paused => paused.as_str(),
             ended => ended.job_status().as_str(),
         };
         notice!("job \"{job_id}\": this call {done}; the job is {status}");
