@@ -1,18 +1,22 @@
 //! etc_batch: exactly-once batch work inside PostgreSQL.
 //!
-//! Layout, from the SQL surface down:
+//! Layout, from the SQL surface down, in layers: api/ over launch/, launch/ over chain/
+//! and job/ (which name neither launch/ nor each other), and all four over the shared
+//! modules from lease/ on, which name none of them.
 //!
 //! ```text
 //! api/       the SQL surface: every function and procedure a DBA calls; it only
 //!            converts between SQL and the modules below (types: the SQL types of its
 //!            arguments pgrx has none for).
+//! launch/    launches: background workers that drain a job or run a chain with no
+//!            client session held, their supervisor per database and the launcher. A
+//!            worker hands the drain or the chain what makes it a worker's: a halt (its
+//!            launch ended) and, for a chain, the delegate that runs another role's step.
 //! chain/     chains behind exec_batch_from_id: the rules and the kinds of step (step),
 //!            managing steps (steps), the commit loop (runner), its statements (sql).
 //! job/       checkpointed jobs behind drain_job: the approval, its key and its guard,
 //!            the checkpoint's rules, a chunk opened in order or claimed (chunk), the
 //!            seals, registration, the drain loop, reports.
-//! launch/    launches: background workers that drain a job or run a chain with no
-//!            client session held, their supervisor per database and the launcher.
 //! lease/     leases and the fence that stops a holder who lost one.
 //! procedure  a C-language procedure that commits: arguments by name, INOUT results.
 //! txn/       the one place that ends transactions: the loop's `Transactions` and the
@@ -29,8 +33,10 @@
 //! raised     an error's own SQLSTATE and context, kept and given back when raised again.
 //! standby    routines that write refused on a hot standby, naming the primary.
 //! installed  the installed extension: its owner, and the version gate.
-//! status     the states of steps and jobs, as the domains in sql/bootstrap.sql.
+//! status     the states kept as text (steps, attempts, jobs, launches, their runs),
+//!            one enum each with its one mapping to the text.
 //! pauses     pause_job, pause_batch and their resumes, read before each chunk or step.
+//! halt       what else stops a drain or a chain's run, handed in by its caller.
 //! activity   what pg_stat_activity shows while a chain or a job runs.
 //! error      the one error type, mapped to SQLSTATEs.
 //! access     who may read or act on a job or a launch: the one rule.
@@ -43,6 +49,7 @@ pub mod api;
 pub mod chain;
 pub mod error;
 pub mod events;
+pub mod halt;
 pub mod installed;
 pub mod job;
 pub mod launch;

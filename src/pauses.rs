@@ -14,6 +14,7 @@ use crate::error::{BatchError, Result};
 use crate::own_rows::{self, Compare, Key};
 use crate::query;
 use crate::roles::{as_owner, current_user};
+use crate::status::LaunchStatus;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 
@@ -24,7 +25,7 @@ pub struct Paused {
     pub by: String,
     pub at: String,
     /// The worker's launch and its status, when that is what stops the work.
-    pub launch: Option<(i64, String)>,
+    pub launch: Option<(i64, LaunchStatus)>,
     /// Why etc_batch itself paused it (a critical signal of its pace); None: a person
     /// did.
     pub reason: Option<String>,
@@ -51,14 +52,14 @@ impl Paused {
     /// did), and when.
     pub fn launch_ended(
         launch_id: i64,
-        status: &str,
+        status: LaunchStatus,
         by: Option<pg_sys::Oid>,
         at: Option<TimestampWithTimeZone>,
     ) -> Paused {
         Paused {
             by: by.map(role_name).unwrap_or_default(),
             at: at.map(|at| at.to_string()).unwrap_or_default(),
-            launch: Some((launch_id, status.to_string())),
+            launch: Some((launch_id, status)),
             reason: None,
         }
     }

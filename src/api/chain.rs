@@ -3,9 +3,12 @@
 use crate::chain::step::StepKind;
 use crate::chain::{runner, runs, steps};
 use crate::error::{required, OrRaise};
+use crate::halt;
+use crate::launch::AuthorWorker;
 use crate::lease::Fence;
 use crate::pauses;
 use crate::procedure::{c_procedure, results};
+use crate::status::ChainRunStatus;
 use crate::txn::Transactions;
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
@@ -125,14 +128,20 @@ c_procedure!(
         match runs::start(&chain, run_key.as_deref())? {
             runs::Start::Wait(run) => Ok(RunResult {
                 run: Some(run.batch),
-                status: "waiting",
+                status: ChainRunStatus::Waiting.as_str(),
             }),
             runs::Start::Run(run) => {
                 // the run is there for every other caller before any of its steps runs
                 tx.commit();
-                runner::exec_batch_from_id(tx, run.first_step, true, fence)?;
+                let options = runner::Options {
+                    wait: true,
+                    fence,
+                    halt: &halt::Never,
+                    delegate: &AuthorWorker,
+                };
+                runner::exec_batch_from_id(tx, run.first_step, options)?;
                 Ok(RunResult {
-                    status: runs::status(&run.batch)?,
+                    status: runs::status(&run.batch)?.as_str(),
                     run: Some(run.batch),
                 })
             }
@@ -146,13 +155,17 @@ c_procedure!(
     pg_finfo_etc_batch_exec_batch_from_id,
     |args, tx| {
         let first = args.required("p_id")?;
-        let wait = args.required("wait")?;
-        let fence = Fence::from_args(
-            args.get("lease_name")?,
-            args.get("lease_holder")?,
-            args.get("lease_generation")?,
-        )?;
-        runner::exec_batch_from_id(tx, first, wait, fence)
+        let options = runner::Options {
+            wait: args.required("wait")?,
+            fence: Fence::from_args(
+                args.get("lease_name")?,
+                args.get("lease_holder")?,
+                args.get("lease_generation")?,
+            )?,
+            halt: &halt::Never,
+            delegate: &AuthorWorker,
+        };
+        runner::exec_batch_from_id(tx, first, options)
     }
 );
 

@@ -3,6 +3,7 @@
 
 use super::types::{Jsonb, Name, Names, RegClass, RegProcedure};
 use crate::error::{required, BatchError, OrRaise, Result};
+use crate::halt;
 use crate::job::from_jobs::{remainder, revert};
 use crate::job::rules::approval;
 use crate::job::rules::approval::OnDrift;
@@ -441,25 +442,19 @@ c_procedure!(
             args.get("lease_holder")?,
             args.get("lease_generation")?,
         )?;
-        let d = drain::drain(
-            tx,
-            &job_id,
-            args.get("max_chunks")?,
+        let options = drain::Options {
+            max_chunks: args.get("max_chunks")?,
             fence,
-            drain::AtWindowClose::Return,
-        )?;
+            at_window_close: drain::AtWindowClose::Return,
+            halt: &halt::Never,
+        };
+        let d = drain::drain(tx, &job_id, options)?;
         Ok(DrainResult {
             committed_chunks: d.chunks,
             committed_items: d.items,
             first_key: d.first_key,
             last_key: d.last_key,
-            status: if d.paused {
-                "paused"
-            } else if d.outside_windows {
-                "outside_windows"
-            } else {
-                d.status.as_str()
-            },
+            status: d.ended.as_str(),
         })
     }
 );

@@ -5,6 +5,7 @@ use super::sql;
 use crate::error::{BatchError, Result};
 use crate::own_rows::{nextval, Columns, RowWriter};
 use crate::query;
+use crate::status::{AttemptOutcome, StepStatus};
 use crate::txn::txid_current;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -40,9 +41,8 @@ pub struct Attempt<'a> {
     pub lock_requested: TimestampWithTimeZone,
     pub lock_acquired: TimestampWithTimeZone,
     /// The status read once the lock was granted.
-    pub status_seen: &'a str,
-    /// done, failed or skipped (etc_batch.attempt_outcome).
-    pub outcome: &'a str,
+    pub status_seen: StepStatus,
+    pub outcome: AttemptOutcome,
     /// When the step's command started and finished; None for a skip.
     pub ran: Option<(TimestampWithTimeZone, TimestampWithTimeZone)>,
     /// The error and its SQLSTATE, for a failure.
@@ -79,8 +79,8 @@ impl StepAuditWriter {
             a.ran_as.into_datum(),
             a.lock_requested.into_datum(),
             a.lock_acquired.into_datum(),
-            a.status_seen.into_datum(),
-            a.outcome.into_datum(),
+            a.status_seen.as_str().into_datum(),
+            a.outcome.as_str().into_datum(),
             a.ran.and_then(|(started, _)| started.into_datum()),
             a.ran.and_then(|(_, finished)| finished.into_datum()),
             a.error.and_then(|(message, _)| message.into_datum()),

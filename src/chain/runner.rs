@@ -14,6 +14,7 @@ use super::step_lock::StepLock;
 use super::timer;
 use crate::activity::Activity;
 use crate::error::{retry_step_hint, BatchError, OrRaise, Result};
+use crate::halt::Halt;
 use crate::installed;
 use crate::lease::Fence;
 use crate::own_rows::{self, Compare, Key, Lock, Tid};
@@ -21,6 +22,7 @@ use crate::pauses::Paused;
 use crate::progress_notices::{self, Teller};
 use crate::query;
 use crate::roles::{as_author, as_role, current_user};
+use crate::status::AttemptOutcome;
 use crate::txn::{subtransaction, Failure, FailureKind, Transactions};
 use pgrx::datum::{clock_timestamp as now, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -89,6 +91,9 @@ enum Flow {
     Again(Duration, String),
     /// Another runner was inside the step, and is done with it: read it again.
     Recheck,
+    /// The delegate ran the step for this runner (a step that commits, added by another
+    /// role): read it again, and go on from its outcome as from this runner's own.
+    Delegated,
     /// The step failed, which is recorded: commit that, then raise its error.
     Failed(Raise),
 }
@@ -100,8 +105,40 @@ struct Raise {
     hint: String,
 }
 
+/// How a runner runs a chain, as its caller asks: everything that differs between a
+/// client's CALL of exec_batch_from_id and a launch's worker is here, and nowhere else.
+pub struct Options<'a> {
+    /// Wait for a step another runner holds; false: end the call there.
+    pub wait: bool,
+    /// The lease the runner works under, checked again in every step's transaction.
+    pub fence: Option<Fence>,
+    /// What stops the run before a step besides its batch's pause (halt::Never for a
+    /// CALL; a worker's launch that no longer runs).
+    pub halt: &'a dyn Halt,
+    /// Who runs a step that commits, added by another role than the runner's.
+    pub delegate: &'a dyn StepDelegate,
+}
+
+/// Runs a step that commits, added by another role, for a runner that may not run it
+/// itself: a role switch cannot outlast the step's COMMIT (see roles.rs), and a step
+/// that switched without the restrictions as_author puts on it could SET ROLE to the
+/// runner's role.
+pub trait StepDelegate {
+    /// Runs step `id` of `batch` as its `author` would, alone (`run_step_alone`), and
+    /// returns once it ended; the runner then reads the step again. `tx` is the runner's,
+    /// committed once the step's own runner is at work, so that the runner holds nothing
+    /// of the step's while it runs.
+    fn run_as_author(
+        &self,
+        tx: &mut dyn Transactions,
+        id: i64,
+        author: pg_sys::Oid,
+        batch: &str,
+    ) -> Result<()>;
+}
+
 /// Who is running the chain, fixed once at the start of the CALL.
-struct Runner {
+struct Runner<'a> {
     /// Whether the database has any deferrable constraint or trigger, read once per CALL.
     deferrable: bool,
     activity: Activity,
@@ -111,10 +148,9 @@ struct Runner {
     caller: pg_sys::Oid,
     bookkeeper: pg_sys::Oid,
     wait: bool,
+    halt: &'a dyn Halt,
+    delegate: &'a dyn StepDelegate,
     audit: RefCell<StepAuditWriter>,
-    /// The step a worker connected as its author ran for this runner just now
-    /// (run_committing), whose done mark is this runner's to go on from.
-    delegated: std::cell::Cell<Option<i64>>,
 }
 
 /// When the runner asked for a step's lock and got it: what every audit row of the step
@@ -143,37 +179,33 @@ impl Locked {
             ran_as: added_by,
             lock_requested: self.lock_requested,
             lock_acquired: self.lock_acquired,
-            status_seen: StepStatus::Pending.as_str(),
-            outcome: "done",
+            status_seen: StepStatus::Pending,
+            outcome: AttemptOutcome::Done,
             ran: None,
             error: None,
         }
     }
 }
 
-pub fn exec_batch_from_id<T: Transactions>(
-    tx: &mut T,
-    first: i64,
-    wait: bool,
-    fence: Option<Fence>,
-) -> Result<()> {
-    run(tx, first, wait, fence, false)
+/// Runs the chain from step `first` to its end, one transaction per step.
+pub fn exec_batch_from_id<T: Transactions>(tx: &mut T, first: i64, options: Options) -> Result<()> {
+    run(tx, first, options, false)
 }
 
 /// Runs step `id` alone, as a runner of its chain would run it, and no step after it:
 /// what a background worker connected as a step's author does for a runner that may
 /// not run it itself (a step that commits, added by another role).
-pub fn run_step_alone<T: Transactions>(tx: &mut T, id: i64) -> Result<()> {
-    run(tx, id, true, None, true)
+pub fn run_step_alone<T: Transactions>(tx: &mut T, id: i64, options: Options) -> Result<()> {
+    run(tx, id, options, true)
 }
 
-fn run<T: Transactions>(
-    tx: &mut T,
-    first: i64,
-    wait: bool,
-    fence: Option<Fence>,
-    alone: bool,
-) -> Result<()> {
+fn run<T: Transactions>(tx: &mut T, first: i64, options: Options, alone: bool) -> Result<()> {
+    let Options {
+        wait,
+        fence,
+        halt,
+        delegate,
+    } = options;
     let bookkeeper = installed::owner()?;
     let batch = as_role(bookkeeper, || {
         query::one::<String>(sql::STEP_BATCH, &[first.into()])
@@ -194,8 +226,9 @@ fn run<T: Transactions>(
         caller: current_user(),
         bookkeeper,
         wait,
+        halt,
+        delegate,
         audit: RefCell::new(as_role(bookkeeper, StepAuditWriter::new)?),
-        delegated: std::cell::Cell::new(None),
     };
 
     let mut next = Some(first);
@@ -203,8 +236,11 @@ fn run<T: Transactions>(
     let mut failed_before = 0;
     let mut teller = Teller::begin();
     let mut told = Told::default();
+    // the delegate just ran the step at hand for this runner
+    let mut delegated = false;
     while let Some(id) = next {
-        let flow = tx.item(|tx| runner.run_step(tx, id, failed_before))?;
+        let handed = std::mem::take(&mut delegated);
+        let flow = tx.item(|tx| runner.run_step(tx, id, failed_before, handed))?;
         next = match flow {
             // the call ends here; so does its transaction, with nothing written
             Flow::Yielded => {
@@ -255,6 +291,10 @@ fn run<T: Transactions>(
                 Some(id)
             }
             Flow::Recheck => Some(id),
+            Flow::Delegated => {
+                delegated = true;
+                Some(id)
+            }
             Flow::Failed(Raise {
                 failure,
                 detail,
@@ -326,11 +366,17 @@ impl Told {
     }
 }
 
-impl Runner {
+impl Runner<'_> {
     /// Runs one step in the current transaction, and says what the loop is to do with it.
     /// `failed_before`: the attempts of this step that failed with a transient error
-    /// earlier in this call.
-    fn run_step(&self, tx: &mut impl Transactions, id: i64, failed_before: i32) -> Result<Flow> {
+    /// earlier in this call; `delegated`: the delegate just ran it for this runner.
+    fn run_step(
+        &self,
+        tx: &mut impl Transactions,
+        id: i64,
+        failed_before: i32,
+        delegated: bool,
+    ) -> Result<Flow> {
         self.activity
             .report(&format!("chain \"{}\": step {id}", self.batch));
         if let Some(fence) = &self.fence {
@@ -341,10 +387,10 @@ impl Runner {
             self.report_holder(id)?;
             return Ok(Flow::Yielded);
         };
-        // a worker's launch that no longer runs stops it as a pause would
+        // the halt (a worker's launch that no longer runs) stops it as a pause would
         let stopped = match step.paused.clone() {
             Some(paused) => Some(paused),
-            None => crate::launch::stopped()?,
+            None => self.halt.halted()?,
         };
         if let Some(paused) = &stopped {
             paused.notice(
@@ -362,7 +408,6 @@ impl Runner {
             lock_acquired: now(),
         };
 
-        let delegated = self.delegated.take() == Some(id);
         match action_for(step.status) {
             // done by the worker this runner handed the step to: the chain goes on from it
             Action::Skip if delegated => {
@@ -384,8 +429,8 @@ impl Runner {
                         })?
                         .ok_or(BatchError::UnknownStep { id })?;
                     self.audit.borrow_mut().write(&Attempt {
-                        status_seen: StepStatus::Done.as_str(),
-                        outcome: "skipped",
+                        status_seen: StepStatus::Done,
+                        outcome: AttemptOutcome::Skipped,
                         ran: None,
                         error: None,
                         ..locked.attempt(id, &batch, attempt, added_by)
@@ -477,14 +522,12 @@ impl Runner {
         id: i64,
         step: &LockedStep,
     ) -> Result<std::result::Result<Ran, Flow>> {
-        // A role switch cannot outlast a COMMIT (see roles.rs), and a step that switched
-        // without the restrictions as_author puts on it could SET ROLE to the caller's:
-        // a worker connected as its author runs it, as a runner of that one step would.
+        // another role's step is the delegate's to run (see StepDelegate)
         if step.added_by != self.caller {
             tx.commit();
-            crate::launch::start::run_step_as_author(tx, id, step.added_by, &self.batch)?;
-            self.delegated.set(Some(id));
-            return Ok(Err(Flow::Recheck));
+            self.delegate
+                .run_as_author(tx, id, step.added_by, &self.batch)?;
+            return Ok(Err(Flow::Delegated));
         }
         let Some(step_lock) = StepLock::try_take(id) else {
             // another runner is inside the step's procedure
@@ -575,7 +618,7 @@ impl Runner {
         let next = self.owner(|| {
             let (batch, attempt, added_by, next) = mark_done(id, at, started, finished)?;
             self.audit.borrow_mut().write(&Attempt {
-                outcome: "done",
+                outcome: AttemptOutcome::Done,
                 ran: Some((started, finished)),
                 ..locked.attempt(id, &batch, attempt, added_by)
             })?;
@@ -622,9 +665,9 @@ impl Runner {
             && crate::retries::is_transient(failure.packed_code())
             && attempt_here < step.max_attempts;
         let (statement, outcome) = match (retry, timed_out) {
-            (true, _) => (sql::MARK_RETRIED, "retried"),
-            (false, true) => (sql::MARK_FAILED, "timed_out"),
-            (false, false) => (sql::MARK_FAILED, "failed"),
+            (true, _) => (sql::MARK_RETRIED, AttemptOutcome::Retried),
+            (false, true) => (sql::MARK_FAILED, AttemptOutcome::TimedOut),
+            (false, false) => (sql::MARK_FAILED, AttemptOutcome::Failed),
         };
         let sqlstate = failure.sqlstate();
         let attempt = self.owner(|| {

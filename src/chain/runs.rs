@@ -13,6 +13,7 @@ use super::step;
 use crate::error::{BatchError, Result};
 use crate::query;
 use crate::roles::{as_owner, current_user};
+use crate::status::{ChainRunStatus, StepStatus};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -41,7 +42,7 @@ struct Unfinished {
     batch: String,
     run_key: String,
     step: i64,
-    status: String,
+    status: StepStatus,
     error: Option<String>,
 }
 
@@ -196,7 +197,7 @@ fn unfinished_before(chain: &str, number: i64) -> Result<Option<Unfinished>> {
                 batch: r.get::<String>(1)?.unwrap_or_default(),
                 run_key: r.get::<String>(2)?.unwrap_or_default(),
                 step: r.get::<i64>(3)?.unwrap_or(0),
-                status: r.get::<String>(4)?.unwrap_or_default(),
+                status: StepStatus::parse(&r.get::<String>(4)?.unwrap_or_default())?,
                 error: r.get::<String>(5)?,
             })
         },
@@ -207,12 +208,12 @@ fn unfinished_before(chain: &str, number: i64) -> Result<Option<Unfinished>> {
 /// job_run_details) and the DBA see why.
 fn notice_waiting(chain: &str, batch: &str, earlier: &Unfinished) {
     let quoted = |s: &str| s.replace('\'', "''");
-    let why = match (earlier.status.as_str(), &earlier.error) {
-        ("failed", Some(error)) => format!("its step {} failed: {error}", earlier.step),
-        ("failed", None) => format!("its step {} failed", earlier.step),
+    let why = match (earlier.status, &earlier.error) {
+        (StepStatus::Failed, Some(error)) => format!("its step {} failed: {error}", earlier.step),
+        (StepStatus::Failed, None) => format!("its step {} failed", earlier.step),
         _ => format!("its step {} is not done yet", earlier.step),
     };
-    let retry = if earlier.status == "failed" {
+    let retry = if earlier.status == StepStatus::Failed {
         format!(
             "retry its step (etc_batch.retry_step({})) and run it again (CALL etc_batch.run_chain('{}', '{}')), ",
             earlier.step,
@@ -339,13 +340,11 @@ pub fn check_resumable(batch: &str) -> Result<()> {
 }
 
 /// How run batch `batch` stands after its runner returned: done, paused or pending.
-pub fn status(batch: &str) -> Result<&'static str> {
-    let status = as_owner(|| query::one::<String>(sql::RUN_STATUS, &[batch.into()]))?;
-    Ok(match status.as_deref() {
-        Some("done") => "done",
-        Some("paused") => "paused",
-        _ => "pending",
-    })
+pub fn status(batch: &str) -> Result<ChainRunStatus> {
+    match as_owner(|| query::one::<String>(sql::RUN_STATUS, &[batch.into()]))? {
+        Some(status) => ChainRunStatus::parse(&status),
+        None => Ok(ChainRunStatus::Pending),
+    }
 }
 
 /// Keeps `run_key` as the run this backend runs the steps of until the guard drops.

@@ -2,7 +2,7 @@
 //! extension's owner, who alone writes batch_log, so that `added_by` is always the role
 //! that really called add_step.
 
-use super::step::{self, StepKind};
+use super::step::{self, StepKind, StepStatus};
 use super::{command, sql};
 use crate::error::{failure_text, BatchError, Result};
 use crate::query;
@@ -72,7 +72,7 @@ pub fn reset(batch: &str) -> Result<i32> {
             let r = Reset::read(r)?;
             Ok(Cleared {
                 id: r.id,
-                status: r.status,
+                status: StepStatus::parse(&r.status)?,
                 attempts: r.attempts,
                 sqlstate: r.sqlstate,
                 error: r.error,
@@ -84,7 +84,7 @@ pub fn reset(batch: &str) -> Result<i32> {
             batch: batch.to_string(),
         });
     }
-    for step in steps.iter().filter(|s| s.status != "pending") {
+    for step in steps.iter().filter(|s| s.status != StepStatus::Pending) {
         step.notice(batch);
     }
     Ok(steps.len() as i32)
@@ -99,7 +99,7 @@ pub fn retry(id: i64) -> Result<()> {
                 r.batch,
                 Cleared {
                     id,
-                    status: "failed".into(),
+                    status: StepStatus::Failed,
                     attempts: r.attempts,
                     sqlstate: r.sqlstate,
                     error: r.error,
@@ -120,7 +120,7 @@ pub fn retry(id: i64) -> Result<()> {
 /// A step put back to pending, as it was.
 struct Cleared {
     id: i64,
-    status: String,
+    status: StepStatus,
     attempts: i32,
     sqlstate: Option<String>,
     error: Option<String>,
@@ -163,7 +163,7 @@ impl Cleared {
 
     /// What the step was: done, or failed and how.
     fn was(&self) -> String {
-        if self.status != "failed" {
+        if self.status != StepStatus::Failed {
             return format!("it was {}", self.status);
         }
         format!(

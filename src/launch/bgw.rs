@@ -13,6 +13,7 @@
 //!   start, a crash recovery or a promotion, it starts a supervisor in every database.
 
 use crate::error::{BatchError, Result};
+use crate::status::StartedBy;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -26,71 +27,119 @@ pub const LAUNCHER: &str = "etc_batch launcher";
 /// How long the postmaster waits before it starts again the launcher that died.
 const RESTART: Duration = Duration::from_secs(5);
 
-/// Who a worker process is: passed in its bgw_extra, as text.
+/// Who a worker process is: handed to it when it starts, as its argument (its launch,
+/// or its step) and its bgw_extra (text), and read back in one place (`read`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerStart {
     pub database: pg_sys::Oid,
+    /// The role it connects as: the launching role, or the step's author.
     pub role: pg_sys::Oid,
-    /// The launching transaction's id, waited for before the worker acts.
-    pub xid: u64,
-    /// Which of the launch's workers, from 1.
-    pub worker: i32,
-    /// Who started it: "launch" or "resume".
-    pub started_by: String,
+    pub task: Task,
 }
 
+/// What a worker process is started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    Launch(LaunchWorker),
+    /// Step `step_id`, run alone as its author for a runner that waits for this process
+    /// to end (launch::AuthorWorker).
+    Step {
+        step_id: i64,
+    },
+}
+
+/// One worker of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchWorker {
+    pub launch_id: i64,
+    /// Which of the launch's workers, from 1.
+    pub worker: i32,
+    /// The launching transaction's id, waited for before the worker acts.
+    pub xid: u64,
+    pub started_by: StartedBy,
+}
+
+/// What bgw_extra's last word says a step's worker is, in place of a StartedBy.
+const STEP: &str = "step";
+
 impl WorkerStart {
+    /// The worker's argument: its launch, or its step.
+    fn argument(&self) -> i64 {
+        match self.task {
+            Task::Launch(launch) => launch.launch_id,
+            Task::Step { step_id } => step_id,
+        }
+    }
+
+    /// "<database> <role> <xid> <worker> <who>": who is a StartedBy, or "step" (whose
+    /// xid and worker are 0).
     fn extra(&self) -> String {
+        let (xid, worker, who) = match self.task {
+            Task::Launch(launch) => (launch.xid, launch.worker, launch.started_by.as_str()),
+            Task::Step { .. } => (0, 0, STEP),
+        };
         format!(
-            "{} {} {} {} {}",
+            "{} {} {xid} {worker} {who}",
             self.database.to_u32(),
-            self.role.to_u32(),
-            self.xid,
-            self.worker,
-            self.started_by
+            self.role.to_u32()
         )
     }
 
-    pub fn parse(extra: &str) -> Option<WorkerStart> {
+    /// The start a worker was handed, from its argument and its bgw_extra; None when the
+    /// text cannot be read.
+    pub fn read(argument: i64, extra: &str) -> Option<WorkerStart> {
         let mut parts = extra.split(' ');
         let mut next = || parts.next();
+        let database = pg_sys::Oid::from(next()?.parse::<u32>().ok()?);
+        let role = pg_sys::Oid::from(next()?.parse::<u32>().ok()?);
+        let xid = next()?.parse().ok()?;
+        let worker = next()?.parse().ok()?;
+        let task = match next()? {
+            STEP => Task::Step { step_id: argument },
+            who => Task::Launch(LaunchWorker {
+                launch_id: argument,
+                worker,
+                xid,
+                started_by: StartedBy::parse(who).ok()?,
+            }),
+        };
         Some(WorkerStart {
-            database: pg_sys::Oid::from(next()?.parse::<u32>().ok()?),
-            role: pg_sys::Oid::from(next()?.parse::<u32>().ok()?),
-            xid: next()?.parse().ok()?,
-            worker: next()?.parse().ok()?,
-            started_by: next()?.to_string(),
+            database,
+            role,
+            task,
         })
+    }
+
+    /// A worker process to start for it, as the postmaster knows it.
+    fn builder(&self) -> BackgroundWorkerBuilder {
+        let name = match self.task {
+            Task::Launch(launch) => format!(
+                "{WORKER}: launch {}, worker {}",
+                launch.launch_id, launch.worker
+            ),
+            Task::Step { step_id } => format!("{WORKER}: step {step_id}"),
+        };
+        dynamic(&name, WORKER)
+            .set_function("etc_batch_worker_main")
+            .set_argument(Some(pg_sys::Datum::from(self.argument())))
+            .set_extra(&self.extra())
+            .set_restart_time(None)
     }
 }
 
-/// Starts worker `start.worker` of launch `launch_id`; returns its pid once it runs, or
-/// None when no background worker slot is free (max_worker_processes).
-pub fn start_worker(launch_id: i64, start: &WorkerStart) -> Result<Option<i32>> {
-    let builder = dynamic(
-        &format!("{WORKER}: launch {launch_id}, worker {}", start.worker),
-        WORKER,
-    )
-    .set_function("etc_batch_worker_main")
-    .set_argument(Some(pg_sys::Datum::from(launch_id)))
-    .set_extra(&start.extra())
-    .set_restart_time(None);
-    started(builder)
+/// Starts a worker of a launch (`start.task` is a Task::Launch); returns its pid once it
+/// runs, or None when no background worker slot is free (max_worker_processes).
+pub fn start_worker(start: &WorkerStart) -> Result<Option<i32>> {
+    started(start.builder())
 }
 
 /// Starts a worker connected as a step's author, to run that step alone for a runner that
-/// waits for it (`start.started_by` is "step"); its handle, once it runs, or None when
+/// waits for it (`start.task` is a Task::Step); its handle, once it runs, or None when
 /// no background worker slot is free.
 pub fn start_step_worker(
-    step_id: i64,
     start: &WorkerStart,
 ) -> Result<Option<pgrx::bgworkers::DynamicBackgroundWorker>> {
-    let builder = dynamic(&format!("{WORKER}: step {step_id}"), WORKER)
-        .set_function("etc_batch_worker_main")
-        .set_argument(Some(pg_sys::Datum::from(step_id)))
-        .set_extra(&start.extra())
-        .set_restart_time(None);
-    let Ok(worker) = builder.load_dynamic() else {
+    let Ok(worker) = start.builder().load_dynamic() else {
         return Ok(None);
     };
     match worker.wait_for_startup() {
@@ -181,4 +230,34 @@ pub fn connect(database: pg_sys::Oid, role: pg_sys::Oid) {
     let flags = 0;
     // SAFETY: once, before any transaction
     unsafe { pg_sys::BackgroundWorkerInitializeConnectionByOid(database, role, flags) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_reads_back_the_start_it_was_handed() {
+        let launch = WorkerStart {
+            database: pg_sys::Oid::from(5u32),
+            role: pg_sys::Oid::from(10u32),
+            task: Task::Launch(LaunchWorker {
+                launch_id: 7,
+                worker: 2,
+                xid: 750,
+                started_by: StartedBy::Resume,
+            }),
+        };
+        assert_eq!(launch.extra(), "5 10 750 2 resume");
+        assert_eq!(WorkerStart::read(7, &launch.extra()), Some(launch));
+        let step = WorkerStart {
+            database: pg_sys::Oid::from(5u32),
+            role: pg_sys::Oid::from(16384u32),
+            task: Task::Step { step_id: 42 },
+        };
+        assert_eq!(step.extra(), "5 16384 0 0 step");
+        assert_eq!(WorkerStart::read(42, &step.extra()), Some(step));
+        assert_eq!(WorkerStart::read(7, "5 10 750 2 someone"), None);
+        assert_eq!(WorkerStart::read(7, "5 10"), None);
+    }
 }

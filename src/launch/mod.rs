@@ -26,13 +26,16 @@ pub mod start;
 mod supervisor;
 mod worker;
 
+pub use start::AuthorWorker;
+
 use crate::error::Result;
+use crate::halt::Halt;
 use crate::own_rows::{self, Compare, Key};
 use crate::pauses::Paused;
+use crate::status::LaunchStatus;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
-use std::cell::Cell;
 
 /// How many of etc_batch's workers may run at once in the cluster.
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(8);
@@ -71,36 +74,28 @@ fn slot(launch_id: i64, worker: i32) -> i64 {
     (launch_id << 16) | i64::from(worker)
 }
 
-thread_local! {
-    /// The launch this process is a worker of.
-    static CURRENT: Cell<Option<i64>> = const { Cell::new(None) };
+/// The halt a worker hands its drain or chain: launch `.0` no longer runs (stop_launch,
+/// or another worker ended it), read before every chunk or step as a pause is, and told
+/// as one: who ended it and when.
+pub struct WhenLaunchEnds(pub i64);
+
+impl Halt for WhenLaunchEnds {
+    fn halted(&self) -> Result<Option<Paused>> {
+        launch_ended(self.0)
+    }
 }
 
-/// Runs `work` as a worker of launch `launch_id`, which stops (`stopped`) when the launch
-/// no longer runs.
-fn as_worker_of<R>(launch_id: i64, work: impl FnOnce() -> R) -> R {
-    CURRENT.with(|c| c.set(Some(launch_id)));
-    let result = work();
-    CURRENT.with(|c| c.set(None));
-    result
-}
-
-/// In a worker: whether its launch stopped running (stop_launch, or another worker
-/// ended it), read before every chunk or step, as a pause is: who ended it and when.
-/// None outside a worker.
-pub fn stopped() -> Result<Option<Paused>> {
-    let Some(launch_id) = CURRENT.with(|c| c.get()) else {
-        return Ok(None);
-    };
+/// Whether launch `launch_id` ended, and how.
+fn launch_ended(launch_id: i64) -> Result<Option<Paused>> {
     let found = own_rows::reading_table("launch", |launches| {
         launches.first("launch_id", Compare::Equal, Key::Int8(launch_id), |row| {
-            let status = row.get::<String>("status")?.unwrap_or_default();
-            if status == "running" {
+            let status = LaunchStatus::parse(&row.get::<String>("status")?.unwrap_or_default())?;
+            if status == LaunchStatus::Running {
                 return Ok(None);
             }
             Ok(Some(Paused::launch_ended(
                 launch_id,
-                &status,
+                status,
                 row.get::<pg_sys::Oid>("stopped_by")?,
                 row.get::<TimestampWithTimeZone>("ended_at")?,
             )))

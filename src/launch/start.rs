@@ -2,16 +2,18 @@
 //! workers started, all of them or none), stop_launch, and resume_launches (what a
 //! supervisor does, on demand).
 
-use super::bgw::{self, WorkerStart};
+use super::bgw::{self, LaunchWorker, Task, WorkerStart};
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
 use crate::access::{self, Of, Right};
+use crate::chain::runner::StepDelegate;
 use crate::error::{BatchError, Result};
 use crate::job::lifecycle;
 use crate::pauses::role_name;
 use crate::query;
 use crate::roles::{as_owner, current_user};
 use crate::session_lock::{self, Space};
-use crate::status::JobStatus;
+use crate::status::{JobStatus, LaunchStatus, StartedBy};
+use crate::txn::Transactions;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -133,11 +135,14 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
             // SAFETY: reads the backend's database
             database: unsafe { pg_sys::MyDatabaseId },
             role,
-            xid,
-            worker,
-            started_by: "launch".into(),
+            task: Task::Launch(LaunchWorker {
+                launch_id,
+                worker,
+                xid,
+                started_by: StartedBy::Launch,
+            }),
         };
-        match bgw::start_worker(launch_id, &start)? {
+        match bgw::start_worker(&start)? {
             Some(pid) => pids.push(pid),
             None => {
                 return Err(BatchError::NoWorkerSlot {
@@ -253,11 +258,11 @@ pub fn stop(launch_id: i64) -> Result<bool> {
     let caller = current_user();
     let status = as_owner(|| {
         query::row(sql::LAUNCH, &[launch_id.into()], |r| {
-            Ok(r.get::<String>(7)?.unwrap_or_default())
+            LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())
         })
     })?
     .ok_or(BatchError::UnknownLaunch { id: launch_id })?;
-    if status != "running" {
+    if status != LaunchStatus::Running {
         notice!("launch {launch_id} is already {status}; nothing changed");
         return Ok(false);
     }
@@ -271,19 +276,34 @@ pub fn stop(launch_id: i64) -> Result<bool> {
         crate::events::launch(
             launch_id,
             "ended",
-            serde_json::json!({"status": "stopped", "by": crate::pauses::role_name(caller)}),
+            serde_json::json!({"status": LaunchStatus::Stopped.as_str(),
+                               "by": crate::pauses::role_name(caller)}),
         );
     }
     Ok(stopped)
 }
 
-/// A step that commits, added by `author`, for a runner that may not run it itself: a
-/// worker connected as the author runs it alone, as a runner of it would
-/// (chain::runner::run_step_alone), while the runner waits for it to end. The runner's
-/// transaction is committed once the worker runs, so that the runner holds nothing of
-/// the step's while it does; the runner then reads the step again.
-pub fn run_step_as_author(
-    tx: &mut impl crate::txn::Transactions,
+/// The chain runner's delegate, for a CALL and a worker alike: a step that commits,
+/// added by another role, is run alone by a worker connected as its author, as a runner
+/// of it would (chain::runner::run_step_alone), while the runner waits for it to end.
+/// The runner's transaction is committed once the worker runs, so that the runner holds
+/// nothing of the step's while it does; the runner then reads the step again.
+pub struct AuthorWorker;
+
+impl StepDelegate for AuthorWorker {
+    fn run_as_author(
+        &self,
+        tx: &mut dyn Transactions,
+        step_id: i64,
+        author: pg_sys::Oid,
+        batch: &str,
+    ) -> Result<()> {
+        run_step_as_author(tx, step_id, author, batch)
+    }
+}
+
+fn run_step_as_author(
+    tx: &mut dyn Transactions,
     step_id: i64,
     author: pg_sys::Oid,
     batch: &str,
@@ -312,11 +332,9 @@ pub fn run_step_as_author(
         // SAFETY: reads the backend's database
         database: unsafe { pg_sys::MyDatabaseId },
         role: author,
-        xid: 0,
-        worker: 0,
-        started_by: "step".into(),
+        task: Task::Step { step_id },
     };
-    let Some(worker) = bgw::start_step_worker(step_id, &start)? else {
+    let Some(worker) = bgw::start_step_worker(&start)? else {
         return Err(refused(format!(
             "max_worker_processes is {}, and {in_use} background workers run now",
             crate::settings::current(c"max_worker_processes").unwrap_or_default()
@@ -376,11 +394,14 @@ pub fn resume(patient: bool, skip: impl Fn(i64, i32) -> bool) -> Result<Vec<Resu
                 // SAFETY: reads the backend's database
                 database: unsafe { pg_sys::MyDatabaseId },
                 role,
-                xid: xid.parse().unwrap_or(0),
-                worker,
-                started_by: "resume".into(),
+                task: Task::Launch(LaunchWorker {
+                    launch_id,
+                    worker,
+                    xid: xid.parse().unwrap_or(0),
+                    started_by: StartedBy::Resume,
+                }),
             };
-            match bgw::start_worker(launch_id, &start)? {
+            match bgw::start_worker(&start)? {
                 Some(pid) => resumed.push(Resumed {
                     launch_id,
                     worker,

@@ -4,14 +4,17 @@
 //! same code a CALL runs, and records how the run ended (and, when the work ended, the
 //! launch).
 
-use super::bgw::{self, WorkerStart};
-use super::{as_worker_of, slot, sql};
+use super::bgw::{self, LaunchWorker, Task, WorkerStart};
+use super::start::AuthorWorker;
+use super::{slot, sql, WhenLaunchEnds};
+use crate::chain::runner;
 use crate::error::{BatchError, Result};
+use crate::halt;
 use crate::job::run::drain;
 use crate::query;
 use crate::roles::as_owner;
 use crate::session_lock::{SessionLock, Space};
-use crate::status::JobStatus;
+use crate::status::{JobStatus, LaunchStatus, RunOutcome};
 use crate::txn::worker::{in_transaction, run_loop};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
@@ -37,13 +40,13 @@ struct Run {
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Outcome {
-    outcome: &'static str,
+    outcome: RunOutcome,
     sqlstate: Option<String>,
     message: Option<String>,
 }
 
 impl Outcome {
-    fn plain(outcome: &'static str) -> Outcome {
+    fn plain(outcome: RunOutcome) -> Outcome {
         Outcome {
             outcome,
             sqlstate: None,
@@ -52,37 +55,39 @@ impl Outcome {
     }
 
     /// The launch's status a run that ended so ends it with, if it does.
-    fn ends_launch(&self) -> Option<&'static str> {
+    fn ends_launch(&self) -> Option<LaunchStatus> {
         match self.outcome {
-            "done" => Some("done"),
-            "paused" => Some("paused"),
-            "conflict" => Some("conflict"),
-            "failed" => Some("failed"),
-            _ => None,
+            RunOutcome::Done => Some(LaunchStatus::Done),
+            RunOutcome::Paused => Some(LaunchStatus::Paused),
+            RunOutcome::Conflict => Some(LaunchStatus::Conflict),
+            RunOutcome::Failed => Some(LaunchStatus::Failed),
+            RunOutcome::Pending | RunOutcome::Stopped | RunOutcome::Interrupted => None,
         }
     }
 }
 
-/// The entry point of a worker process: its launch id is the argument, who it is in
-/// bgw_extra (bgw::WorkerStart).
+/// The entry point of a worker process: its launch (or its step) is the argument, who
+/// it is in bgw_extra (bgw::WorkerStart).
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
-    let launch_id = arg.value() as i64;
-    let Some(start) = WorkerStart::parse(BackgroundWorker::get_extra()) else {
-        log!("etc_batch worker of launch {launch_id}: its start could not be read; it ends");
+    let argument = arg.value() as i64;
+    let Some(start) = WorkerStart::read(argument, BackgroundWorker::get_extra()) else {
+        log!("etc_batch worker of launch {argument}: its start could not be read; it ends");
         return;
     };
     bgw::take_signals();
     bgw::connect(start.database, start.role);
-    if start.started_by == "step" {
-        return run_step(launch_id);
-    }
+    let me = match start.task {
+        Task::Step { step_id } => return run_step(step_id),
+        Task::Launch(me) => me,
+    };
+    let launch_id = me.launch_id;
     // what the launching transaction did is seen only once it has ended: committed, the
     // launch is there; rolled back, it is not, and the worker ends
-    in_transaction(|| wait_for(start.xid));
+    in_transaction(|| wait_for(me.xid));
     let Some(_worker) =
-        in_transaction(|| SessionLock::try_exclusive(Space::Worker, slot(launch_id, start.worker)))
+        in_transaction(|| SessionLock::try_exclusive(Space::Worker, slot(launch_id, me.worker)))
     else {
         // another process is this worker already
         return;
@@ -90,14 +95,14 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
     // the database's supervisor, which starts this worker again if it dies, runs
     let run = match in_transaction(|| {
         super::start::ensure_supervisor()?;
-        as_owner(|| begin(launch_id, &start))
+        as_owner(|| begin(&me))
     }) {
         Ok(Some(run)) => run,
         Ok(None) => return,
         Err(e) => {
             log!(
                 "etc_batch worker {} of launch {launch_id} cannot begin: {}",
-                start.worker,
+                me.worker,
                 e.report().message
             );
             return;
@@ -116,33 +121,44 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
         ),
     };
     show_statement(&statement);
-    let ended = run_loop(|tx| {
-        as_worker_of(launch_id, || match &run.work {
-            Work::Job(job) => {
-                drain::drain(tx, job, None, None, drain::AtWindowClose::Wait).map(|d| {
-                    if d.paused {
-                        Outcome::plain("paused")
-                    } else if d.status == JobStatus::Done {
-                        Outcome::plain("done")
-                    } else {
-                        Outcome::plain("pending")
-                    }
-                })
-            }
-            Work::Chain(step) => crate::chain::runner::exec_batch_from_id(tx, *step, true, None)
-                .map(|()| Outcome::plain("done")),
-        })
+    // the work stops before its next chunk or step once the launch no longer runs
+    let halt = WhenLaunchEnds(launch_id);
+    let ended = run_loop(|tx| match &run.work {
+        Work::Job(job) => {
+            let options = drain::Options {
+                max_chunks: None,
+                fence: None,
+                // a worker outlasts a closed window, holding nothing
+                at_window_close: drain::AtWindowClose::Wait,
+                halt: &halt,
+            };
+            drain::drain(tx, job, options).map(|d| match d.ended {
+                drain::Ended::Paused => Outcome::plain(RunOutcome::Paused),
+                ended if ended.job_status() == JobStatus::Done => Outcome::plain(RunOutcome::Done),
+                _ => Outcome::plain(RunOutcome::Pending),
+            })
+        }
+        Work::Chain(step) => {
+            let options = runner::Options {
+                wait: true,
+                fence: None,
+                halt: &halt,
+                delegate: &AuthorWorker,
+            };
+            runner::exec_batch_from_id(tx, *step, options)
+                .map(|()| Outcome::plain(RunOutcome::Done))
+        }
     });
     let outcome = match ended {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(error)) => failed(&error),
         Err(failure) if failure.kind() == crate::txn::FailureKind::Interrupted => Outcome {
-            outcome: "interrupted",
+            outcome: RunOutcome::Interrupted,
             sqlstate: Some(failure.sqlstate()),
             message: Some(failure.message),
         },
         Err(failure) => Outcome {
-            outcome: "failed",
+            outcome: RunOutcome::Failed,
             sqlstate: Some(failure.sqlstate()),
             message: Some(failure.message),
         },
@@ -172,7 +188,15 @@ pub extern "C-unwind" fn etc_batch_worker_main(arg: pg_sys::Datum) {
 /// recording its outcome in the step's row and audit, and nothing else.
 fn run_step(step_id: i64) {
     show_statement(&format!("etc_batch worker: step {step_id}"));
-    let outcome = match run_loop(|tx| crate::chain::runner::run_step_alone(tx, step_id)) {
+    // the runner that waits for it stops the chain when it should; this worker is
+    // connected as the step's author, and never hands the step on
+    let options = runner::Options {
+        wait: true,
+        fence: None,
+        halt: &halt::Never,
+        delegate: &AuthorWorker,
+    };
+    let outcome = match run_loop(|tx| runner::run_step_alone(tx, step_id, options)) {
         Ok(Ok(())) => "ran".to_string(),
         Ok(Err(e)) => e.report().message,
         Err(failure) => format!("{}: {}", failure.sqlstate(), failure.message),
@@ -199,7 +223,8 @@ fn wait_for(xid: u64) {
 /// The run this worker begins, or None when there is nothing to do: the launch was
 /// rolled back (or another launch has its id), it no longer runs, or it has fewer
 /// workers.
-fn begin(launch_id: i64, start: &WorkerStart) -> Result<Option<Run>> {
+fn begin(me: &LaunchWorker) -> Result<Option<Run>> {
+    let launch_id = me.launch_id;
     crate::installed::owner()?;
     let Some((job, step, workers, xid, client_min_messages, status)) =
         query::row(sql::LAUNCH, &[launch_id.into()], |r| {
@@ -209,13 +234,13 @@ fn begin(launch_id: i64, start: &WorkerStart) -> Result<Option<Run>> {
                 r.get::<i32>(3)?.unwrap_or(0),
                 r.get::<String>(5)?.unwrap_or_default(),
                 r.get::<String>(6)?.unwrap_or_default(),
-                r.get::<String>(7)?.unwrap_or_default(),
+                LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())?,
             ))
         })?
     else {
         return Ok(None);
     };
-    if xid != start.xid.to_string() || status != "running" || start.worker > workers {
+    if xid != me.xid.to_string() || status != LaunchStatus::Running || me.worker > workers {
         return Ok(None);
     }
     let work = match (job, step) {
@@ -227,14 +252,14 @@ fn begin(launch_id: i64, start: &WorkerStart) -> Result<Option<Run>> {
         sql::BEGIN_RUN,
         &[
             launch_id.into(),
-            start.worker.into(),
-            start.started_by.as_str().into(),
+            me.worker.into(),
+            me.started_by.as_str().into(),
         ],
     )?
     .unwrap_or(1);
     Ok(Some(Run {
         launch_id,
-        worker: start.worker,
+        worker: me.worker,
         run,
         work,
         client_min_messages,
@@ -246,8 +271,8 @@ fn failed(error: &BatchError) -> Outcome {
     let report = error.report();
     Outcome {
         outcome: match error {
-            BatchError::JobConflict { .. } => "conflict",
-            _ => "failed",
+            BatchError::JobConflict { .. } => RunOutcome::Conflict,
+            _ => RunOutcome::Failed,
         },
         sqlstate: Some(crate::txn::unpack_sqlstate(report.code as i32)),
         message: Some(report.message),
@@ -261,16 +286,22 @@ fn failed(error: &BatchError) -> Outcome {
 /// whatever the work said.
 fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
     let status = query::row(sql::LAUNCH, &[run.launch_id.into()], |r| {
-        Ok(r.get::<String>(7)?.unwrap_or_default())
+        LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())
     })?
-    .unwrap_or_default();
-    if status != "running" && matches!(outcome.outcome, "paused" | "pending" | "done") {
-        outcome = Outcome::plain(after_launch_ended(&status, outcome.outcome));
-    } else if outcome.outcome == "done" {
+    // a launch deleted under its worker is as one stopped
+    .unwrap_or(LaunchStatus::Stopped);
+    if status != LaunchStatus::Running
+        && matches!(
+            outcome.outcome,
+            RunOutcome::Paused | RunOutcome::Pending | RunOutcome::Done
+        )
+    {
+        outcome = Outcome::plain(after_launch_ended(status, outcome.outcome));
+    } else if outcome.outcome == RunOutcome::Done {
         if let Work::Chain(step) = run.work {
             // a chain's run returns when it is done or when its batch is paused
             if query::one::<bool>(sql::CHAIN_PAUSED, &[step.into()])?.unwrap_or(false) {
-                outcome = Outcome::plain("paused");
+                outcome = Outcome::plain(RunOutcome::Paused);
             }
         }
     }
@@ -280,13 +311,13 @@ fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
             run.launch_id.into(),
             run.worker.into(),
             run.run.into(),
-            outcome.outcome.into(),
+            outcome.outcome.as_str().into(),
             outcome.sqlstate.as_deref().into(),
             outcome.message.as_deref().into(),
         ],
     )?;
     let mut ends = outcome.ends_launch();
-    if ends == Some("paused") {
+    if ends == Some(LaunchStatus::Paused) {
         // resumed since the worker stopped for it: the launch goes on (the supervisor
         // starts this worker again)
         let (job, step) = match &run.work {
@@ -298,9 +329,16 @@ fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
         }
     }
     if let Some(ended) = ends {
-        if query::one::<bool>(sql::END_LAUNCH, &[run.launch_id.into(), ended.into()])? == Some(true)
+        if query::one::<bool>(
+            sql::END_LAUNCH,
+            &[run.launch_id.into(), ended.as_str().into()],
+        )? == Some(true)
         {
-            crate::events::launch(run.launch_id, "ended", serde_json::json!({"status": ended}));
+            crate::events::launch(
+                run.launch_id,
+                "ended",
+                serde_json::json!({"status": ended.as_str()}),
+            );
         }
     }
     Ok(outcome)
@@ -308,11 +346,11 @@ fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
 
 /// How a run that stopped for its launch having ended (with `launch_status`) ended,
 /// when its own work said `own`.
-fn after_launch_ended(launch_status: &str, own: &'static str) -> &'static str {
+fn after_launch_ended(launch_status: LaunchStatus, own: RunOutcome) -> RunOutcome {
     match (launch_status, own) {
-        (_, "done") => "done",
-        ("done", _) => "pending",
-        _ => "stopped",
+        (_, RunOutcome::Done) => RunOutcome::Done,
+        (LaunchStatus::Done, _) => RunOutcome::Pending,
+        _ => RunOutcome::Stopped,
     }
 }
 
@@ -351,16 +389,23 @@ fn show_statement(statement: &str) {
 #[cfg(test)]
 mod tests {
     use super::after_launch_ended;
+    use crate::status::{LaunchStatus as Launch, RunOutcome as Run};
 
     #[test]
     fn a_run_stopped_by_its_launch_ending_says_why() {
         // a fellow worker finished the job before this one took another chunk
-        assert_eq!(after_launch_ended("done", "pending"), "pending");
-        assert_eq!(after_launch_ended("done", "paused"), "pending");
-        assert_eq!(after_launch_ended("done", "done"), "done");
+        assert_eq!(after_launch_ended(Launch::Done, Run::Pending), Run::Pending);
+        assert_eq!(after_launch_ended(Launch::Done, Run::Paused), Run::Pending);
+        assert_eq!(after_launch_ended(Launch::Done, Run::Done), Run::Done);
         // stop_launch, or a fellow worker's conflict or failure
-        assert_eq!(after_launch_ended("stopped", "pending"), "stopped");
-        assert_eq!(after_launch_ended("conflict", "paused"), "stopped");
-        assert_eq!(after_launch_ended("failed", "done"), "done");
+        assert_eq!(
+            after_launch_ended(Launch::Stopped, Run::Pending),
+            Run::Stopped
+        );
+        assert_eq!(
+            after_launch_ended(Launch::Conflict, Run::Paused),
+            Run::Stopped
+        );
+        assert_eq!(after_launch_ended(Launch::Failed, Run::Done), Run::Done);
     }
 }

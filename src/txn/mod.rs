@@ -23,11 +23,14 @@ pub use failure::{unpack_sqlstate, with_context, Failure, FailureKind};
 use pgrx::pg_sys;
 use pgrx::PgTryBuilder;
 
-/// The transactions a loop of work runs in, one per round.
+/// The transactions a loop of work runs in, one per round. As `dyn Transactions` (what
+/// a chain's step delegate is handed) it ends transactions, and runs no rounds.
 pub trait Transactions {
     /// Runs one round of the loop (a step, a chunk) with a fresh scratch memory context
     /// as the current one; whatever PostgreSQL allocated for the round before is freed.
-    fn item<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R;
+    fn item<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R
+    where
+        Self: Sized;
 
     /// Commits the current transaction and starts the next one.
     fn commit(&mut self);

@@ -8,6 +8,7 @@
 //! same promise in SQL.
 
 use crate::error::{BatchError, Result};
+use crate::halt::Halt;
 use crate::job::register::tables::JobTables;
 use crate::job::rules::progress::Progress;
 use crate::job::run::chunk::{held_back, ChunkItems, ItemArrays, OpenChunk, Opening, Recheck};
@@ -103,8 +104,9 @@ fn lock(job_id: &str, tables: &JobTables) -> Result<Option<Locked>> {
 
 /// The next chunk of a sequential job, in the current transaction: the job's row locked,
 /// its checkpoint checked (position, seal, counters, one probe of the audit partition
-/// for a row at or beyond it), and the chunk's keys read. Run as the owner.
-pub fn open(job_id: &str, tables: &JobTables) -> Result<Opening> {
+/// for a row at or beyond it), and the chunk's keys read; held back by the job's pause or
+/// `halt`. Run as the owner.
+pub fn open(job_id: &str, tables: &JobTables, halt: &dyn Halt) -> Result<Opening> {
     let locked = lock(job_id, tables)?.ok_or_else(|| BatchError::UnknownJob {
         job: job_id.to_string(),
     })?;
@@ -113,7 +115,7 @@ pub fn open(job_id: &str, tables: &JobTables) -> Result<Opening> {
         JobStatus::Done => return Ok(Opening::Done),
         stopped => return Ok(Opening::Stopped(stopped)),
     }
-    if let Some(paused) = held_back(job_id)? {
+    if let Some(paused) = held_back(job_id, halt)? {
         return Ok(Opening::Paused(paused));
     }
     if let Some(reason) = locked.untrusted() {

@@ -4,6 +4,7 @@
 //! and what opening one may come to instead.
 
 use crate::error::Result;
+use crate::halt::Halt;
 use crate::job::rules::progress::Progress;
 use crate::own_rows::Tid;
 use crate::pauses::{self, Paused};
@@ -13,12 +14,12 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use std::ops::Range;
 
-/// What holds a drainer back before its next chunk: the job's pause, or, in a worker of
-/// a launch, the launch no longer running (stop_launch).
-pub fn held_back(job_id: &str) -> Result<Option<Paused>> {
+/// What holds a drainer back before its next chunk: the job's pause, or what its caller
+/// halts it for (a launch's worker: the launch no longer running).
+pub fn held_back(job_id: &str, halt: &dyn Halt) -> Result<Option<Paused>> {
     match pauses::of_job(job_id)? {
         Some(paused) => Ok(Some(paused)),
-        None => crate::launch::stopped(),
+        None => halt.halted(),
     }
 }
 

@@ -23,6 +23,7 @@
 //! reads the job's new status, and stops.
 
 use crate::error::{BatchError, Result};
+use crate::halt::Halt;
 use crate::job::register::tables::JobTables;
 use crate::job::rules::progress::Progress;
 use crate::job::run::checkpoint::{chunk_items, first_audit_from, outside_changes};
@@ -110,7 +111,8 @@ impl Cursor {
 /// where it looks), and checked at a cost that does not grow with the job (the job's
 /// status and counters, read after the chunk partition's lock is granted; the chunk
 /// row's seal; one probe of the audit partition for a row inside the chunk), and its
-/// keys read. `progress` gives the job's item count and chunk size. Run as the owner.
+/// keys read; held back by the job's pause or `halt`. `progress` gives the job's item
+/// count and chunk size. Run as the owner.
 ///
 /// The chunk partition's ROW EXCLUSIVE lock is taken first and kept to the end of the
 /// transaction: a job being stopped holds EXCLUSIVE, and this waits for it.
@@ -119,6 +121,7 @@ pub fn open(
     tables: &JobTables,
     progress: Progress,
     cursor: &mut Cursor,
+    halt: &dyn Halt,
 ) -> Result<Opening> {
     let chunks = crate::job::rules::progress::chunk_count(progress.item_count, progress.chunk_size);
     let claimed = own_rows::with_table(&tables.chunks_relname(), |rows_of_chunks| {
@@ -149,7 +152,7 @@ pub fn open(
             JobStatus::Done => return Ok(Err(Opening::Done)),
             stopped => return Ok(Err(Opening::Stopped(stopped))),
         }
-        if let Some(paused) = held_back(job_id)? {
+        if let Some(paused) = held_back(job_id, halt)? {
             return Ok(Err(Opening::Paused(paused)));
         }
         if audit_changes != 0 || item_changes != 0 {

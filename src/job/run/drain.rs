@@ -24,6 +24,7 @@
 use crate::access::{self, Of, Right};
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
+use crate::halt::Halt;
 use crate::installed;
 use crate::job::change::{KindOfChange, Ran};
 use crate::job::definition::Definition;
@@ -55,8 +56,8 @@ use serde_json::Value;
 use std::ops::Range;
 
 /// What one CALL did, in numbers that do not grow with the job: the chunks and items it
-/// committed, the first and last key of them, and the job's status after it. The keys
-/// themselves are in the audit.
+/// committed, the first and last key of them, and how it ended. The keys themselves are
+/// in the audit.
 #[derive(Debug)]
 pub struct Drained {
     pub chunks: i32,
@@ -65,11 +66,41 @@ pub struct Drained {
     pub skipped: i64,
     pub first_key: Option<String>,
     pub last_key: Option<String>,
-    pub status: JobStatus,
-    /// The call stopped because the job is paused.
-    pub paused: bool,
-    /// The call stopped because the hour is outside the job's windows.
-    pub outside_windows: bool,
+    pub ended: Ended,
+}
+
+/// How a drain ended, as drain_job's status says it (`as_str`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// With the job's status after it: done; pending when it stopped at max_chunks, or
+    /// found every chunk left held by other drainers; as the job's row says when
+    /// max_chunks 0 kept it from looking.
+    Job(JobStatus),
+    /// The job is paused (pause_job, a critical signal of its pace), or the drain's halt
+    /// stopped it. The job is pending.
+    Paused,
+    /// The job's windows closed, and the call returned (AtWindowClose::Return), with
+    /// the job's status then: pending, or done when other drainers of a parallel job
+    /// committed its last chunks meanwhile.
+    OutsideWindows(JobStatus),
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Job(status) => status.as_str(),
+            Ended::Paused => "paused",
+            Ended::OutsideWindows(_) => "outside_windows",
+        }
+    }
+
+    /// The job's status after the drain.
+    pub fn job_status(self) -> JobStatus {
+        match self {
+            Ended::Job(status) | Ended::OutsideWindows(status) => status,
+            Ended::Paused => JobStatus::Pending,
+        }
+    }
 }
 
 /// Chunks of at least this many items have their change planned for their own items
@@ -128,6 +159,19 @@ struct Job {
 pub enum AtWindowClose {
     Return,
     Wait,
+}
+
+/// How a drain runs, as its caller asks: everything that differs between a client's
+/// CALL of drain_job and a launch's worker is here, and nowhere else.
+pub struct Options<'a> {
+    /// The most chunks to commit; None: to the end of the job.
+    pub max_chunks: Option<i32>,
+    /// The lease the drainer works under, checked again in every chunk's transaction.
+    pub fence: Option<Fence>,
+    pub at_window_close: AtWindowClose,
+    /// What stops the drain besides the job's pause (halt::Never for a CALL; a worker's
+    /// launch that no longer runs).
+    pub halt: &'a dyn Halt,
 }
 
 /// What the pace let the next chunk do.
@@ -199,13 +243,13 @@ enum Change {
     Failed(Failure),
 }
 
-pub fn drain<T: Transactions>(
-    tx: &mut T,
-    job_id: &str,
-    max_chunks: Option<i32>,
-    fence: Option<Fence>,
-    at_window_close: AtWindowClose,
-) -> Result<Drained> {
+pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Result<Drained> {
+    let Options {
+        max_chunks,
+        fence,
+        at_window_close,
+        halt,
+    } = options;
     if let Some(max) = max_chunks.filter(|m| *m < 0) {
         return Err(BatchError::invalid_because(
             format!("max_chunks {max} is out of range"),
@@ -223,9 +267,7 @@ pub fn drain<T: Transactions>(
         skipped: 0,
         first_key: None,
         last_key: None,
-        status: JobStatus::Pending,
-        paused: false,
-        outside_windows: false,
+        ended: Ended::Job(JobStatus::Pending),
     };
     let mut audit = AuditWriter::new(&job.def.tables.audit_relname())?;
     let mut finished = false;
@@ -234,12 +276,11 @@ pub fn drain<T: Transactions>(
     let mut failed_attempts = 0;
     while !finished
         && !all_held
-        && !drained.paused
-        && !drained.outside_windows
+        && matches!(drained.ended, Ended::Job(_))
         && max_chunks.is_none_or(|max| drained.chunks < max)
     {
         // the pace: wait, holding nothing, until the next chunk may go
-        match job.wait_for_pace(tx, at_window_close)? {
+        match job.wait_for_pace(tx, at_window_close, halt)? {
             BeforeChunk::Go => {}
             BeforeChunk::Paused(paused) => {
                 if let Some(paused) = paused {
@@ -248,7 +289,7 @@ pub fn drain<T: Transactions>(
                         &format!("etc_batch.resume_job({})", quote_literal(job_id)),
                     );
                 }
-                drained.paused = true;
+                drained.ended = Ended::Paused;
                 continue;
             }
             BeforeChunk::OutsideWindows { opens_in } => {
@@ -261,11 +302,11 @@ pub fn drain<T: Transactions>(
                         crate::job::rules::window::human_minutes(opens_in)
                     )
                 );
-                drained.outside_windows = true;
+                drained.ended = Ended::OutsideWindows(JobStatus::Pending);
                 continue;
             }
         }
-        let round = tx.item(|_| job.next_chunk(&mut audit))?;
+        let round = tx.item(|_| job.next_chunk(&mut audit, halt))?;
         if !matches!(round, Round::Transient { .. }) {
             failed_attempts = 0;
         }
@@ -319,7 +360,7 @@ pub fn drain<T: Transactions>(
                     &format!("job \"{job_id}\""),
                     &format!("etc_batch.resume_job({})", quote_literal(job_id)),
                 );
-                drained.paused = true;
+                drained.ended = Ended::Paused;
             }
             Round::Mismatch { range, known } => {
                 tx.rollback();
@@ -351,10 +392,10 @@ pub fn drain<T: Transactions>(
     if job.order.looks_again_at_the_end()
         && !finished
         && !all_held
-        && !drained.paused
+        && drained.ended != Ended::Paused
         && drained.chunks > 0
     {
-        let round = tx.item(|_| job.finish_if_complete())?;
+        let round = tx.item(|_| job.finish_if_complete(halt))?;
         tx.commit();
         match round {
             Round::Finished => finished = true,
@@ -362,15 +403,20 @@ pub fn drain<T: Transactions>(
             _ => {}
         }
     }
-    drained.status = if finished {
+    let status = if finished {
         JobStatus::Done
-    } else if drained.chunks > 0 || all_held || drained.paused || drained.outside_windows {
+    } else if drained.chunks > 0 || all_held || !matches!(drained.ended, Ended::Job(_)) {
         // the loop stopped at max_chunks, after a chunk that was not the last, or found
         // every open chunk of a parallel job held by other drainers
         JobStatus::Pending
     } else {
         // max_chunks 0: the job was not even looked at
         job.status()?
+    };
+    drained.ended = match drained.ended {
+        Ended::Job(_) => Ended::Job(status),
+        Ended::Paused => Ended::Paused,
+        Ended::OutsideWindows(_) => Ended::OutsideWindows(status),
     };
     if teller.tells_the_end() {
         drained.end_notice(job_id);
@@ -411,10 +457,10 @@ impl Drained {
             ),
             _ => "committed nothing".to_string(),
         };
-        let status = if self.paused {
-            "paused"
-        } else {
-            self.status.as_str()
+        // the job's status, but that a paused job is told as paused
+        let status = match self.ended {
+            paused @ Ended::Paused => paused.as_str(),
+            ended => ended.job_status().as_str(),
         };
         notice!("job \"{job_id}\": this call {done}; the job is {status}");
     }
@@ -551,11 +597,13 @@ impl Job {
     /// Waits until the job's pace (pace.rs) lets its next chunk go: while a signal holds
     /// it back (saying so once per kind of wait), then for its slot of the rate. Every
     /// wait begins with a COMMIT, so that it holds nothing. A critical signal pauses the
-    /// job instead; outside its windows, a call returns at once (`at_window_close`).
+    /// job instead; outside its windows, a call returns at once (`at_window_close`). The
+    /// job's pause, or `halt`, ends a wait.
     fn wait_for_pace(
         &mut self,
         tx: &mut impl Transactions,
         at_window_close: AtWindowClose,
+        halt: &dyn Halt,
     ) -> Result<BeforeChunk> {
         let mut told: Option<Wait> = None;
         let mut since_told = std::time::Instant::now();
@@ -660,10 +708,11 @@ impl Job {
                         told = Some(wait.clone());
                         since_told = std::time::Instant::now();
                     }
-                    // a pause_job, or a stop_launch of this worker's launch, ends the wait
-                    // as it would before a chunk: a window may be hours away
+                    // a pause_job, or the halt (a stop_launch of a worker's launch), ends
+                    // the wait as it would before a chunk: a window may be hours away
                     let held = tx.item(|_| {
-                        let held = self.owner(|| crate::job::run::chunk::held_back(self.id()))?;
+                        let held =
+                            self.owner(|| crate::job::run::chunk::held_back(self.id(), halt))?;
                         if held.is_some() {
                             self.end_wait(&wait, since_told.elapsed())?;
                         }
@@ -768,14 +817,15 @@ impl Job {
     }
 
     /// One chunk, in the current transaction: opened (the fence checked, its records
-    /// locked and checked), changed, its audit rows written and the chunk closed.
-    fn next_chunk(&mut self, audit: &mut AuditWriter) -> Result<Round> {
+    /// locked and checked), changed, its audit rows written and the chunk closed; unless
+    /// the job's pause or `halt` holds it back.
+    fn next_chunk(&mut self, audit: &mut AuditWriter, halt: &dyn Halt) -> Result<Round> {
         // the chunk's own duration, for job_chunk_seconds (the metrics)
         let opened = std::time::Instant::now();
         if let Some(fence) = &self.fence {
             self.owner(|| fence.check())?;
         }
-        let opening = as_role(self.bookkeeper, || self.order.open(&self.def))?;
+        let opening = as_role(self.bookkeeper, || self.order.open(&self.def, halt))?;
         let chunk = match opening {
             Opening::Open(chunk) => chunk,
             Opening::Done => return Ok(Round::Finished),
@@ -897,8 +947,8 @@ impl Job {
     /// After a parallel drain stopped at max_chunks: whether the job is done now (its
     /// chunks all committed, by this drainer or others). A chunk claimed only to look is
     /// let go with the transaction.
-    fn finish_if_complete(&mut self) -> Result<Round> {
-        let opening = as_role(self.bookkeeper, || self.order.open(&self.def))?;
+    fn finish_if_complete(&mut self, halt: &dyn Halt) -> Result<Round> {
+        let opening = as_role(self.bookkeeper, || self.order.open(&self.def, halt))?;
         match opening {
             Opening::AllCommitted => self.finish(),
             Opening::Done => Ok(Round::Finished),

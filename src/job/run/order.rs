@@ -3,6 +3,7 @@
 //! and never asks which way it is.
 
 use crate::error::Result;
+use crate::halt::Halt;
 use crate::job::definition::Definition;
 use crate::job::rules::progress::{chunk_count, Progress};
 use crate::job::run::checkpoint;
@@ -29,11 +30,11 @@ impl Order {
         }
     }
 
-    /// The next chunk, locked (or claimed) and checked, in the current transaction. Run
-    /// as the owner.
-    pub fn open(&mut self, def: &Definition) -> Result<Opening> {
+    /// The next chunk, locked (or claimed) and checked, in the current transaction, unless
+    /// the job's pause or `halt` holds it back. Run as the owner.
+    pub fn open(&mut self, def: &Definition, halt: &dyn Halt) -> Result<Opening> {
         match self {
-            Order::InOrder => checkpoint::open(&def.job_id, &def.tables),
+            Order::InOrder => checkpoint::open(&def.job_id, &def.tables, halt),
             Order::Parallel(cursor) => claim::open(
                 &def.job_id,
                 &def.tables,
@@ -43,6 +44,7 @@ impl Order {
                     chunk_size: def.chunk_size,
                 },
                 cursor,
+                halt,
             ),
         }
     }
