@@ -77,7 +77,7 @@ pub const ITEMS_IN_RANGE: &str = concat!(
 
 /// One approved item, from the chunk row that holds it. $1 position.
 pub const ITEM: &str = concat!(
-    "SELECT u.item_key, u.revision, u.guards::pg_catalog.text\n  FROM ",
+    "SELECT u.item_key, u.revision, u.guards::pg_catalog.text AS guards\n  FROM ",
     items_of_the_chunk_holding_1!(),
     "\n WHERE u.position OPERATOR(pg_catalog.=) $1"
 );

@@ -3,6 +3,11 @@
 //!
 //! - `drain`      the commit loop: lock, check the status after the lock, verify, change,
 //!   audit, checkpoint, COMMIT.
+//! - `drainer`    one job's statements and roles, built once per call, and its change.
+//! - `pace_wait`  the wait before a chunk, until the pace lets it go.
+//! - `retry`      a chunk that failed with a transient error, tried again.
+//! - `mismatch`   a chunk that changed fewer rows than it has items, explained.
+//! - `notices`    what a drain tells its caller.
 //! - `chunk`      a chunk a drainer holds, and what opening one may come to instead.
 //! - `order`      how a job's chunks are taken, chosen once: in order, or claimed.
 //! - `checkpoint` a sequential job's chunks: its row locked and checked, the checkpoint moved.
@@ -19,5 +24,10 @@ pub mod chunk;
 pub(crate) mod claim;
 pub mod crash;
 pub mod drain;
+mod drainer;
+mod mismatch;
+mod notices;
 pub(crate) mod order;
+mod pace_wait;
+mod retry;
 pub(crate) mod seal;
