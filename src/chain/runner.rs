@@ -52,6 +52,34 @@ struct LockedStep {
     max_attempts: i32,
 }
 
+query::row_reader! {
+    /// A step found done, as STEP_SKIPPED reads it: what its audit row needs, and the
+    /// next step of its batch.
+    struct Skipped {
+        batch: String = String::new(),
+        attempts: i32 = 0,
+        added_by: pg_sys::Oid = pg_sys::Oid::INVALID,
+        next_step: Option<i64>,
+    }
+}
+
+query::row_reader! {
+    /// A failed attempt recorded, as MARK_RETRIED and MARK_FAILED return it: what its
+    /// audit row needs.
+    struct Marked {
+        batch: String = String::new(),
+        attempts: i32 = 0,
+        added_by: pg_sys::Oid = pg_sys::Oid::INVALID,
+    }
+}
+
+query::row_reader! {
+    /// The backend holding a step's row lock, as STEP_HOLDER reads it.
+    struct Holder {
+        pid: Option<i32>,
+    }
+}
+
 /// When a step's command started and finished.
 type Span = (TimestampWithTimeZone, TimestampWithTimeZone);
 
@@ -412,21 +440,22 @@ impl Runner<'_> {
             // done by the worker this runner handed the step to: the chain goes on from it
             Action::Skip if delegated => {
                 let next = self
-                    .owner(|| query::row(sql::STEP_SKIPPED, &[id.into()], |r| r.get::<i64>(4)))?
+                    .owner(|| {
+                        query::row(sql::STEP_SKIPPED, &[id.into()], |r| {
+                            Skipped::read(r).map(|s| s.next_step)
+                        })
+                    })?
                     .flatten();
                 Ok(Flow::Ran(next))
             }
             Action::Skip => {
                 let next = self.owner(|| {
-                    let (batch, attempt, added_by, next) =
-                        query::row(sql::STEP_SKIPPED, &[id.into()], |r| {
-                            Ok((
-                                r.get::<String>(1)?.unwrap_or_default(),
-                                r.get::<i32>(2)?.unwrap_or_default(),
-                                r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-                                r.get::<i64>(4)?,
-                            ))
-                        })?
+                    let Skipped {
+                        batch,
+                        attempts: attempt,
+                        added_by,
+                        next_step: next,
+                    } = query::row(sql::STEP_SKIPPED, &[id.into()], Skipped::read)?
                         .ok_or(BatchError::UnknownStep { id })?;
                     self.audit.borrow_mut().write(&Attempt {
                         status_seen: StepStatus::Done,
@@ -671,7 +700,11 @@ impl Runner<'_> {
         };
         let sqlstate = failure.sqlstate();
         let attempt = self.owner(|| {
-            let (batch, attempt, added_by) = query::row(
+            let Marked {
+                batch,
+                attempts: attempt,
+                added_by,
+            } = query::row(
                 statement,
                 &[
                     id.into(),
@@ -681,13 +714,7 @@ impl Runner<'_> {
                     sqlstate.as_str().into(),
                     failure.detail.as_deref().into(),
                 ],
-                |r| {
-                    Ok((
-                        r.get::<String>(1)?.unwrap_or_default(),
-                        r.get::<i32>(2)?.unwrap_or_default(),
-                        r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-                    ))
-                },
+                Marked::read,
             )?
             .ok_or(BatchError::UnknownStep { id })?;
             self.audit.borrow_mut().write(&Attempt {
@@ -789,7 +816,9 @@ impl Runner<'_> {
     /// Tells the caller who holds a step it declined to wait for.
     fn report_holder(&self, id: i64) -> Result<()> {
         let holder = as_role(self.bookkeeper, || {
-            query::row(sql::STEP_HOLDER, &[id.into()], |row| row.get::<i32>(1))
+            query::row(sql::STEP_HOLDER, &[id.into()], |row| {
+                Holder::read(row).map(|h| h.pid)
+            })
         })?;
         match holder {
             None => Err(BatchError::UnknownStep { id }),

@@ -23,10 +23,56 @@ thread_local! {
     static CURRENT: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-/// A chain definition: what run_chain needs of it.
-struct Definition {
-    time_zone: String,
-    overlap: bool,
+query::row_reader! {
+    /// A chain definition: what run_chain needs of it, as CHAIN_DEFINITION reads it.
+    struct Definition {
+        time_zone: String = String::new(),
+        overlap: bool = false,
+    }
+}
+
+query::row_reader! {
+    /// A run as FIND_RUN reads it.
+    struct FoundRun {
+        batch: String = String::new(),
+        first_step: i64 = 0,
+        run_number: i64 = 0,
+        abandoned_by: Option<String>,
+        abandoned_at: Option<TimestampWithTimeZone>,
+    }
+}
+
+query::row_reader! {
+    /// An earlier run that is not finished, as UNFINISHED_BEFORE reads it.
+    struct UnfinishedRow {
+        batch: String = String::new(),
+        run_key: String = String::new(),
+        step: i64 = 0,
+        status: String = String::new(),
+        error: Option<String>,
+    }
+}
+
+query::row_reader! {
+    /// A run as RUN_STATE reads it.
+    struct RunState {
+        batch: String = String::new(),
+        abandoned: bool = false,
+        /// Whether every step of it is done.
+        done: bool = false,
+    }
+}
+
+query::row_reader! {
+    /// A batch as BATCH_KIND reads it.
+    struct KindRow {
+        /// Whether it is a chain's definition.
+        definition: bool = false,
+        chain: Option<String>,
+        run_key: Option<String>,
+        abandoned_by: Option<String>,
+        abandoned_at: Option<TimestampWithTimeZone>,
+    }
 }
 
 /// A run of a chain, made or found by run_chain.
@@ -96,15 +142,10 @@ pub fn start(chain: &str, run_key: Option<&str>) -> Result<Start> {
     let caller = current_user();
     as_owner(|| {
         query::run(sql::LOCK_CHAIN, &[chain.into()])?;
-        let definition = query::row(sql::CHAIN_DEFINITION, &[chain.into()], |r| {
-            Ok(Definition {
-                time_zone: r.get::<String>(1)?.unwrap_or_default(),
-                overlap: r.get::<bool>(2)?.unwrap_or(false),
-            })
-        })?
-        .ok_or_else(|| BatchError::UnknownChain {
-            chain: chain.into(),
-        })?;
+        let definition = query::row(sql::CHAIN_DEFINITION, &[chain.into()], Definition::read)?
+            .ok_or_else(|| BatchError::UnknownChain {
+                chain: chain.into(),
+            })?;
         let run_key = match run_key {
             Some(key) => key.to_string(),
             None => query::one::<String>(sql::TODAY_IN, &[definition.time_zone.as_str().into()])?
@@ -128,14 +169,15 @@ pub fn start(chain: &str, run_key: Option<&str>) -> Result<Start> {
 /// The run, unless there is none; refused when it was abandoned.
 fn find(chain: &str, run_key: &str) -> Result<Option<Run>> {
     let found = query::row(sql::FIND_RUN, &[chain.into(), run_key.into()], |r| {
+        let found = FoundRun::read(r)?;
         Ok((
             Run {
-                batch: r.get::<String>(1)?.unwrap_or_default(),
-                first_step: r.get::<i64>(2)?.unwrap_or(0),
-                number: r.get::<i64>(3)?.unwrap_or(0),
+                batch: found.batch,
+                first_step: found.first_step,
+                number: found.run_number,
             },
-            r.get::<String>(4)?,
-            r.get::<TimestampWithTimeZone>(5)?,
+            found.abandoned_by,
+            found.abandoned_at,
         ))
     })?;
     match found {
@@ -193,12 +235,13 @@ fn unfinished_before(chain: &str, number: i64) -> Result<Option<Unfinished>> {
         sql::UNFINISHED_BEFORE,
         &[chain.into(), number.into()],
         |r| {
+            let u = UnfinishedRow::read(r)?;
             Ok(Unfinished {
-                batch: r.get::<String>(1)?.unwrap_or_default(),
-                run_key: r.get::<String>(2)?.unwrap_or_default(),
-                step: r.get::<i64>(3)?.unwrap_or(0),
-                status: StepStatus::parse(&r.get::<String>(4)?.unwrap_or_default())?,
-                error: r.get::<String>(5)?,
+                batch: u.batch,
+                run_key: u.run_key,
+                step: u.step,
+                status: StepStatus::parse(&u.status)?,
+                error: u.error,
             })
         },
     )
@@ -258,11 +301,7 @@ pub fn abandon(chain: &str, run_key: &str) -> Result<bool> {
     let by = current_user();
     as_owner(|| {
         let batch = query::row(sql::RUN_STATE, &[chain.into(), run_key.into()], |r| {
-            Ok((
-                r.get::<String>(1)?.unwrap_or_default(),
-                r.get::<bool>(2)?.unwrap_or(false),
-                r.get::<bool>(3)?.unwrap_or(false),
-            ))
+            RunState::read(r).map(|s| (s.batch, s.abandoned, s.done))
         })?;
         match batch {
             None => Err(BatchError::UnknownRun {
@@ -294,13 +333,15 @@ enum BatchKind {
 
 fn kind_of(batch: &str) -> Result<BatchKind> {
     let found = query::row(sql::BATCH_KIND, &[batch.into()], |r| {
-        Ok((
-            r.get::<bool>(1)?.unwrap_or(false),
-            r.get::<String>(2)?,
-            r.get::<String>(3)?,
-            r.get::<String>(4)?,
-            r.get::<TimestampWithTimeZone>(5)?,
-        ))
+        KindRow::read(r).map(|k| {
+            (
+                k.definition,
+                k.chain,
+                k.run_key,
+                k.abandoned_by,
+                k.abandoned_at,
+            )
+        })
     })?;
     Ok(match found {
         Some((true, ..)) => BatchKind::Definition,

@@ -16,7 +16,7 @@ SELECT (SELECT l.pid FROM pg_catalog.pg_locks l
          WHERE l.locktype OPERATOR(pg_catalog.=) 'transactionid'
            AND l.granted
            AND l.transactionid OPERATOR(pg_catalog.=) b.xmax
-         LIMIT 1)
+         LIMIT 1) AS pid
   FROM etc_batch.batch_log b
  WHERE b.id OPERATOR(pg_catalog.=) $1";
 
@@ -46,7 +46,7 @@ UPDATE etc_batch.batch_log
        started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5,
        last_detail = $6
  WHERE id OPERATOR(pg_catalog.=) $1
-RETURNING batch, attempts, added_by::pg_catalog.oid";
+RETURNING batch, attempts, added_by::pg_catalog.oid AS added_by";
 
 /// The steps of a batch that commit, and their commands: for the check that a chain
 /// never runs itself again. $1 batch.
@@ -63,14 +63,14 @@ UPDATE etc_batch.batch_log
        started_at = $2, finished_at = $3, last_error = $4, last_sqlstate = $5,
        last_detail = $6
  WHERE id OPERATOR(pg_catalog.=) $1
-RETURNING batch, attempts, added_by::pg_catalog.oid";
+RETURNING batch, attempts, added_by::pg_catalog.oid AS added_by";
 
 /// A step found done, for the audit row of the skip, and the next step of the batch.
 /// $1 id.
 pub const STEP_SKIPPED: &str = concat!(
-    "SELECT batch, attempts, added_by::pg_catalog.oid, ",
+    "SELECT batch, attempts, added_by::pg_catalog.oid AS added_by, ",
     next_step!(),
-    "
+    " AS next_step
   FROM etc_batch.batch_log
  WHERE id OPERATOR(pg_catalog.=) $1"
 );
@@ -155,7 +155,8 @@ SELECT pg_catalog.to_char(pg_catalog.timezone($1, pg_catalog.now()), 'YYYY-MM-DD
 
 /// Run $2 of chain $1: its batch, first step, number, and who abandoned it when.
 pub const FIND_RUN: &str = "\
-SELECT r.batch, r.first_step, r.run_number, r.abandoned_by::pg_catalog.text, r.abandoned_at
+SELECT r.batch, r.first_step, r.run_number, r.abandoned_by::pg_catalog.text AS abandoned_by,
+       r.abandoned_at
   FROM etc_batch.chain_run r
  WHERE r.chain OPERATOR(pg_catalog.=) $1 AND r.run_key OPERATOR(pg_catalog.=) $2";
 
@@ -184,7 +185,7 @@ RETURNING run_number";
 /// The first run of chain $1 made before run number $2 that is not abandoned and has a
 /// step that is not done: its batch, key, and that step, its status and error.
 pub const UNFINISHED_BEFORE: &str = "\
-SELECT r.batch, r.run_key, s.id, s.status, s.last_error
+SELECT r.batch, r.run_key, s.id AS step, s.status, s.last_error AS error
   FROM etc_batch.chain_run r
   JOIN LATERAL (SELECT b.id, b.status::pg_catalog.text, b.last_error FROM etc_batch.batch_log b
                  WHERE b.batch OPERATOR(pg_catalog.=) r.batch
@@ -196,10 +197,10 @@ SELECT r.batch, r.run_key, s.id, s.status, s.last_error
 
 /// Run $2 of chain $1: its batch, whether it was abandoned, whether every step is done.
 pub const RUN_STATE: &str = "\
-SELECT r.batch, r.abandoned_at IS NOT NULL,
+SELECT r.batch, r.abandoned_at IS NOT NULL AS abandoned,
        NOT EXISTS (SELECT FROM etc_batch.batch_log b
                     WHERE b.batch OPERATOR(pg_catalog.=) r.batch
-                      AND b.status OPERATOR(pg_catalog.<>) 'done')
+                      AND b.status OPERATOR(pg_catalog.<>) 'done') AS done
   FROM etc_batch.chain_run r
  WHERE r.chain OPERATOR(pg_catalog.=) $1 AND r.run_key OPERATOR(pg_catalog.=) $2";
 
@@ -211,8 +212,8 @@ UPDATE etc_batch.chain_run SET abandoned_by = $3, abandoned_at = pg_catalog.now(
 /// What batch $1 is: whether it is a chain's definition; the chain and key of the run it
 /// is, and who abandoned that run when.
 pub const BATCH_KIND: &str = "\
-SELECT EXISTS (SELECT FROM etc_batch.chain c WHERE c.chain OPERATOR(pg_catalog.=) $1),
-       r.chain, r.run_key, r.abandoned_by::pg_catalog.text, r.abandoned_at
+SELECT EXISTS (SELECT FROM etc_batch.chain c WHERE c.chain OPERATOR(pg_catalog.=) $1) AS definition,
+       r.chain, r.run_key, r.abandoned_by::pg_catalog.text AS abandoned_by, r.abandoned_at
   FROM (SELECT) n
   LEFT JOIN etc_batch.chain_run r ON r.batch OPERATOR(pg_catalog.=) $1";
 

@@ -5,12 +5,12 @@
 pub const INSERT_LAUNCH: &str = "\
 INSERT INTO etc_batch.launch (job_id, step_id, workers, launched_by, launching_xid, client_min_messages)
 VALUES ($1, $2, $3, $4::pg_catalog.oid::pg_catalog.regrole, pg_catalog.pg_current_xact_id(), $5)
-RETURNING launch_id, launching_xid::pg_catalog.text";
+RETURNING launch_id, launching_xid::pg_catalog.text AS launching_xid";
 
 /// A launch as a worker reads it when it starts. $1 launch.
 pub const LAUNCH: &str = "\
-SELECT l.job_id, l.step_id, l.workers, l.launched_by::pg_catalog.oid,
-       l.launching_xid::pg_catalog.text, l.client_min_messages, l.status
+SELECT l.job_id, l.step_id, l.workers, l.launched_by::pg_catalog.oid AS launched_by,
+       l.launching_xid::pg_catalog.text AS launching_xid, l.client_min_messages, l.status
   FROM etc_batch.launch l
  WHERE l.launch_id OPERATOR(pg_catalog.=) $1";
 
@@ -57,7 +57,8 @@ WITH stopped AS (
            ended_at = pg_catalog.now()
      WHERE launch_id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'running'
     RETURNING launch_id)
-SELECT l.status, l.launched_by::pg_catalog.oid, EXISTS (SELECT FROM stopped)
+SELECT l.status, l.launched_by::pg_catalog.oid AS launched_by,
+       EXISTS (SELECT FROM stopped) AS stopped
   FROM etc_batch.launch l
  WHERE l.launch_id OPERATOR(pg_catalog.=) $1";
 
@@ -65,9 +66,11 @@ SELECT l.status, l.launched_by::pg_catalog.oid, EXISTS (SELECT FROM stopped)
 /// work; and whether each is of the last ten seconds, when its first workers may still
 /// be starting.
 pub const RUNNING_LAUNCHES: &str = "\
-SELECT l.launch_id, l.workers, l.launched_by::pg_catalog.oid, l.launching_xid::pg_catalog.text,
+SELECT l.launch_id, l.workers, l.launched_by::pg_catalog.oid AS launched_by,
+       l.launching_xid::pg_catalog.text AS launching_xid,
        -- OPERATOR() forms all share one precedence: the parentheses are the order
        l.launched_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '10 seconds')
+         AS young
   FROM etc_batch.launch l
  WHERE l.status OPERATOR(pg_catalog.=) 'running'
  ORDER BY l.launch_id";
@@ -93,17 +96,20 @@ RETURNING l.launch_id";
 /// etc_batch's workers at work in the whole cluster, and every background worker, as
 /// pg_stat_activity shows them. $1 etc_batch's worker type.
 pub const WORKERS_IN_USE: &str = "\
-SELECT (pg_catalog.count(*) FILTER (WHERE a.backend_type OPERATOR(pg_catalog.=) $1))::pg_catalog.int4,
+SELECT (pg_catalog.count(*) FILTER (WHERE a.backend_type OPERATOR(pg_catalog.=) $1))::pg_catalog.int4
+         AS running,
        (pg_catalog.count(*) FILTER (WHERE a.backend_type OPERATOR(pg_catalog.<>) ALL (ARRAY[
             'client backend', 'autovacuum launcher', 'autovacuum worker', 'background writer',
             'checkpointer', 'walwriter', 'startup', 'archiver', 'walsender', 'walreceiver',
             'walsummarizer', 'io worker', 'slotsync worker', 'standalone backend'])))::pg_catalog.int4
+         AS in_use
   FROM pg_catalog.pg_stat_activity a";
 
 /// The ids of the locks of key space $1 that sessions of this database hold now, as
 /// pg_locks shows them (session_lock.rs): a look that takes no lock of its own.
 pub const HELD_LOCKS: &str = "\
 SELECT (x.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) x.objid::pg_catalog.int8
+         AS id
   FROM pg_catalog.pg_locks x
  WHERE x.locktype OPERATOR(pg_catalog.=) 'advisory' AND x.granted
    AND x.objsubid OPERATOR(pg_catalog.=) $1
@@ -119,7 +125,8 @@ SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) pg_catalog.cardinality($1::pg_
 /// Whether role $1 may log in, and whether the caller may EXECUTE the procedure $2
 /// (regprocedure text) that the launch runs.
 pub const MAY_LAUNCH: &str = "\
-SELECT r.rolcanlogin, pg_catalog.has_function_privilege($2::pg_catalog.regprocedure, 'EXECUTE')
+SELECT r.rolcanlogin AS can_login,
+       pg_catalog.has_function_privilege($2::pg_catalog.regprocedure, 'EXECUTE') AS may_execute
   FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) $1";
 
 /// Whether etc_batch is installed here at this version. $1 the library's version.

@@ -3,6 +3,7 @@
 //! supervisor does, on demand).
 
 use super::bgw::{self, LaunchWorker, Task, WorkerStart};
+use super::worker::Launch;
 use super::{preloaded, slot, sql, MAX_WORKERS, MAX_WORKERS_PER_LAUNCH};
 use crate::access::{self, Of, Right};
 use crate::chain::runner::StepDelegate;
@@ -38,6 +39,64 @@ impl Work<'_> {
     }
 }
 
+query::row_reader! {
+    /// What MAY_LAUNCH reads of the launching role.
+    struct MayLaunch {
+        can_login: bool = false,
+        may_execute: bool = false,
+    }
+}
+
+query::row_reader! {
+    /// A launch as INSERT_LAUNCH returns it.
+    struct Written {
+        launch_id: i64 = 0,
+        launching_xid: String = String::new(),
+    }
+}
+
+query::row_reader! {
+    /// A job as JOB_TO_LAUNCH reads it.
+    struct JobToLaunch {
+        status: String = String::new(),
+        parallel: bool = false,
+    }
+}
+
+query::row_reader! {
+    /// The workers WORKERS_IN_USE counts.
+    struct WorkersInUse {
+        running: i32 = 0,
+        in_use: i32 = 0,
+    }
+}
+
+query::row_reader! {
+    /// A lock as HELD_LOCKS reads it.
+    struct HeldLock {
+        id: i64 = -1,
+    }
+}
+
+query::row_reader! {
+    /// What STOP_LAUNCH returns: whether the launch stopped now.
+    struct Stopped {
+        stopped: bool = false,
+    }
+}
+
+query::row_reader! {
+    /// A launch as RUNNING_LAUNCHES reads it.
+    struct RunningLaunch {
+        launch_id: i64 = 0,
+        workers: i32 = 0,
+        launched_by: pg_sys::Oid = pg_sys::Oid::INVALID,
+        launching_xid: String = String::new(),
+        /// Whether it is of the last ten seconds.
+        young: bool = false,
+    }
+}
+
 /// What a launch started.
 pub struct Launched {
     pub launch_id: i64,
@@ -65,12 +124,7 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
     let (can_login, may_execute) = query::row(
         sql::MAY_LAUNCH,
         &[role.into(), work.procedure().into()],
-        |r| {
-            Ok((
-                r.get::<bool>(1)?.unwrap_or(false),
-                r.get::<bool>(2)?.unwrap_or(false),
-            ))
-        },
+        |r| MayLaunch::read(r).map(|m| (m.can_login, m.may_execute)),
     )?
     .unwrap_or_default();
     if !may_execute {
@@ -101,7 +155,10 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
         Work::Chain(step) => (None, Some(step)),
     };
     let client_min_messages = crate::settings::current(c"client_min_messages").unwrap_or_default();
-    let (launch_id, xid) = as_owner(|| {
+    let Written {
+        launch_id,
+        launching_xid: xid,
+    } = as_owner(|| {
         query::row(
             sql::INSERT_LAUNCH,
             &[
@@ -111,12 +168,7 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
                 role.into(),
                 client_min_messages.as_str().into(),
             ],
-            |r| {
-                Ok((
-                    r.get::<i64>(1)?.unwrap_or(0),
-                    r.get::<String>(2)?.unwrap_or_default(),
-                ))
-            },
+            Written::read,
         )
     })?
     .ok_or_else(|| BatchError::Internal("a launch was not written".into()))?;
@@ -174,15 +226,9 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
 fn check(work: Work, workers: i32) -> Result<()> {
     match work {
         Work::Job(job_id) => {
-            let (status, parallel) = as_owner(|| {
-                query::row(sql::JOB_TO_LAUNCH, &[job_id.into()], |r| {
-                    Ok((
-                        r.get::<String>(1)?.unwrap_or_default(),
-                        r.get::<bool>(2)?.unwrap_or(false),
-                    ))
-                })
-            })?
-            .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
+            let JobToLaunch { status, parallel } =
+                as_owner(|| query::row(sql::JOB_TO_LAUNCH, &[job_id.into()], JobToLaunch::read))?
+                    .ok_or_else(|| BatchError::UnknownJob { job: job_id.into() })?;
             match JobStatus::parse(&status)? {
                 JobStatus::Pending => {}
                 stopped => return Err(lifecycle::refusal(job_id, stopped)?),
@@ -211,7 +257,7 @@ fn check(work: Work, workers: i32) -> Result<()> {
 /// etc_batch's workers at work in the cluster, and every background worker.
 fn workers_in_use() -> Result<(i32, i32)> {
     Ok(query::row(sql::WORKERS_IN_USE, &[bgw::WORKER.into()], |r| {
-        Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<i32>(2)?.unwrap_or(0)))
+        WorkersInUse::read(r).map(|w| (w.running, w.in_use))
     })?
     .unwrap_or_default())
 }
@@ -235,7 +281,7 @@ fn await_shown(pids: &[i32]) -> Result<()> {
 pub(super) fn held(space: Space) -> Result<std::collections::HashSet<i64>> {
     Ok(
         query::rows(sql::HELD_LOCKS, &[(space as i32).into()], 0, |r| {
-            Ok(r.get::<i64>(1)?.unwrap_or(-1))
+            HeldLock::read(r).map(|l| l.id)
         })?
         .into_iter()
         .collect(),
@@ -258,7 +304,7 @@ pub fn stop(launch_id: i64) -> Result<bool> {
     let caller = current_user();
     let status = as_owner(|| {
         query::row(sql::LAUNCH, &[launch_id.into()], |r| {
-            LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())
+            LaunchStatus::parse(&Launch::read(r)?.status)
         })
     })?
     .ok_or(BatchError::UnknownLaunch { id: launch_id })?;
@@ -268,7 +314,7 @@ pub fn stop(launch_id: i64) -> Result<bool> {
     }
     let stopped = as_owner(|| {
         query::row(sql::STOP_LAUNCH, &[launch_id.into(), caller.into()], |r| {
-            Ok(r.get::<bool>(3)?.unwrap_or(false))
+            Stopped::read(r).map(|s| s.stopped)
         })
     })?
     .unwrap_or(false);
@@ -360,18 +406,17 @@ pub struct Resumed {
 /// the last few seconds that has begun no run yet (it may still be starting). Run as
 /// the owner.
 pub fn resume(patient: bool, skip: impl Fn(i64, i32) -> bool) -> Result<Vec<Resumed>> {
-    let launches = query::rows(sql::RUNNING_LAUNCHES, &[], 0, |r| {
-        Ok((
-            r.get::<i64>(1)?.unwrap_or(0),
-            r.get::<i32>(2)?.unwrap_or(0),
-            r.get::<pg_sys::Oid>(3)?.unwrap_or(pg_sys::Oid::INVALID),
-            r.get::<String>(4)?.unwrap_or_default(),
-            r.get::<bool>(5)?.unwrap_or(false),
-        ))
-    })?;
+    let launches = query::rows(sql::RUNNING_LAUNCHES, &[], 0, RunningLaunch::read)?;
     let mut resumed = Vec::new();
     let at_work = held(Space::Worker)?;
-    for (launch_id, workers, role, xid, young) in launches {
+    for RunningLaunch {
+        launch_id,
+        workers,
+        launched_by: role,
+        launching_xid: xid,
+        young,
+    } in launches
+    {
         for worker in 1..=workers {
             if at_work.contains(&slot(launch_id, worker)) || skip(launch_id, worker) {
                 continue;

@@ -21,6 +21,18 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CString;
 
+query::row_reader! {
+    /// A launch as LAUNCH reads it.
+    pub(super) struct Launch {
+        pub(super) job_id: Option<String>,
+        pub(super) step_id: Option<i64>,
+        pub(super) workers: i32 = 0,
+        pub(super) launching_xid: String = String::new(),
+        pub(super) client_min_messages: String = String::new(),
+        pub(super) status: String = String::new(),
+    }
+}
+
 /// What a launch runs, as its worker read it.
 enum Work {
     Job(String),
@@ -226,20 +238,22 @@ fn wait_for(xid: u64) {
 fn begin(me: &LaunchWorker) -> Result<Option<Run>> {
     let launch_id = me.launch_id;
     crate::installed::owner()?;
-    let Some((job, step, workers, xid, client_min_messages, status)) =
-        query::row(sql::LAUNCH, &[launch_id.into()], |r| {
-            Ok((
-                r.get::<String>(1)?,
-                r.get::<i64>(2)?,
-                r.get::<i32>(3)?.unwrap_or(0),
-                r.get::<String>(5)?.unwrap_or_default(),
-                r.get::<String>(6)?.unwrap_or_default(),
-                LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())?,
-            ))
-        })?
+    let Some((launch, status)) = query::row(sql::LAUNCH, &[launch_id.into()], |r| {
+        let launch = Launch::read(r)?;
+        let status = LaunchStatus::parse(&launch.status)?;
+        Ok((launch, status))
+    })?
     else {
         return Ok(None);
     };
+    let Launch {
+        job_id: job,
+        step_id: step,
+        workers,
+        launching_xid: xid,
+        client_min_messages,
+        ..
+    } = launch;
     if xid != me.xid.to_string() || status != LaunchStatus::Running || me.worker > workers {
         return Ok(None);
     }
@@ -286,7 +300,7 @@ fn failed(error: &BatchError) -> Outcome {
 /// whatever the work said.
 fn end(run: &Run, mut outcome: Outcome) -> Result<Outcome> {
     let status = query::row(sql::LAUNCH, &[run.launch_id.into()], |r| {
-        LaunchStatus::parse(&r.get::<String>(7)?.unwrap_or_default())
+        LaunchStatus::parse(&Launch::read(r)?.status)
     })?
     // a launch deleted under its worker is as one stopped
     .unwrap_or(LaunchStatus::Stopped);
