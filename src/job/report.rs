@@ -20,14 +20,17 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use std::collections::VecDeque;
 
-pub struct ReportRow {
-    /// NULL for an item a revert or a remainder left out of its approval (see
-    /// `left_out`).
-    pub position: Option<i32>,
-    pub item_key: String,
-    pub state: String,
-    pub revision_committed: Option<i64>,
-    pub revision_now: Option<i64>,
+query::row_reader! {
+    /// An item's state, as Target::report_sql gives it (or a left-out item's).
+    pub struct ReportRow {
+        /// NULL for an item a revert or a remainder left out of its approval (see
+        /// `left_out`).
+        pub position: Option<i32>,
+        pub item_key: String = String::new(),
+        pub state: String = String::new(),
+        pub revision_committed: Option<i64>,
+        pub revision_now: Option<i64>,
+    }
 }
 
 /// Every approved item with its state, from one statement (one snapshot), read with
@@ -120,17 +123,6 @@ pub struct Report {
 }
 
 query::row_reader! {
-    /// An item's state, as Target::report_sql gives it.
-    struct ItemState {
-        position: Option<i32>,
-        item_key: String = String::new(),
-        state: String = String::new(),
-        revision_committed: Option<i64>,
-        revision_now: Option<i64>,
-    }
-}
-
-query::row_reader! {
     /// The job's items counted by state, as Target::counts_sql gives them.
     struct Counts {
         unprocessed: i32 = 0,
@@ -150,16 +142,7 @@ impl Iterator for Report {
                 return self.left_out.pop_front();
             };
             let rows = crate::settings::stable_output_if(self.stable_output, || {
-                cursor.fetch(BATCH as i64, |r| {
-                    let row = ItemState::read(r)?;
-                    Ok(ReportRow {
-                        position: row.position,
-                        item_key: row.item_key,
-                        state: row.state,
-                        revision_committed: row.revision_committed,
-                        revision_now: row.revision_now,
-                    })
-                })
+                cursor.fetch(BATCH as i64, ReportRow::read)
             })
             .or_raise();
             if rows.is_empty() {

@@ -63,6 +63,16 @@ pub struct LaunchWorker {
 const STEP: &str = "step";
 
 impl WorkerStart {
+    /// A worker in this backend's database, connected as `role`, started for `task`.
+    pub fn here(role: pg_sys::Oid, task: Task) -> WorkerStart {
+        WorkerStart {
+            // SAFETY: reads the backend's database
+            database: unsafe { pg_sys::MyDatabaseId },
+            role,
+            task,
+        }
+    }
+
     /// The worker's argument: its launch, or its step.
     fn argument(&self) -> i64 {
         match self.task {

@@ -183,17 +183,15 @@ pub fn launch(work: Work, workers: i32) -> Result<Launched> {
         .map_err(|_| BatchError::Internal(format!("a launching transaction id reads {xid}")))?;
     let mut pids = Vec::with_capacity(workers as usize);
     for worker in 1..=workers {
-        let start = WorkerStart {
-            // SAFETY: reads the backend's database
-            database: unsafe { pg_sys::MyDatabaseId },
+        let start = WorkerStart::here(
             role,
-            task: Task::Launch(LaunchWorker {
+            Task::Launch(LaunchWorker {
                 launch_id,
                 worker,
                 xid,
                 started_by: StartedBy::Launch,
             }),
-        };
+        );
         match bgw::start_worker(&start)? {
             Some(pid) => pids.push(pid),
             None => {
@@ -374,12 +372,7 @@ fn run_step_as_author(
             "etc_batch.max_workers is {max}, and {running} of etc_batch's workers run now"
         )));
     }
-    let start = WorkerStart {
-        // SAFETY: reads the backend's database
-        database: unsafe { pg_sys::MyDatabaseId },
-        role: author,
-        task: Task::Step { step_id },
-    };
+    let start = WorkerStart::here(author, Task::Step { step_id });
     let Some(worker) = bgw::start_step_worker(&start)? else {
         return Err(refused(format!(
             "max_worker_processes is {}, and {in_use} background workers run now",
@@ -435,17 +428,15 @@ pub fn resume(patient: bool, skip: impl Fn(i64, i32) -> bool) -> Result<Vec<Resu
                 // the rest waits for a free worker
                 return Ok(resumed);
             }
-            let start = WorkerStart {
-                // SAFETY: reads the backend's database
-                database: unsafe { pg_sys::MyDatabaseId },
+            let start = WorkerStart::here(
                 role,
-                task: Task::Launch(LaunchWorker {
+                Task::Launch(LaunchWorker {
                     launch_id,
                     worker,
                     xid: xid.parse().unwrap_or(0),
                     started_by: StartedBy::Resume,
                 }),
-            };
+            );
             match bgw::start_worker(&start)? {
                 Some(pid) => resumed.push(Resumed {
                     launch_id,
