@@ -232,7 +232,7 @@ SELECT v.pid FROM pg_catalog.pg_stat_progress_vacuum v
         OR v.relid IN (SELECT t.relid FROM pg_catalog.pg_partition_tree($1::pg_catalog.oid::pg_catalog.regclass) t))
  LIMIT 1";
 
-/// A wait of job $1's drainer for $2 (pace.rs, Wait::kind) that lasted $3 seconds,
+/// A wait of job $1's drainer for $2 (job/pace, Wait::kind) that lasted $3 seconds,
 /// added up per job and kind for the metrics.
 pub const RECORD_WAIT: &str = "\
 INSERT INTO etc_batch.job_wait AS w (job_id, waited_for, waits, seconds)

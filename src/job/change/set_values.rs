@@ -120,7 +120,7 @@ pub(crate) fn check_constraints(
 /// (see bounds_chunks), then the chunk's first and last key; last, the chunk's
 /// arrays (ItemArrays::args). Bound as values, the arrays tell the planner how many
 /// items the chunk has, and the key bounds how many rows of the target lie between
-/// its first and last key: planned for them (drain.rs, planning), a chunk whose
+/// its first and last key: planned for them (run/drainer.rs, planning), a chunk whose
 /// items are most of the rows of its key range reads that range once and joins it,
 /// where one of scattered items probes the target by index once per item.
 pub(crate) fn chunk_sql(

@@ -47,8 +47,8 @@ pub struct ChunkItems {
     pub arrays: ItemArrays,
 }
 
-/// The arrays of a chunk's row, as they are, for its change to unfold (target.rs,
-/// change_sql): the planner then knows how many items the chunk has.
+/// The arrays of a chunk's row, as they are, for its change to unfold (change/set_values.rs,
+/// chunk_sql): the planner then knows how many items the chunk has.
 pub struct ItemArrays {
     pub keys: Opaque,
     pub revisions: Opaque,

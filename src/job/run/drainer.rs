@@ -24,7 +24,7 @@ use pgrx::spi::quote_literal;
 use serde_json::Value;
 
 /// Chunks of at least this many items have their change planned for their own items
-/// and key range, each time (target.rs, change_sql): a few hundred microseconds that
+/// and key range, each time (change/set_values.rs, chunk_sql): a few hundred microseconds that
 /// buy, where the chunk's items are most of the rows between its first and last key, a
 /// join of that range read once instead of one probe of the target's index per item.
 /// Smaller chunks share one plan, made once, which probes (`changing`): planning each

@@ -31,7 +31,7 @@ pub(super) struct SignalsRead {
 }
 
 impl Drainer {
-    /// Waits until the job's pace (pace.rs) lets its next chunk go: while a signal holds
+    /// Waits until the job's pace (job/pace) lets its next chunk go: while a signal holds
     /// it back (saying so once per kind of wait), then for its slot of the rate. Every
     /// wait begins with a COMMIT, so that it holds nothing. A critical signal pauses the
     /// job instead; outside its windows, a call returns at once (`at_window_close`). The
