@@ -417,7 +417,8 @@ SELECT pg_catalog.has_table_privilege($1, 'SELECT') AS may_select,
        ARRAY(SELECT c FROM pg_catalog.unnest($3::pg_catalog.text[]) AS c
               WHERE NOT pg_catalog.has_column_privilege($1, c, 'UPDATE')) AS not_updatable,
        ($2::pg_catalog.oid IS NULL
-        OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')) AS may_execute";
+        OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')) AS may_execute,
+       pg_catalog.has_any_column_privilege($1, 'UPDATE') AS may_lock";
 
 /// A job's target: its kind, its quoted name, and its name as regclass prints it.
 pub const RELATION: &str = "\

@@ -1,31 +1,25 @@
 //! A handler: a function (item jsonb) RETURNS jsonb that etc_batch calls once per item,
 //! in position order, as the registering role; it changes the row itself and returns
-//! its new state (the revision included), or NULL to refuse the item. Reverted by a
-//! handler that undoes it (inverse).
+//! its new state, or NULL to refuse the item. Before it is called for an item, the
+//! item's row is locked and checked against the item's guard (its revision, its digest
+//! or its named columns) exactly as a guarded UPDATE checks it: a handler is never
+//! handed a row that drifted. Reverted by a handler that undoes it (inverse).
 
-use super::{Ran, RevertTerms};
+use super::{ChunkSql, Ran, RevertTerms};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
-use crate::job::rules::approval;
 use crate::job::rules::guard::Guard;
 use crate::job::sql;
-use crate::job::target::Target;
+use crate::job::target::{Constants, Target};
 use crate::query;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::quote_literal;
-use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// A handler job's handler, checked: the job has a revision column to hand it, and the
-/// function takes and returns jsonb. Returns its regprocedure text.
-pub(crate) fn check(guard: &Guard, handler: pg_sys::Oid) -> Result<String> {
-    if guard.column().is_none() {
-        return Err(BatchError::Unsupported {
-            message: "a handler job needs a revision column".into(),
-            detail: "A handler is handed each item's revision and returns the row's new one; a job guarded by a digest of the row or by named columns changes rows with set_values.".into(),
-        });
-    }
+/// A handler job's handler, checked: the function takes and returns jsonb. Returns its
+/// regprocedure text. Any guard will do: etc_batch checks it before the call.
+pub(crate) fn check(handler: pg_sys::Oid) -> Result<String> {
     signature(handler)
 }
 
@@ -62,11 +56,25 @@ fn signature(handler: pg_sys::Oid) -> Result<String> {
     }
 }
 
-/// A handler job's chunk: the handler is called once per item, in position order,
-/// with the item as jsonb (its key columns, its revision, the tenant, the guards);
-/// it returns the row's new state, or NULL for a conflict. Returns (position, result
-/// as text, key) per item. $1-$3 as change_sql.
-pub(crate) fn chunk_sql(target: &Target, items: &str, chunk_size: i32, handler: &str) -> String {
+/// A handler job's chunk: every item's row locked and checked against the item's guard
+/// first (`passed`, as a guarded UPDATE checks it, tenant, key, guard, guard columns and
+/// expectations; a row changed meanwhile is checked again as it is now), then the
+/// handler called once per item whose row passed, in position order, with the item as
+/// jsonb (its key columns, its revision, the tenant, the guards); it returns the row's
+/// new state, or NULL to refuse the item. An item whose row did not pass is not handed
+/// over: its result is NULL and `passed` false. Returns (position, passed, result as
+/// text, key) per item. $1-$3 as set_values' chunk_sql, then the expectations.
+///
+/// The locks come first, the calls after: the handler is volatile, so PostgreSQL calls
+/// it after the sort, which reads every row of the join and so of `passed` first.
+pub(crate) fn chunk_sql(
+    target: &Target,
+    items: &str,
+    chunk_size: i32,
+    handler: &str,
+    guard_columns: &[String],
+    constants: &Constants,
+) -> String {
     let s = &target.shape;
     let mut fields: Vec<String> = s
         .key
@@ -91,47 +99,92 @@ pub(crate) fn chunk_sql(target: &Target, items: &str, chunk_size: i32, handler: 
             target.cast("$3", column)
         ));
     }
+    let items_sql = Target::chunk_items(items, chunk_size);
     format!(
-        "SELECT it.position, {handler}(pg_catalog.jsonb_build_object({}) \
-         OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text AS result, it.item_key\n  FROM {}\n ORDER BY it.position",
-        fields.join(", "),
-        Target::chunk_items(items, chunk_size),
+        "WITH passed AS MATERIALIZED (\n\
+         SELECT it.position\n  FROM {name} AS t, {items_sql}\n WHERE {matches}\n   FOR UPDATE OF t)\n\
+         SELECT it.position, p.position IS NOT NULL AS passed,\n       \
+         CASE WHEN p.position IS NOT NULL THEN {handler}(pg_catalog.jsonb_build_object({fields}) \
+         OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END AS result, it.item_key\n  \
+         FROM {items_sql}\n  LEFT JOIN passed p ON p.position OPERATOR(pg_catalog.=) it.position\n \
+         ORDER BY it.position",
+        name = target.sql_name,
+        matches = target.item_matches(guard_columns, constants),
+        fields = fields.join(", "),
     )
 }
 
-/// A handler job's chunk: each item's result, read as text (jsonb that serde_json
-/// cannot hold is a clear error here, not an internal one); NULL refuses the item.
-pub(crate) fn run(def: &Definition, sql: &str, args: &[DatumWithOid], items: usize) -> Result<Ran> {
+/// The guard value each item's row holds after the handler changed it, read from the
+/// row (what the audit keeps: the fact, not what the handler said it did). $1-$3 as
+/// chunk_sql, $4 the positions changed. None for a job guarded by named columns, whose
+/// audit keeps no guard value.
+pub(crate) fn guard_after_sql(target: &Target, items: &str, chunk_size: i32) -> Option<String> {
+    let s = &target.shape;
+    if s.guard == Guard::Columns {
+        return None;
+    }
+    let mut joins: Vec<String> = target.tenant_condition("$3").into_iter().collect();
+    joins.push(s.key.matches("it.item_key", &s.columns));
+    Some(format!(
+        "SELECT it.position, {} AS guard_now\n  FROM {}, {} AS t\n WHERE {}\n   \
+         AND it.position OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.int4[])",
+        s.guard_now(),
+        Target::chunk_items(items, chunk_size),
+        target.sql_name,
+        joins.join("\n   AND "),
+    ))
+}
+
+/// A handler job's chunk: each item's result, NULL for a refusal (an item whose row
+/// passed its guard and that the handler returned NULL for) or for an item whose row
+/// drifted (left for the drain to skip or stop at); then the guard value of each row
+/// changed, read from the row.
+pub(crate) fn run(sql: &ChunkSql, args: &[DatumWithOid], items: usize) -> Result<Ran> {
     query::row_reader! {
         /// An item's result, as chunk_sql gives it.
         struct Called {
             position: i32 = -1,
+            passed: bool = false,
             result: Option<String>,
-            item_key: String = String::new(),
         }
     }
-    let rows = query::rows(sql, args, 0, Called::read)?;
-    let mut changed = Vec::with_capacity(items);
+    let rows = query::rows(&sql.change, args, 0, Called::read)?;
+    let mut changed: Vec<(i32, Option<i64>)> = Vec::with_capacity(items);
     let mut refused = Vec::new();
     for Called {
         position,
+        passed,
         result,
-        item_key: key,
     } in rows
     {
-        let Some(text) = result else {
-            refused.push(position);
-            continue;
-        };
-        let result = approval::read_json(&format!("the handler's result for item {key}"), &text)?;
-        let field = def.guard.column().unwrap_or_default();
-        let Some(revision) = result.get(field).and_then(Value::as_i64) else {
-            return Err(BatchError::invalid_because(
-                format!("handler result for item {key} has no integer \"{field}\""),
-                "A handler returns the new state of the row, revision included, or NULL for a conflict.",
-            ));
-        };
-        changed.push((position, Some(revision)));
+        match (passed, result) {
+            (true, Some(_)) => changed.push((position, None)),
+            (true, None) => refused.push(position),
+            (false, _) => {}
+        }
+    }
+    if let (Some(after), false) = (&sql.guard_after, changed.is_empty()) {
+        query::row_reader! {
+            struct After {
+                position: i32 = -1,
+                guard_now: Option<i64>,
+            }
+        }
+        let positions: Vec<i32> = changed.iter().map(|(p, _)| *p).collect();
+        // the chunk's positions and tenant, as the change had them
+        let mut args: Vec<DatumWithOid> = args[..3]
+            .iter()
+            // SAFETY: the same datums, of the same types, for the same statement's life
+            .map(|a| unsafe { DatumWithOid::new_from_datum(a.datum(), a.oid()) })
+            .collect();
+        args.push(positions.into());
+        let now: BTreeMap<i32, Option<i64>> = query::rows(after, &args, 0, After::read)?
+            .into_iter()
+            .map(|a| (a.position, a.guard_now))
+            .collect();
+        for (position, guard) in &mut changed {
+            *guard = now.get(position).copied().flatten();
+        }
     }
     Ok(Ran { changed, refused })
 }

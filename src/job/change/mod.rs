@@ -16,7 +16,6 @@ pub(crate) mod set_values;
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::approval::Action;
-use crate::job::rules::guard::Guard;
 use crate::job::rules::shape::Shape;
 use crate::job::target::{Constants, Target};
 use crate::query;
@@ -24,6 +23,13 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use serde_json::Value;
 use std::collections::BTreeMap;
+
+/// The statements a chunk runs: its change, and what reads each changed row's guard
+/// value after a change that does not return it (a handler's).
+pub(crate) struct ChunkSql {
+    pub(crate) change: String,
+    pub(crate) guard_after: Option<String>,
+}
 
 /// A job's kind of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,14 +51,13 @@ pub(crate) struct Ran {
 /// approval's action (set_values, or a handler's name).
 pub(crate) fn approve(
     shape: &Shape,
-    guard: &Guard,
     set_values: Option<&Value>,
     handler: Option<pg_sys::Oid>,
     from_items: &[String],
 ) -> Result<Action> {
     match (set_values, handler) {
         (Some(values), None) => Ok(Action::Set(set_values::check(shape, values, from_items)?)),
-        (None, Some(handler)) => Ok(Action::Handler(handler::check(guard, handler)?)),
+        (None, Some(handler)) => Ok(Action::Handler(handler::check(handler)?)),
         _ => Err(BatchError::invalid_because(
             "a job needs either set_values or a handler",
             "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both.",
@@ -102,26 +107,32 @@ impl KindOfChange {
         }
     }
 
-    /// The one statement a chunk of `def` runs on `target`: $1 and $2 the chunk's
-    /// positions, $3 the tenant; then, for a guarded UPDATE (`binds_chunk`), the
-    /// constants, the chunk's key bounds and its arrays.
+    /// The statements a chunk of `def` runs on `target`: $1 and $2 the chunk's
+    /// positions, $3 the tenant, then the constants; for a guarded UPDATE
+    /// (`is_guarded_update`), then the chunk's key bounds and its arrays.
     pub(crate) fn chunk_sql(
         self,
         def: &Definition,
         target: &Target,
         constants: &Constants,
         key_bounds: bool,
-    ) -> String {
+    ) -> ChunkSql {
         match self {
-            KindOfChange::SetValues | KindOfChange::ItemValues => {
-                set_values::chunk_sql(target, &def.guard_columns, constants, key_bounds)
-            }
-            KindOfChange::Handler => handler::chunk_sql(
-                target,
-                def.tables.items(),
-                def.chunk_size,
-                def.handler.as_deref().unwrap_or_default(),
-            ),
+            KindOfChange::SetValues | KindOfChange::ItemValues => ChunkSql {
+                change: set_values::chunk_sql(target, &def.guard_columns, constants, key_bounds),
+                guard_after: None,
+            },
+            KindOfChange::Handler => ChunkSql {
+                change: handler::chunk_sql(
+                    target,
+                    def.tables.items(),
+                    def.chunk_size,
+                    def.handler.as_deref().unwrap_or_default(),
+                    &def.guard_columns,
+                    constants,
+                ),
+                guard_after: handler::guard_after_sql(target, def.tables.items(), def.chunk_size),
+            },
         }
     }
 
@@ -132,20 +143,19 @@ impl KindOfChange {
         self != KindOfChange::Handler
     }
 
-    /// Runs a chunk's statement `sql` with `args` and reads what it changed.
+    /// Runs a chunk's statements `sql` with `args` and reads what it changed.
     pub(crate) fn run(
         self,
-        def: &Definition,
-        sql: &str,
+        sql: &ChunkSql,
         args: &[DatumWithOid],
         planning: query::Planning,
         items: usize,
     ) -> Result<Ran> {
         match self {
             KindOfChange::SetValues | KindOfChange::ItemValues => {
-                set_values::run(sql, args, planning, items)
+                set_values::run(&sql.change, args, planning, items)
             }
-            KindOfChange::Handler => handler::run(def, sql, args, items),
+            KindOfChange::Handler => handler::run(sql, args, items),
         }
     }
 

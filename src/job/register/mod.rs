@@ -249,7 +249,6 @@ fn register_now(mut req: Request) -> Result<Registered> {
     };
     let action = change::approve(
         shape,
-        &guard,
         req.set_values.as_ref(),
         req.handler,
         &req.set_from_items,
@@ -619,8 +618,9 @@ fn check_keys(target: &Target, items: &[Item]) -> Result<()> {
 
 /// A job changes rows with the privileges of the role that registers it, so that role
 /// needs them now: SELECT on the target, and UPDATE of every column a guarded UPDATE
-/// assigns (the revision column included), or EXECUTE on the handler, whose own
-/// privileges then decide what it may change.
+/// assigns (the revision column included), or, for a handler job, EXECUTE on the
+/// handler, whose own privileges then decide what it may change, and UPDATE of some
+/// column, which locking each item's row before the call asks.
 fn check_privileges(
     oid: pg_sys::Oid,
     target: &Target,
@@ -642,12 +642,14 @@ fn check_privileges(
             may_select: bool = false,
             not_updatable: Vec<String> = Vec::new(),
             may_execute: bool = false,
+            may_lock: bool = false,
         }
     }
     let Privileges {
         may_select,
         not_updatable,
         may_execute,
+        may_lock,
     } = query::row(
         sql::PRIVILEGES,
         &[
@@ -661,6 +663,7 @@ fn check_privileges(
         may_select: false,
         not_updatable: Vec::new(),
         may_execute: false,
+        may_lock: false,
     });
     let denied = |message: String, detail: &str| {
         Err(BatchError::PermissionDenied {
@@ -672,7 +675,13 @@ fn check_privileges(
     if !may_select {
         return denied(
             format!("permission denied for table {display}"),
-            "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target (SELECT for a handler job).",
+            "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target.",
+        );
+    }
+    if handler.is_some() && !may_lock {
+        return denied(
+            format!("permission denied for table {display}"),
+            "A handler job locks each item's row and checks its guard before its handler is called, which needs UPDATE on the target (of one column at least).",
         );
     }
     if let Some(column) = not_updatable.first() {

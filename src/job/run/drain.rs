@@ -398,10 +398,11 @@ impl Drainer {
                 // a drift that stops the job, or a frozen list found short (which the
                 // check after the rollback reports as corrupt)
                 _ => {
+                    let known = first_refused(&chunk.range, &changed, &refused);
                     return Ok(Round::Mismatch {
                         range: chunk.range,
-                        known: refused.first().copied(),
-                    })
+                        known,
+                    });
                 }
             }
         };
@@ -481,5 +482,46 @@ impl Drainer {
             Opening::Done => Ok(Round::Finished),
             _ => Ok(Round::AllHeld),
         }
+    }
+}
+
+/// The item a chunk stops at, when it is one its handler refused: the first item of the
+/// chunk left unchanged, if the handler returned NULL for it. An item whose row drifted
+/// before it was never handed over; the check after the rollback finds it.
+fn first_refused(
+    range: &Range<i32>,
+    changed: &[(i32, Option<i64>)],
+    refused: &[i32],
+) -> Option<i32> {
+    let first_unchanged = range
+        .clone()
+        .find(|p| !changed.iter().any(|(c, _)| c == p))?;
+    refused
+        .contains(&first_unchanged)
+        .then_some(first_unchanged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_refused;
+
+    #[test]
+    fn a_chunk_stops_at_a_refusal_only_when_nothing_unchanged_comes_before_it() {
+        // items 10..15: 10 and 11 changed, 12 refused by the handler
+        assert_eq!(
+            first_refused(&(10..15), &[(10, None), (11, None)], &[12]),
+            Some(12)
+        );
+        // 12 drifted (never handed over), 13 refused: the check after the rollback
+        // names 12
+        assert_eq!(
+            first_refused(&(10..15), &[(10, None), (11, None)], &[13]),
+            None
+        );
+        // nothing refused: a drift
+        assert_eq!(first_refused(&(10..15), &[(10, Some(2))], &[]), None);
+        // every item changed
+        let all: Vec<(i32, Option<i64>)> = (10..15).map(|p| (p, None)).collect();
+        assert_eq!(first_refused(&(10..15), &all, &[]), None);
     }
 }

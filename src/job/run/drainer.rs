@@ -6,7 +6,7 @@ use super::pace_wait::SignalsRead;
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{KindOfChange, Ran};
+use crate::job::change::{ChunkSql, KindOfChange, Ran};
 use crate::job::definition::Definition;
 use crate::job::lifecycle;
 use crate::job::run::chunk::OpenChunk;
@@ -50,7 +50,7 @@ pub(super) struct Drainer {
     pub(super) order: Order,
     /// The lease this drainer works under, checked again in every chunk's transaction.
     pub(super) fence: Option<Fence>,
-    pub(super) change_sql: String,
+    pub(super) change_sql: ChunkSql,
     pub(super) mismatch_sql: String,
     pub(super) item_sql: String,
     pub(super) items_in_range_sql: String,
@@ -200,8 +200,8 @@ impl Drainer {
             range.end.into(),
             self.def.tenant_value().into(),
         ];
+        args.extend(self.constants.iter().map(query::Opaque::arg));
         if self.kind.is_guarded_update() {
-            args.extend(self.constants.iter().map(query::Opaque::arg));
             if self.bounds {
                 args.push(chunk.first_key.as_str().into());
                 args.push(chunk.last_key.as_str().into());
@@ -210,20 +210,15 @@ impl Drainer {
         }
         match caught(|| {
             self.changing(|| {
-                self.kind.run(
-                    &self.def,
-                    &self.change_sql,
-                    &args,
-                    self.planning,
-                    range.len(),
-                )
+                self.kind
+                    .run(&self.change_sql, &args, self.planning, range.len())
             })
         }) {
             Ok(ran) => Ok(Change::Ran(ran)),
             Err(mut failure) => {
                 failure.raised = failure
                     .raised
-                    .map(|r| r.without_statement(&self.change_sql));
+                    .map(|r| r.without_statement(&self.change_sql.change));
                 Ok(if crate::retries::is_transient(failure.packed_code()) {
                     Change::Transient(failure)
                 } else {
