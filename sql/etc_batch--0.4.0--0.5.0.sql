@@ -584,3 +584,87 @@ $doctor$;
 COMMENT ON FUNCTION etc_batch.doctor() IS
     'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
+
+-- Kinds of change: a job deletes its rows, or moves them to an archive table, and keeps
+-- what it deleted with its chunks' audit (src/job/change/delete.rs, move_rows.rs).
+ALTER TABLE etc_batch.job
+    ADD COLUMN action text NOT NULL DEFAULT 'update' CHECK (action IN ('update', 'delete', 'move')),
+    ADD COLUMN archive text,
+    ADD COLUMN keep_deleted boolean NOT NULL DEFAULT true,
+    ADD CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL));
+COMMENT ON COLUMN etc_batch.job.action IS
+    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
+COMMENT ON COLUMN etc_batch.job.archive IS
+    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is).';
+COMMENT ON COLUMN etc_batch.job.keep_deleted IS
+    'For a job that deletes or moves its rows: whether each row''s whole content is kept with its chunk''s audit (job_audit_chunk.kept), what a revert puts back. false for a purge that must not keep what it deleted; such a job cannot be reverted.';
+ALTER TABLE etc_batch.job_audit_chunk
+    ADD COLUMN kept text[],
+    ADD CONSTRAINT job_audit_chunk_kept_check
+        CHECK (kept IS NULL OR pg_catalog.cardinality(kept) = pg_catalog.cardinality(revisions_after));
+COMMENT ON COLUMN etc_batch.job_audit_chunk.kept IS
+    'For a job that deletes or moves its rows and keeps them (keep_deleted): each position''s row as it was when the chunk deleted it, in the table''s row type''s text form (NULL for an item skipped), compressed with the row as any long value is.';
+
+-- register_job and register_job_from_query take what to do to each row (action), a
+-- move's archive and whether a delete keeps its rows (keep_deleted): made again, with
+-- the EXECUTE grants they had.
+DO $remake$
+DECLARE
+    old regprocedure;
+    grantees regrole[];
+    g regrole;
+    grant_sql text;
+    signatures constant text[][] := ARRAY[
+        ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
+         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean)'],
+        ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean)']];
+    grants text[] := '{}';
+BEGIN
+    FOR i IN 1 .. array_length(signatures, 1) LOOP
+        old := signatures[i][1]::regprocedure;
+        SELECT array_agg(DISTINCT a.grantee::regrole) INTO grantees
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = old AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+           AND a.grantee <> 0;
+        FOREACH g IN ARRAY coalesce(grantees, '{}') LOOP
+            grants := grants || format('GRANT EXECUTE ON FUNCTION %s TO %s', signatures[i][2], g);
+        END LOOP;
+        EXECUTE 'DROP FUNCTION ' || old::text;
+    END LOOP;
+    EXECUTE $ddl$
+CREATE FUNCTION etc_batch.register_job(
+    job_id text, tenant text, target regclass, items jsonb, chunk_size integer,
+    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
+    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
+    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
+    record_before boolean DEFAULT false, action text DEFAULT 'update',
+    archive regclass DEFAULT NULL, keep_deleted boolean DEFAULT true)
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values, or a handler called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.register_job_from_query(
+    job_id text, tenant text, target regclass, items_query text, chunk_size integer,
+    set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
+    tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+    handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
+    key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
+    record_before boolean DEFAULT false, action text DEFAULT 'update',
+    archive regclass DEFAULT NULL, keep_deleted boolean DEFAULT true)
+RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) IS
+    'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) FROM PUBLIC;
+$ddl$;
+    FOREACH grant_sql IN ARRAY grants LOOP
+        EXECUTE grant_sql;
+    END LOOP;
+END
+$remake$;

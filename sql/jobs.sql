@@ -58,7 +58,12 @@ CREATE TABLE etc_batch.job (
     -- a job reverted: the job that sets its committed items back
     reverted_by      text,
     record_before    boolean     NOT NULL DEFAULT false,
-    set_from_items   name[]      NOT NULL DEFAULT '{}'
+    set_from_items   name[]      NOT NULL DEFAULT '{}',
+    action           text        NOT NULL DEFAULT 'update'
+                                 CHECK (action IN ('update', 'delete', 'move')),
+    archive          text,
+    keep_deleted     boolean     NOT NULL DEFAULT true,
+    CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL))
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -94,6 +99,12 @@ COMMENT ON COLUMN etc_batch.job.record_before IS
     'Whether registration recorded, in each approved item''s guards, the values its row held then in the columns the job sets (register_job''s record_before): guarded like any guard, they are exactly what the change replaced, and what register_revert sets back.';
 COMMENT ON COLUMN etc_batch.job.set_from_items IS
     'For a revert of a job that recorded its values before: the columns set to each item''s own value, which its item carries in job_item.guards under the column''s name (not a guard: what the revert sets).';
+COMMENT ON COLUMN etc_batch.job.action IS
+    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
+COMMENT ON COLUMN etc_batch.job.archive IS
+    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is).';
+COMMENT ON COLUMN etc_batch.job.keep_deleted IS
+    'For a job that deletes or moves its rows: whether each row''s whole content is kept with its chunk''s audit (job_audit_chunk.kept), what a revert puts back. false for a purge that must not keep what it deleted; such a job cannot be reverted.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';
 
@@ -122,11 +133,16 @@ CREATE TABLE etc_batch.job_audit_chunk (
     revisions_after bigint[]    NOT NULL,
     skipped         integer[],
     found           jsonb,
-    CHECK (last_position = first_position + pg_catalog.cardinality(revisions_after) - 1)
+    kept            text[],
+    CHECK (last_position = first_position + pg_catalog.cardinality(revisions_after) - 1),
+    CONSTRAINT job_audit_chunk_kept_check
+        CHECK (kept IS NULL OR pg_catalog.cardinality(kept) = pg_catalog.cardinality(revisions_after))
 ) PARTITION BY LIST (job_id);
 
 COMMENT ON TABLE etc_batch.job_audit_chunk IS
     'One row per committed chunk, written in the same transaction as the change and the checkpoint: the positions of its approved items in job_item (first_position to last_position), the transaction and its time, and for each position in order the revision (or row digest) the change left the row at (NULL for a job guarded by named columns, and for an item skipped); skipped lists the positions of the items a job approved with on_drift => skip left unchanged because their rows had drifted or gone, and found the rows found, a JSON array in the same order (JSON null for a row gone). One partition per job, job_audit_chunk_<job_number>, keyed by first_position. etc_batch.job_audit shows it one row per item.';
+COMMENT ON COLUMN etc_batch.job_audit_chunk.kept IS
+    'For a job that deletes or moves its rows and keeps them (keep_deleted): each position''s row as it was when the chunk deleted it, in the table''s row type''s text form (NULL for an item skipped), compressed with the row as any long value is.';
 
 CREATE TABLE etc_batch.job_chunk (
     job_id       text        NOT NULL,

@@ -4,6 +4,7 @@
 use super::types::{Jsonb, Name, Names, RegClass, RegProcedure};
 use crate::error::{required, BatchError, OrRaise, Result};
 use crate::halt;
+use crate::job::change::Asked;
 use crate::job::from_jobs::{remainder, revert};
 use crate::job::rules::approval;
 use crate::job::rules::approval::OnDrift;
@@ -40,6 +41,9 @@ macro_rules! registration {
             guard: default!(Option<String>, "NULL"),
             on_drift: default!(Option<String>, "'stop'"),
             record_before: default!(Option<bool>, false),
+            action: default!(Option<String>, "'update'"),
+            archive: default!(Option<RegClass>, "NULL"),
+            keep_deleted: default!(Option<bool>, true),
         ) -> TableIterator<
             'static,
             (
@@ -70,6 +74,11 @@ macro_rules! registration {
                     on_drift: OnDrift::parse(&required(on_drift, "on_drift")?)?,
                     record_before: required(record_before, "record_before")?,
                     set_from_items: Vec::new(),
+                    action: Asked::parse(
+                        &required(action, "action")?,
+                        archive.map(|a| a.0),
+                    )?,
+                    keep_deleted: required(keep_deleted, "keep_deleted")?,
                 })
             })()
             .or_raise();

@@ -51,6 +51,18 @@ pub struct Definition {
     pub record_before: bool,
     /// A revert's columns set to each item's own value (carried in its guards).
     pub set_from_items: Vec<String>,
+    /// For a job that deletes its rows (or moves them to an archive): how.
+    pub deletes: Option<Deletion>,
+}
+
+/// How a job deletes its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    /// The table a move inserts them into first, its quoted, schema-qualified name;
+    /// None: deleted only.
+    pub archive: Option<String>,
+    /// Whether each row's content is kept with its chunk's audit.
+    pub keep: bool,
 }
 
 query::row_reader! {
@@ -83,6 +95,9 @@ query::row_reader! {
         handler_oid: Option<pg_sys::Oid>,
         record_before: bool = false,
         set_from_items: Vec<String> = Vec::new(),
+        action: String = String::new(),
+        archive: Option<String>,
+        keep_deleted: bool = true,
     }
 }
 
@@ -145,6 +160,10 @@ impl Definition {
             handler_oid: r.handler_oid,
             record_before: r.record_before,
             set_from_items: r.set_from_items,
+            deletes: (r.action != "update").then_some(Deletion {
+                archive: r.archive,
+                keep: r.keep_deleted,
+            }),
         }))
     }
 
@@ -156,10 +175,27 @@ impl Definition {
             key: self.key.clone(),
             guard: self.guard.clone(),
             chunk_size: self.chunk_size,
-            action: match (&self.set_values, &self.handler) {
-                (Some(values), _) => Action::Set(values.clone()),
-                (None, Some(handler)) => Action::Handler(handler.clone()),
-                (None, None) => Action::Set(BTreeMap::new()),
+            action: match (&self.deletes, &self.set_values, &self.handler) {
+                (
+                    Some(Deletion {
+                        archive: None,
+                        keep,
+                    }),
+                    ..,
+                ) => Action::Delete { keep: *keep },
+                (
+                    Some(Deletion {
+                        archive: Some(archive),
+                        keep,
+                    }),
+                    ..,
+                ) => Action::Move {
+                    archive: archive.clone(),
+                    keep: *keep,
+                },
+                (None, Some(values), _) => Action::Set(values.clone()),
+                (None, None, Some(handler)) => Action::Handler(handler.clone()),
+                (None, None, None) => Action::Set(BTreeMap::new()),
             },
             expect: self.expect.clone(),
             parallel: self.parallel,
@@ -174,6 +210,13 @@ impl Definition {
         Set {
             values: self.set_values.as_ref(),
             from_items: &self.set_from_items,
+            gone_as_left: self.deletes.as_ref().map(|d| {
+                if d.archive.is_some() {
+                    "moved to the archive"
+                } else {
+                    "deleted by the job"
+                }
+            }),
         }
     }
 

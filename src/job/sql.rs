@@ -33,7 +33,8 @@ SELECT j.tenant, j.target::pg_catalog.oid AS target, j.key_columns::pg_catalog.t
        EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) j.target::pg_catalog.oid)
          AS target_present,
        pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid AS handler_oid,
-       j.record_before, j.set_from_items::pg_catalog.text[] AS set_from_items
+       j.record_before, j.set_from_items::pg_catalog.text[] AS set_from_items,
+       j.action, j.archive, j.keep_deleted
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
 
@@ -151,7 +152,7 @@ INSERT INTO etc_batch.job
   (job_id, tenant, target, key_columns, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
    search_path, seal, job_number, parallel, guard, on_drift, target_name, record_before,
-   set_from_items)
+   set_from_items, action, archive, keep_deleted)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
         (SELECT pg_catalog.format('%I.%I(pg_catalog.jsonb)', n.nspname, p.proname)
@@ -160,7 +161,7 @@ VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
           WHERE p.oid OPERATOR(pg_catalog.=) $9::pg_catalog.oid),
         $10::pg_catalog.jsonb,
         $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20,
-        $21, $22::pg_catalog.name[])";
+        $21, $22::pg_catalog.name[], $23, $24, $25)";
 
 /// The frozen list in key order, to compare and fingerprint it a batch at a time: its
 /// chunk rows in order, each unfolded in order (a sort within each chunk's row only).
@@ -418,7 +419,10 @@ SELECT pg_catalog.has_table_privilege($1, 'SELECT') AS may_select,
               WHERE NOT pg_catalog.has_column_privilege($1, c, 'UPDATE')) AS not_updatable,
        ($2::pg_catalog.oid IS NULL
         OR pg_catalog.has_function_privilege($2::pg_catalog.oid, 'EXECUTE')) AS may_execute,
-       pg_catalog.has_any_column_privilege($1, 'UPDATE') AS may_lock";
+       pg_catalog.has_any_column_privilege($1, 'UPDATE') AS may_lock,
+       pg_catalog.has_table_privilege($1, 'DELETE') AS may_delete,
+       ($4::pg_catalog.oid IS NULL
+        OR pg_catalog.has_table_privilege($4::pg_catalog.oid, 'INSERT')) AS may_archive";
 
 /// A job's target: its kind, its quoted name, and its name as regclass prints it.
 pub const RELATION: &str = "\

@@ -112,6 +112,11 @@ fn hash_by(type_oid: pg_sys::Oid) -> HashBy {
             pg_sys::Oid::INVALID
         };
         let base = pg_sys::getBaseType(type_oid);
+        // a function of `internal` (bytea's hashvarlenaextended) cannot be called from
+        // SQL: such a value is hashed through a row, whose hash calls it
+        if takes == pg_sys::INTERNALOID {
+            return HashBy::Record;
+        }
         let as_it_is = takes == base
             || pg_sys::get_typtype(takes) as u8 == pg_sys::TYPTYPE_PSEUDO
             || pg_sys::IsBinaryCoercible(base, takes);
@@ -367,19 +372,25 @@ impl Target {
 
     /// The job's items counted by state, in one statement. $1, $2 as report_sql.
     pub fn counts_sql(&self, set: &Set, through: &Through) -> String {
-        let count = |state: &str| {
+        let count = |state: &str, states: &[&str]| {
+            let states: Vec<String> = states.iter().map(|s| quote_literal(*s)).collect();
             format!(
-                "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) '{state}'))::pg_catalog.int4 AS {state}"
+                "(pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) ANY (ARRAY[{}])))::pg_catalog.int4 AS {state}",
+                states.join(", ")
             )
         };
+        // a row a delete left gone is as the job left it: matching
+        let matching: Vec<&str> = std::iter::once("matching")
+            .chain(set.gone_as_left)
+            .collect();
         format!(
             "WITH r AS ({})\nSELECT {}, {}, {}, {}, {} FROM r",
             self.report_rows(set, through),
-            count("unprocessed"),
-            count("matching"),
-            count("drifted"),
-            count("missing"),
-            count("skipped"),
+            count("unprocessed", &["unprocessed"]),
+            count("matching", &matching),
+            count("drifted", &["drifted"]),
+            count("missing", &["missing"]),
+            count("skipped", &["skipped"]),
         )
     }
 
@@ -387,7 +398,40 @@ impl Target {
         let s = &self.shape;
         let present = format!("t.{}", self.col(&s.key.columns()[0]));
         // what the job left the row at: its guard value then, or (named columns) what it set
-        let matching = match s.guard.column() {
+        let (gone, matching) = match set.gone_as_left {
+            Some(state) => (quote_literal(state), "false".to_string()),
+            None => ("'missing'".to_string(), self.matching(set)),
+        };
+        let mut joins: Vec<String> = self.tenant_condition("$2").into_iter().collect();
+        joins.push(s.key.matches("i.item_key", &s.columns));
+        format!(
+            "SELECT i.position, i.item_key,
+       CASE WHEN a.position IS NULL THEN 'unprocessed'
+            WHEN a.skipped THEN 'skipped'
+            WHEN {present} IS NULL THEN {gone}
+            WHEN {matching} THEN 'matching'
+            ELSE 'drifted' END AS state,
+       a.revision_after AS revision_committed,
+       CASE WHEN {present} IS NOT NULL THEN {} END AS revision_now
+  FROM {} i
+  LEFT JOIN {} a
+    ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
+  LEFT JOIN {} AS t
+    ON {}
+ WHERE i.job_id OPERATOR(pg_catalog.=) $1",
+            s.guard_now(),
+            through.items,
+            through.audit,
+            self.sql_name,
+            joins.join(" AND "),
+        )
+    }
+
+    /// SQL: whether the target's row `t` holds what the job left it at: its guard value
+    /// then, or (named columns) what it set.
+    fn matching(&self, set: &Set) -> String {
+        let s = &self.shape;
+        match s.guard.column() {
             Some(_) => format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard_now()),
             None if s.guard == Guard::Row => {
                 format!("{} OPERATOR(pg_catalog.=) a.revision_after", s.guard_now())
@@ -415,30 +459,7 @@ impl Target {
                 .chain(std::iter::once("true".to_string()))
                 .collect::<Vec<_>>()
                 .join(" AND "),
-        };
-        let mut joins: Vec<String> = self.tenant_condition("$2").into_iter().collect();
-        joins.push(s.key.matches("i.item_key", &s.columns));
-        format!(
-            "SELECT i.position, i.item_key,
-       CASE WHEN a.position IS NULL THEN 'unprocessed'
-            WHEN a.skipped THEN 'skipped'
-            WHEN {present} IS NULL THEN 'missing'
-            WHEN {matching} THEN 'matching'
-            ELSE 'drifted' END AS state,
-       a.revision_after AS revision_committed,
-       CASE WHEN {present} IS NOT NULL THEN {} END AS revision_now
-  FROM {} i
-  LEFT JOIN {} a
-    ON a.job_id OPERATOR(pg_catalog.=) $1 AND a.position OPERATOR(pg_catalog.=) i.position
-  LEFT JOIN {} AS t
-    ON {}
- WHERE i.job_id OPERATOR(pg_catalog.=) $1",
-            s.guard_now(),
-            through.items,
-            through.audit,
-            self.sql_name,
-            joins.join(" AND "),
-        )
+        }
     }
 }
 
@@ -459,6 +480,10 @@ pub fn text_array_sql(values: &[String]) -> String {
 pub struct Set<'a> {
     pub values: Option<&'a BTreeMap<String, Value>>,
     pub from_items: &'a [String],
+    /// For a job that deletes its rows: the state of an item whose row is gone, as the
+    /// job left it ("deleted by the job", "moved to the archive"); a row of its key
+    /// found again is one that drifted.
+    pub gone_as_left: Option<&'static str>,
 }
 
 /// The tables a report reads a job's items and audit through: the parents

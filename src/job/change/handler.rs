@@ -186,7 +186,11 @@ pub(crate) fn run(sql: &ChunkSql, args: &[DatumWithOid], items: usize) -> Result
             *guard = now.get(position).copied().flatten();
         }
     }
-    Ok(Ran { changed, refused })
+    Ok(Ran {
+        changed,
+        refused,
+        kept: Vec::new(),
+    })
 }
 
 /// What the revert of a handler job sets and expects: nothing etc_batch knows; its

@@ -8,15 +8,19 @@
 //! - `item_values` a guarded UPDATE to each item's own values, recorded in its guards (a
 //!   revert's set_from_items), with set_values' if it has any.
 //! - `handler`     a function called once per item, returning the row's new state.
+//! - `delete`      a guarded DELETE, the rows kept with the audit.
+//! - `move_rows`   a guarded DELETE whose rows are inserted into an archive table, in the
+//!   same statement, and kept with the audit as a delete's.
 
+pub(crate) mod delete;
 pub(crate) mod handler;
 pub(crate) mod item_values;
+pub(crate) mod move_rows;
 pub(crate) mod set_values;
 
 use crate::error::{BatchError, Result};
-use crate::job::definition::Definition;
+use crate::job::definition::{Definition, Deletion};
 use crate::job::rules::approval::Action;
-use crate::job::rules::shape::Shape;
 use crate::job::target::{Constants, Target};
 use crate::query;
 use pgrx::datum::DatumWithOid;
@@ -37,6 +41,39 @@ pub(crate) enum KindOfChange {
     SetValues,
     ItemValues,
     Handler,
+    Delete,
+    Move,
+}
+
+/// What a registration asks to do to each row (its action, and a move's archive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asked {
+    Update,
+    Delete,
+    Move(pg_sys::Oid),
+}
+
+impl Asked {
+    /// The action register_job is given, with its archive.
+    pub(crate) fn parse(action: &str, archive: Option<pg_sys::Oid>) -> Result<Asked> {
+        match (action, archive) {
+            ("update", None) => Ok(Asked::Update),
+            ("delete", None) => Ok(Asked::Delete),
+            ("move", Some(archive)) => Ok(Asked::Move(archive)),
+            ("move", None) => Err(BatchError::invalid_because(
+                "action 'move' needs an archive",
+                "Name the table the rows are moved to: archive => 'schema.table'.",
+            )),
+            ("update" | "delete", Some(_)) => Err(BatchError::invalid_because(
+                format!("an archive is for action 'move', not '{action}'"),
+                "A job moves its rows to an archive table with action => 'move', archive => 'schema.table'.",
+            )),
+            (other, _) => Err(BatchError::invalid_because(
+                format!("unknown action \"{other}\""),
+                "A job updates its rows (action => 'update', with set_values or a handler), deletes them ('delete'), or moves them to an archive table ('move').",
+            )),
+        }
+    }
 }
 
 /// What a chunk's change did: the items it changed, each one's position and its guard
@@ -45,22 +82,54 @@ pub(crate) enum KindOfChange {
 pub(crate) struct Ran {
     pub(crate) changed: Vec<(i32, Option<i64>)>,
     pub(crate) refused: Vec<i32>,
+    /// For a job that deletes its rows and keeps them: each deleted row's position and
+    /// content (delete::kept_row).
+    pub(crate) kept: Vec<(i32, String)>,
 }
 
-/// The kind of change a registration asks for, checked against the target: the
-/// approval's action (set_values, or a handler's name).
+/// The kind of change a registration asks for, checked against the target (`table`):
+/// the approval's action (set_values, a handler's name, a delete, a move and its
+/// archive); `keep`: whether a delete's or a move's rows are kept with the audit.
 pub(crate) fn approve(
-    shape: &Shape,
+    target: &Target,
+    table: pg_sys::Oid,
+    asked: Asked,
     set_values: Option<&Value>,
     handler: Option<pg_sys::Oid>,
     from_items: &[String],
+    keep: bool,
 ) -> Result<Action> {
-    match (set_values, handler) {
-        (Some(values), None) => Ok(Action::Set(set_values::check(shape, values, from_items)?)),
-        (None, Some(handler)) => Ok(Action::Handler(handler::check(handler)?)),
-        _ => Err(BatchError::invalid_because(
+    if !keep && asked == Asked::Update {
+        return Err(BatchError::invalid_because(
+            "keep_deleted is for a job that deletes its rows",
+            "keep_deleted => false says not to keep the rows a job with action 'delete' or 'move' deletes.",
+        ));
+    }
+    let no_handler = || match handler {
+        Some(_) => Err(BatchError::invalid_because(
+            "a job that deletes its rows has no handler",
+            "A handler makes its own change, with action 'update' (the default).",
+        )),
+        None => Ok(()),
+    };
+    match (asked, set_values, handler) {
+        (Asked::Delete, ..) => {
+            no_handler()?;
+            delete::check(set_values, keep)
+        }
+        (Asked::Move(archive), ..) => {
+            no_handler()?;
+            move_rows::check(target, table, set_values, archive, keep)
+        }
+        (Asked::Update, Some(values), None) => Ok(Action::Set(set_values::check(
+            &target.shape,
+            values,
+            from_items,
+        )?)),
+        (Asked::Update, None, Some(handler)) => Ok(Action::Handler(handler::check(handler)?)),
+        (Asked::Update, ..) => Err(BatchError::invalid_because(
             "a job needs either set_values or a handler",
-            "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both.",
+            "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both; or action => 'delete' or 'move' for a job that deletes its rows.",
         )),
     }
 }
@@ -71,6 +140,10 @@ pub(crate) fn recorded(action: &Action, record_before: bool) -> Result<Vec<Strin
         (_, false) => Ok(Vec::new()),
         (Action::Set(values), true) => Ok(values.keys().cloned().collect()),
         (Action::Handler(_), true) => Err(handler::records_nothing()),
+        (Action::Delete { .. } | Action::Move { .. }, true) => Err(BatchError::invalid_because(
+            "record_before is for a job that sets values",
+            "A job that deletes its rows keeps each row whole with its chunk's audit (keep_deleted).",
+        )),
     }
 }
 
@@ -83,7 +156,7 @@ pub(crate) fn check_constraints(
 ) -> Result<()> {
     match action {
         Action::Set(values) => set_values::check_constraints(target, table, values),
-        Action::Handler(_) => Ok(()),
+        Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => Ok(()),
     }
 }
 
@@ -92,7 +165,7 @@ pub(crate) fn check_constraints(
 pub(crate) fn updated_columns(action: &Action, from_items: &[String]) -> Vec<String> {
     let set = match action {
         Action::Set(values) => values.keys().cloned().collect(),
-        Action::Handler(_) => Vec::new(),
+        Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => Vec::new(),
     };
     set.into_iter().chain(from_items.iter().cloned()).collect()
 }
@@ -100,11 +173,24 @@ pub(crate) fn updated_columns(action: &Action, from_items: &[String]) -> Vec<Str
 impl KindOfChange {
     /// The kind of change of a registered job.
     pub(crate) fn of(def: &Definition) -> KindOfChange {
-        match (&def.handler, def.set_from_items.is_empty()) {
-            (Some(_), _) => KindOfChange::Handler,
-            (None, false) => KindOfChange::ItemValues,
-            (None, true) => KindOfChange::SetValues,
+        match (&def.deletes, &def.handler, def.set_from_items.is_empty()) {
+            (Some(Deletion { archive: None, .. }), ..) => KindOfChange::Delete,
+            (
+                Some(Deletion {
+                    archive: Some(_), ..
+                }),
+                ..,
+            ) => KindOfChange::Move,
+            (None, Some(_), _) => KindOfChange::Handler,
+            (None, None, false) => KindOfChange::ItemValues,
+            (None, None, true) => KindOfChange::SetValues,
         }
+    }
+
+    /// Whether a chunk keeps the rows it deletes, in their text form: read under
+    /// settings that print a value the same in every session.
+    pub(crate) fn keeps_rows(self, def: &Definition) -> bool {
+        def.deletes.as_ref().is_some_and(|d| d.keep)
     }
 
     /// The statements a chunk of `def` runs on `target`: $1 and $2 the chunk's
@@ -120,6 +206,30 @@ impl KindOfChange {
         match self {
             KindOfChange::SetValues | KindOfChange::ItemValues => ChunkSql {
                 change: set_values::chunk_sql(target, &def.guard_columns, constants, key_bounds),
+                guard_after: None,
+            },
+            KindOfChange::Delete => ChunkSql {
+                change: delete::chunk_sql(
+                    target,
+                    &def.guard_columns,
+                    constants,
+                    key_bounds,
+                    self.keeps_rows(def),
+                ),
+                guard_after: None,
+            },
+            KindOfChange::Move => ChunkSql {
+                change: move_rows::chunk_sql(
+                    target,
+                    &def.guard_columns,
+                    constants,
+                    key_bounds,
+                    def.deletes
+                        .as_ref()
+                        .and_then(|d| d.archive.as_deref())
+                        .unwrap_or_default(),
+                    self.keeps_rows(def),
+                ),
                 guard_after: None,
             },
             KindOfChange::Handler => ChunkSql {
@@ -155,6 +265,9 @@ impl KindOfChange {
             KindOfChange::SetValues | KindOfChange::ItemValues => {
                 set_values::run(&sql.change, args, planning, items)
             }
+            KindOfChange::Delete | KindOfChange::Move => {
+                delete::run(&sql.change, args, planning, items)
+            }
             KindOfChange::Handler => handler::run(sql, args, items),
         }
     }
@@ -171,6 +284,13 @@ impl KindOfChange {
                 set_values::reverted(def, inverse)
             }
             KindOfChange::Handler => handler::reverted(def, inverse),
+            KindOfChange::Delete | KindOfChange::Move => Err(BatchError::Unsupported {
+                message: format!(
+                    "job \"{}\" deleted its rows, which register_revert cannot put back yet",
+                    def.job_id
+                ),
+                detail: "The rows a delete or a move kept are in its chunks' audit (etc_batch.job_audit_chunk.kept), in their row type's text form.".into(),
+            }),
         }
     }
 }
@@ -210,4 +330,24 @@ impl RevertTerms {
         columns.dedup();
         columns
     }
+}
+
+/// The chunk's approved items bound from its arrays, and what a row `t` of the target
+/// must hold to be changed: the FROM item and the WHERE of every guarded, set-based chunk
+/// statement (set_values' chunk_sql says which parameters they read).
+pub(crate) fn guarded_rows(
+    target: &Target,
+    guard_columns: &[String],
+    constants: &Constants,
+    key_bounds: bool,
+) -> (String, String) {
+    let s = &target.shape;
+    let mut conditions = target.item_matches(guard_columns, constants);
+    let mut arrays = constants.after();
+    if key_bounds {
+        conditions.push_str("\n     AND ");
+        conditions.push_str(&s.key.between(constants.after(), &s.columns));
+        arrays += 2;
+    }
+    (Target::bound_items(arrays), conditions)
 }

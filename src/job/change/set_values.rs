@@ -2,7 +2,7 @@
 //! statement that changes every item whose row still matches it, and returns each
 //! changed row's guard value now; reverted by setting back what the rows held before.
 
-use super::{item_values, Ran, RevertTerms};
+use super::{guarded_rows, item_values, Ran, RevertTerms};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::columns::scalar_text;
@@ -139,19 +139,13 @@ pub(crate) fn chunk_sql(
         .collect();
     assignments.extend(item_values::assignments(target, constants.item_columns()));
     assignments.extend(s.guard.assignments());
-    let mut conditions = target.item_matches(guard_columns, constants);
-    let mut arrays = constants.after();
-    if key_bounds {
-        conditions.push_str("\n     AND ");
-        conditions.push_str(&s.key.between(constants.after(), &s.columns));
-        arrays += 2;
-    }
+    let (items, conditions) = guarded_rows(target, guard_columns, constants, key_bounds);
     format!(
         "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
          RETURNING it.position, {} AS guard_now",
         target.sql_name,
         assignments.join(", "),
-        Target::bound_items(arrays),
+        items,
         conditions,
         s.guard_now(),
     )
@@ -180,6 +174,7 @@ pub(crate) fn run(
     Ok(Ran {
         changed,
         refused: Vec::new(),
+        kept: Vec::new(),
     })
 }
 

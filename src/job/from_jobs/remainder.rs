@@ -17,6 +17,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::change::{move_rows, Asked};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -167,9 +168,21 @@ fn nothing_remains(job_id: &str, left_out: &[LeftOut], include_drifted: bool) ->
 
 /// Registers `found`'s items as the job `req.new_job_id`, with the job's change.
 fn register_items(req: &Remainder, def: &Definition, found: &Sorted) -> Result<Registered> {
-    let (set_values, handler) = match def.terms().action {
-        Action::Set(values) => (Some(Value::Object(values.into_iter().collect())), None),
-        Action::Handler(_) => (None, def.handler_oid),
+    let (set_values, handler, action, keep_deleted) = match def.terms().action {
+        Action::Set(values) => (
+            Some(Value::Object(values.into_iter().collect())),
+            None,
+            Asked::Update,
+            true,
+        ),
+        Action::Handler(_) => (None, def.handler_oid, Asked::Update, true),
+        Action::Delete { keep } => (None, None, Asked::Delete, keep),
+        Action::Move { archive, keep } => (
+            None,
+            None,
+            Asked::Move(move_rows::archive_oid(&archive)?),
+            keep,
+        ),
     };
     let items: Vec<&str> = found.approved.iter().map(|(_, i)| i.as_str()).collect();
     register::register(Request {
@@ -190,6 +203,8 @@ fn register_items(req: &Remainder, def: &Definition, found: &Sorted) -> Result<R
         on_drift: def.on_drift,
         record_before: def.record_before,
         set_from_items: def.set_from_items.clone(),
+        action,
+        keep_deleted,
     })
 }
 

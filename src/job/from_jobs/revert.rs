@@ -18,6 +18,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
+use crate::job::change::Asked;
 use crate::job::change::{handler, KindOfChange, RevertTerms};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
@@ -149,6 +150,8 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         on_drift: def.on_drift,
         record_before: false,
         set_from_items: terms.from_items,
+        action: Asked::Update,
+        keep_deleted: true,
     })?;
     if def.guard == Guard::Row {
         // the revert took its digests in a statement of its own, after the rows were read

@@ -17,7 +17,7 @@ pub(crate) mod tables;
 use crate::access::{self, Of, Right};
 use crate::error::{capitalize, non_empty, BatchError, Defaulted, Result};
 use crate::installed;
-use crate::job::change;
+use crate::job::change::{self, Asked};
 use crate::job::definition::Definition;
 use crate::job::register::freeze::{Frozen, ItemCursor, Writer};
 use crate::job::register::items_query::ItemsQuery;
@@ -92,6 +92,10 @@ pub struct Request {
     /// Columns set to each item's own value, which it carries under their names with its
     /// guards (a revert's, of a job that recorded its values before).
     pub set_from_items: Vec<String>,
+    /// What to do to each row: update it (set_values, a handler), delete it, or move it.
+    pub(crate) action: Asked,
+    /// Whether a delete's or a move's rows are kept with the audit.
+    pub keep_deleted: bool,
 }
 
 pub struct Registered {
@@ -248,10 +252,13 @@ fn register_now(mut req: Request) -> Result<Registered> {
         Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
     };
     let action = change::approve(
-        shape,
+        &target,
+        req.target,
+        req.action,
         req.set_values.as_ref(),
         req.handler,
         &req.set_from_items,
+        req.keep_deleted,
     )?;
     let expect = shape.check_columns_object("expect", &req.expect)?;
     // the columns whose values before the change are recorded
@@ -272,9 +279,20 @@ fn register_now(mut req: Request) -> Result<Registered> {
     change::check_constraints(&target, req.target, &action)?;
     let handler = match &action {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
-        Action::Set(_) => None,
+        Action::Set(_) | Action::Delete { .. } | Action::Move { .. } => None,
     };
-    check_privileges(req.target, &target, handler, &action, &req.set_from_items)?;
+    let archive = match req.action {
+        Asked::Move(archive) => Some(archive),
+        Asked::Update | Asked::Delete => None,
+    };
+    check_privileges(
+        req.target,
+        &target,
+        handler,
+        &action,
+        &req.set_from_items,
+        archive,
+    )?;
 
     let terms = Terms {
         tenant,
@@ -627,6 +645,7 @@ fn check_privileges(
     handler: Option<(pg_sys::Oid, &str)>,
     action: &Action,
     from_items: &[String],
+    archive: Option<pg_sys::Oid>,
 ) -> Result<()> {
     let mut assigned = change::updated_columns(action, from_items);
     assigned.extend(
@@ -635,14 +654,17 @@ fn check_privileges(
             .guard
             .column()
             .map(str::to_string)
-            .filter(|_| handler.is_none()),
+            .filter(|_| matches!(action, Action::Set(_))),
     );
+    let deletes = matches!(action, Action::Delete { .. } | Action::Move { .. });
     query::row_reader! {
         struct Privileges {
             may_select: bool = false,
             not_updatable: Vec<String> = Vec::new(),
             may_execute: bool = false,
             may_lock: bool = false,
+            may_delete: bool = false,
+            may_archive: bool = false,
         }
     }
     let Privileges {
@@ -650,12 +672,15 @@ fn check_privileges(
         not_updatable,
         may_execute,
         may_lock,
+        may_delete,
+        may_archive,
     } = query::row(
         sql::PRIVILEGES,
         &[
             oid.into(),
             handler.map(|(oid, _)| oid).into(),
             assigned.into(),
+            archive.into(),
         ],
         Privileges::read,
     )?
@@ -664,6 +689,8 @@ fn check_privileges(
         not_updatable: Vec::new(),
         may_execute: false,
         may_lock: false,
+        may_delete: false,
+        may_archive: false,
     });
     let denied = |message: String, detail: &str| {
         Err(BatchError::PermissionDenied {
@@ -676,6 +703,20 @@ fn check_privileges(
         return denied(
             format!("permission denied for table {display}"),
             "A job changes rows with the privileges of the role that registers it, which needs SELECT and UPDATE on the target.",
+        );
+    }
+    if deletes && !may_delete {
+        return denied(
+            format!("permission denied for table {display}"),
+            "A job that deletes or moves its rows does so with the privileges of the role that registers it, which needs DELETE on the target.",
+        );
+    }
+    if let (Some(Action::Move { archive, .. }), false) =
+        (Some(action).filter(|_| deletes), may_archive)
+    {
+        return denied(
+            format!("permission denied for table {archive}"),
+            "A job that moves its rows inserts them into the archive with the privileges of the role that registers it, which needs INSERT on the archive.",
         );
     }
     if handler.is_some() && !may_lock {
@@ -708,7 +749,12 @@ fn insert_job(
 ) -> Result<()> {
     let set_values = match &terms.action {
         Action::Set(values) => Some(canonical_object(values)),
-        Action::Handler(_) => None,
+        Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => None,
+    };
+    let (action, archive, keep) = match &terms.action {
+        Action::Set(_) | Action::Handler(_) => ("update", None, true),
+        Action::Delete { keep } => ("delete", None, *keep),
+        Action::Move { archive, keep } => ("move", Some(archive.as_str()), *keep),
     };
     query::run(
         sql::INSERT_JOB,
@@ -740,6 +786,9 @@ fn insert_job(
             terms.target.as_str().into(),
             terms.record_before.into(),
             terms.set_from_items.clone().into(),
+            action.into(),
+            archive.into(),
+            keep.into(),
         ],
     )
 }

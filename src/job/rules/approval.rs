@@ -438,6 +438,16 @@ pub fn parse_object(text: &str) -> BTreeMap<String, Value> {
 pub enum Action {
     Set(BTreeMap<String, Value>),
     Handler(String),
+    /// Delete the row; `keep`: its content kept with its chunk's audit.
+    Delete {
+        keep: bool,
+    },
+    /// Insert the row into `archive` (its quoted, schema-qualified name) and delete it;
+    /// `keep` as for Delete.
+    Move {
+        archive: String,
+        keep: bool,
+    },
 }
 
 /// What a registration approves besides its items: compared first when the same job id
@@ -533,6 +543,15 @@ impl Fingerprint {
         match &terms.action {
             Action::Set(values) => f.field("set_values", &canonical_object(values)),
             Action::Handler(name) => f.field("handler", name),
+            Action::Delete { keep } => {
+                f.field("action", "delete");
+                f.field("keep_deleted", &keep.to_string());
+            }
+            Action::Move { archive, keep } => {
+                f.field("action", "move");
+                f.field("archive", archive);
+                f.field("keep_deleted", &keep.to_string());
+            }
         }
         f.field("expect", &canonical_object(&terms.expect));
         // only when set: a sequential job hashes as it did before parallel ones existed
@@ -746,6 +765,16 @@ fn describe_action(action: &Action) -> String {
     match action {
         Action::Set(values) => format!("set_values {}", canonical_object(values)),
         Action::Handler(name) => format!("handler {name}"),
+        Action::Delete { keep } => format!("delete{}", kept(*keep)),
+        Action::Move { archive, keep } => format!("move to {archive}{}", kept(*keep)),
+    }
+}
+
+fn kept(keep: bool) -> &'static str {
+    if keep {
+        ""
+    } else {
+        " (keep_deleted false)"
     }
 }
 

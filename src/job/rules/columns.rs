@@ -135,6 +135,13 @@ impl std::ops::Deref for Columns {
 }
 
 impl Columns {
+    /// The columns in the table's order.
+    pub fn in_order(&self) -> impl Iterator<Item = &Column> {
+        let mut columns: Vec<&Column> = self.0.values().collect();
+        columns.sort_by_key(|c| c.position);
+        columns.into_iter()
+    }
+
     pub fn column(&self, name: &str) -> Result<&Column> {
         self.0.get(name).ok_or_else(|| BatchError::UndefinedColumn {
             column: name.to_string(),

@@ -20,6 +20,7 @@ const COLUMNS: Columns = &[
     ("revisions_after", pg_sys::INT8ARRAYOID),
     ("skipped", pg_sys::INT4ARRAYOID),
     ("found", pg_sys::JSONBOID),
+    ("kept", pg_sys::TEXTARRAYOID),
 ];
 
 /// What a chunk's audit row says.
@@ -33,6 +34,9 @@ pub struct ChunkAudit<'a> {
     /// Each item left unchanged because its row drifted, and the row found, as jsonb
     /// text (`null`: gone).
     pub skipped: &'a [(i32, String)],
+    /// For a job that deletes its rows and keeps them: each changed item's row as it was
+    /// deleted, in its row type's text form.
+    pub kept: &'a [(i32, String)],
 }
 
 /// A chunk's audit row's arrays.
@@ -44,6 +48,8 @@ struct Arrays {
     /// The positions skipped, in order, and the rows found there as one JSON array.
     skipped: Vec<i32>,
     found: Option<String>,
+    /// Each position's row kept, in position order; None when the chunk kept none.
+    kept: Option<Vec<Option<String>>>,
 }
 
 impl ChunkAudit<'_> {
@@ -86,10 +92,20 @@ impl ChunkAudit<'_> {
             let rows: Vec<&str> = skipped.iter().map(|(_, row)| *row).collect();
             format!("[{}]", rows.join(","))
         });
+        let kept = (!self.kept.is_empty()).then(|| {
+            let mut kept = vec![None; self.range.len()];
+            for (position, row) in self.kept {
+                if let Some(at) = kept.get_mut((position - start) as usize) {
+                    *at = Some(row.clone());
+                }
+            }
+            kept
+        });
         Ok(Arrays {
             revisions,
             skipped: skipped.into_iter().map(|(position, _)| position).collect(),
             found,
+            kept,
         })
     }
 }
@@ -125,6 +141,7 @@ impl AuditWriter {
             revisions,
             skipped,
             found,
+            kept,
         } = audit.arrays()?;
         let found = match found {
             Some(rows) => jsonb(&rows)?,
@@ -141,6 +158,7 @@ impl AuditWriter {
             revisions.into_datum(),
             (!skipped.is_empty()).then_some(skipped).into_datum(),
             found,
+            kept.into_datum(),
         ];
         self.0.write(1, |_, row| row.copy_from_slice(&values))
     }
@@ -160,6 +178,7 @@ mod tests {
             range: 10..14,
             changed,
             skipped,
+            kept: &[],
         }
     }
 

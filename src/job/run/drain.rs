@@ -375,8 +375,12 @@ impl Drainer {
 
         // 3. verify and change. Its error, a permission, a constraint, a cancel, rolls the
         // chunk back with the transaction; it is recorded and raised again, saying so.
-        let (changed, refused) = match self.change(&chunk)? {
-            Change::Ran(Ran { changed, refused }) => (changed, refused),
+        let (changed, refused, kept) = match self.change(&chunk)? {
+            Change::Ran(Ran {
+                changed,
+                refused,
+                kept,
+            }) => (changed, refused, kept),
             Change::Transient(failure) => {
                 return Ok(Round::Transient {
                     number: chunk.number,
@@ -418,6 +422,7 @@ impl Drainer {
                     range: chunk.range.clone(),
                     changed: &changed,
                     skipped: &skipped,
+                    kept: &kept,
                 })?;
                 self.order.close(
                     &self.def,

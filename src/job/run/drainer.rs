@@ -116,7 +116,7 @@ impl Drainer {
             constants: constants.args(&target)?,
             bounds,
             planning: planning(def.chunk_size),
-            stable_output: target.shape.reads_rows_as_text(),
+            stable_output: target.shape.reads_rows_as_text() || kind.keeps_rows(&def),
             at_work_since: clock_timestamp(),
             order: Order::of(&def),
             def,
