@@ -7,6 +7,10 @@ and through PgBouncer) while other clients work on the same rows.
   and the job goes on); the job never overwrites a row the application changed.
 - A partitioned table, items in three partitions, drained in parallel by three clients
   while their backends are killed at random moments: every approved row changed once.
+- A partitioned table purged (action delete) or moved to an archive (action move) in
+  parallel by three clients killed at random, while the application holds rows ahead of
+  the drain: a held row is never deleted; every other approved row deleted once, moved
+  once, and kept whole with the audit.
 - register_remainder after a conflict: what was not changed, approved again in one
   call, drained to the end; what it leaves out (the drifted row, a deleted one) named
   in job_left_out and told to the client, every approved item accounted for, and the
@@ -289,6 +293,121 @@ def test_a_partitioned_table_drained_in_parallel_while_drainers_are_killed(pg):
     assert states == Counter({"archived": 2000, "new": 1000})
     counts, _ = audit_counts(pg, job)
     assert len(counts) == 2000 and set(counts.values()) == {1}
+    checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks and all(ok for _, ok in checks), checks
+
+
+@pytest.mark.parametrize("action", ["delete", "move"])
+def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_drainers_are_killed(
+        pg, action):
+    """events is partitioned by month into three partitions; 2,000 approved events lie in
+    all three, to be deleted (or moved to an archive table). While three clients drain
+    the parallel job and their backends are killed at random moments, the application
+    holds some approved events (state 'held') just ahead of the drain. In the end: every
+    held event is still there, skipped, never deleted; every other approved event was
+    deleted exactly once (a trigger counts the deletes that committed), and, for a move,
+    is in the archive exactly once, as it was; each chunk's audit keeps every deleted row
+    whole, cast back to the table's row type equal to the row deleted; no other row was
+    touched; verify_job passes and job_report calls each deleted row so."""
+    rng = random.Random(SEED)
+    name = tag("purged")
+    t = sql.Identifier(name)
+    archive = sql.Identifier(f"{name}_archive")
+    counted = sql.Identifier(f"{name}_deletes")
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (at timestamptz, id bigint, state text NOT NULL DEFAULT 'old', "
+        "body jsonb NOT NULL, PRIMARY KEY (at, id)) PARTITION BY RANGE (at)").format(t))
+    for month in (1, 2, 3):
+        pg.admin.execute(sql.SQL(
+            "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(f"{name}_{month}"), t,
+                sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
+    pg.admin.execute(sql.SQL(
+        "INSERT INTO {} (at, id, body) SELECT timestamptz '2026-01-01 00:00+00' "
+        "+ (g * interval '1 second' * 2500), g, jsonb_build_object('n', g, 'tags', ARRAY['a', g::text]) "
+        "FROM generate_series(1, 3000) g").format(t))
+    before = {r[1]: r for r in pg.admin.execute(sql.SQL("SELECT at, id, state, body FROM {}").format(t))}
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (at timestamptz, id bigint, state text, body jsonb, "
+        "archived_at timestamptz NOT NULL DEFAULT now())").format(archive))
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(counted))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {c} (id) VALUES (OLD.id); RETURN OLD; END $$").format(
+            fn=sql.Identifier(f"{name}_count"), c=counted))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER counted AFTER DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_count")))
+    # each chunk's statement lingers before its commit, where most kills land
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER linger AFTER DELETE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_linger")))
+    job = tag("purge_job")
+    row = pg.admin.execute(
+        "SELECT items, chunks FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, "
+        "format('SELECT at, id FROM %%I WHERE id %%%% 3 <> 0', %s::text), 25, NULL, "
+        "'{\"state\": \"old\"}', tenant_column => NULL, revision_column => NULL, "
+        "guard => 'columns', parallel => true, on_drift => 'skip', action => %s, "
+        "archive => %s::regclass)",
+        (job, name, name, action, f"{name}_archive" if action == "move" else None)).fetchone()
+    assert row == (2000, 80)
+
+    # the application holds approved events, a few at a time, while the job runs
+    held, stop = [], threading.Event()
+
+    def application():
+        conn = pg.direct()
+        while not stop.is_set():
+            i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
+            if conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old'")
+                            .format(t), (i,)).rowcount:
+                held.append(i)
+            time.sleep(0.02)
+
+    app = threading.Thread(target=application, daemon=True)
+    app.start()
+    try:
+        drain_while_killed(pg, job, rng)
+    finally:
+        stop.set()
+        app.join(30)
+
+    remaining = {r[0]: r[1] for r in pg.admin.execute(sql.SQL("SELECT id, state FROM {}").format(t))}
+    deletes = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT id FROM {}").format(counted)))
+    counts, skipped = audit_counts(pg, job)
+    assert len(counts) == 2000 and set(counts.values()) == {1}, SEED
+    skipped_ids = {int(json.loads(k)[1]) for k in skipped}
+    approved = {i for i in range(1, 3001) if i % 3 != 0}
+    # every deleted event was deleted once, an approved one the application had not held
+    assert set(deletes.values()) <= {1}, SEED
+    assert set(deletes) == approved - skipped_ids, SEED
+    # a row the application held before its chunk deleted it was skipped; one it could
+    # not hold any more was gone already
+    assert held and skipped_ids == set(held), SEED
+    # what is left: the events never approved, untouched, and every skipped one, held
+    assert {i for i in remaining if i % 3 == 0} == {i for i in range(1, 3001) if i % 3 == 0}
+    assert all(remaining[i] == "old" for i in remaining if i % 3 == 0)
+    assert {i for i in remaining if i % 3 != 0} == skipped_ids
+    assert all(remaining[i] == "held" for i in skipped_ids)
+    # each deleted row kept whole with its chunk's audit
+    kept = {r[1]: r for r in pg.admin.execute(sql.SQL(
+        "SELECT (k::{t}).at, (k::{t}).id, (k::{t}).state, (k::{t}).body "
+        "FROM etc_batch.job_audit_chunk a, unnest(a.kept) k "
+        "WHERE a.job_id = %s AND k IS NOT NULL").format(t=t), (job,))}
+    assert kept == {i: before[i] for i in deletes}, SEED
+    if action == "move":
+        moved = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT id FROM {}").format(archive)))
+        assert moved == Counter(set(deletes)), SEED
+        rows = {r[1]: r for r in pg.admin.execute(
+            sql.SQL("SELECT at, id, state, body FROM {}").format(archive))}
+        assert rows == {i: before[i] for i in deletes}, SEED
+    states = Counter(r[0] for r in pg.admin.execute(
+        "SELECT state FROM etc_batch.job_report(%s)", (job,)))
+    gone = "deleted by the job" if action == "delete" else "moved to the archive"
+    assert states == Counter({gone: len(deletes), "skipped": len(skipped_ids)}), SEED
     checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
     assert checks and all(ok for _, ok in checks), checks
 
