@@ -3,7 +3,7 @@ with no client session held, through everything that ends a worker process.
 
 - a 4-worker launch of a parallel job whose client disconnects at once;
 - workers terminated at random (pg_terminate_backend) until the job is done: the
-  supervisor starts them again;
+  supervisor starts them again; the same for a job that moves its rows to an archive;
 - a worker SIGKILLed, which makes the postmaster restart every backend: after crash
   recovery the launcher and the supervisor resume the launch;
 - pg_ctl restart -m immediate while a job drains and while a chain runs;
@@ -182,6 +182,65 @@ def test_workers_terminated_at_random_until_done(workers):
         restarted = conn.execute("SELECT count(*) FROM etc_batch.launch_run WHERE launch_id = %s "
                                  "AND started_by = 'resume'", (launch_id,)).fetchone()[0]
         assert restarted >= 1
+    print(f"{kills} workers terminated (seed {SEED})")
+
+
+def test_a_move_to_an_archive_launched_and_its_workers_terminated_at_random(workers):
+    """A parallel job that moves 3,000 rows to an archive table (action move), launched
+    with three workers terminated at random until it is done: every row is in the
+    archive exactly once and gone from the table, each deleted once (a trigger counts
+    the deletes that committed), each kept whole with the audit."""
+    rng = random.Random(SEED)
+    with workers.connect() as conn:
+        name = tag("ledger")
+        t, archive = sql.Identifier(name), sql.Identifier(f"{name}_archive")
+        deletes = sql.Identifier(f"{name}_deletes")
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, amount numeric NOT NULL)").format(t))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT g, g * 1.5 FROM generate_series(1, 3000) g").format(t))
+        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(archive, t))
+        conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(deletes))
+        count = sql.Identifier(f"{name}_count")
+        conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                             "$$ BEGIN INSERT INTO {} VALUES (OLD.id); RETURN OLD; END $$")
+                     .format(count, deletes))
+        conn.execute(sql.SQL("CREATE TRIGGER counted AFTER DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
+                     .format(t, count))
+        slow = sql.Identifier(f"{name}_linger")
+        conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                             "$$ BEGIN PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(slow))
+        conn.execute(sql.SQL("CREATE TRIGGER linger AFTER DELETE ON {} FOR EACH STATEMENT "
+                             "EXECUTE FUNCTION {}()").format(t, slow))
+        job = tag("moved")
+        assert conn.execute(
+            "SELECT items FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, %s, 50, NULL, "
+            "tenant_column => NULL, revision_column => NULL, parallel => true, action => 'move', "
+            "archive => %s::regclass)",
+            (job, name, f"SELECT id FROM public.{name}", f"{name}_archive")).fetchone()[0] == 3000
+        launch_id, _ = launch(conn, job, 3)
+        kills = 0
+        deadline = time.monotonic() + 240
+        while conn.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                           (launch_id,)).fetchone()[0] == "running":
+            assert time.monotonic() < deadline, f"the launch did not finish (seed {SEED})"
+            time.sleep(rng.uniform(0.2, 0.6))
+            pids = worker_pids(conn, launch_id)
+            if pids and conn.execute("SELECT pg_terminate_backend(%s)", (rng.choice(pids),)).fetchone()[0]:
+                kills += 1
+    assert wait_launch(workers, launch_id) == "done"
+    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
+    with workers.connect() as conn:
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(t)).fetchone()[0] == 0
+        moved = dict(conn.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(archive)))
+        assert moved == {i: 1 for i in range(1, 3001)}, SEED
+        deleted = dict(conn.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(deletes)))
+        assert deleted == {i: 1 for i in range(1, 3001)}, SEED
+        kept = conn.execute(sql.SQL(
+            "SELECT count(*), count(*) FILTER (WHERE (k::{t}).amount = (k::{t}).id * 1.5) "
+            "FROM etc_batch.job_audit_chunk a, unnest(a.kept) k WHERE a.job_id = %s").format(t=t),
+            (job,)).fetchone()
+        assert kept == (3000, 3000)
+        checks = conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+        assert checks and all(ok for _, ok in checks), checks
     print(f"{kills} workers terminated (seed {SEED})")
 
 
