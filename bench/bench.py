@@ -23,7 +23,9 @@ included), per item: the safety tax, registration plus drain against F.
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
 PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
 10,000,000-item job registered from a query and drained by one call
-(bench/big_job.py). Jobs on other tables: a row-digest job against the same job with a
+(bench/big_job.py). Each kind of change (a delete, a move to an archive) against the
+PL/pgSQL keyset loop a DBA writes for it, with an audit and without (bench/change_kinds.py).
+Jobs on other tables: a row-digest job against the same job with a
 revision column, and chunks on a never-analyzed table against the analyzed one
 (bench/table_kinds.py). Launched workers against client sessions on a parallel job, and a
 launch's time to its first chunk (bench/launches.py). The application's update latency, p50
@@ -453,6 +455,10 @@ TARGETS = [
      lambda r: r["tables"]["digest"]["1000"]["ratio"]["median"], 0.9, "≥"),
     ("chunk of 5,000 on a never-analyzed table ≤ 1.2 × on the analyzed table",
      lambda r: r["tables"]["statistics"]["ratio"]["median"], 1.2, "≤"),
+    *[(f"{kind}: registration plus drain ≥ 1.0 × the hand-written loop with an audit, chunk {chunk:,}",
+       (lambda kind, key: lambda r: r["kinds"][kind][key]["over_by_hand"]["median"])(kind, str(chunk)),
+       1.0, "≥")
+      for kind in ("delete", "move") for chunk in (100, 1000)],
     *[(f"{n} launched worker{'s' if n > 1 else ''} ≥ 0.95 × {n} client session{'s' if n > 1 else ''}, "
        f"parallel job, chunk {chunk:,}",
        (lambda key: lambda r: r["launches"]["ratios"][key]["median"])(f"{chunk}/{n}"), 0.95, "≥")
@@ -697,6 +703,31 @@ def markdown(r):
             f"{st['ratio']['median']:.2f} ({st['ratio']['min']:.2f} to {st['ratio']['max']:.2f}).",
             "",
         ]
+    kd = r.get("kinds")
+    if kd:
+        lines += [
+            f"**Kinds of change**, {kd['reps']} repetitions, the three back to back in a turning order: "
+            f"{kd['rows']:,} old rows of a table of {2 * kd['rows']:,}, gone by etc_batch (registration "
+            "from a query and drain, timed together), by the PL/pgSQL keyset loop a DBA writes with an "
+            "audit row per row (its whole content), and by the same loop without the audit. Rows per "
+            "second, median; etc_batch over each, the median of the repetitions' own ratios (min to "
+            "max); WAL bytes per row, median:",
+            "",
+            "| kind | chunk | etc_batch | by hand | bare | over by hand | over bare | WAL etc_batch / by hand / bare |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for kind in ("delete", "move"):
+            for chunk, d in kd.get(kind, {}).items():
+                rate, wal = d["rows_per_s"], d["wal_per_row"]
+                lines.append(
+                    f"| {kind} | {int(chunk):,} | {rate['etc_batch']['median']:,.0f} | "
+                    f"{rate['by hand']['median']:,.0f} | {rate['bare']['median']:,.0f} | "
+                    f"{d['over_by_hand']['median']:.2f} ({d['over_by_hand']['min']:.2f} to "
+                    f"{d['over_by_hand']['max']:.2f}) | {d['over_bare']['median']:.2f} "
+                    f"({d['over_bare']['min']:.2f} to {d['over_bare']['max']:.2f}) | "
+                    f"{wal['etc_batch']['median']:,.0f} / {wal['by hand']['median']:,.0f} / "
+                    f"{wal['bare']['median']:,.0f} |")
+        lines.append("")
     la = r.get("launches")
     if la:
         lines += [
@@ -785,6 +816,8 @@ def main():
     ap.add_argument("--launch-reps", type=int, default=5)
     ap.add_argument("--tables", type=int, default=1,
                     help="0 to skip the runs on other kinds of table (row digests, statistics)")
+    ap.add_argument("--kinds", type=int, default=1,
+                    help="0 to skip each kind of change against the hand-written loops")
     ap.add_argument("--app-seconds", type=int, default=5,
                     help="the application's latency without a drain is measured this long; 0 to skip")
     ap.add_argument("--db", default="bench")
@@ -885,6 +918,12 @@ def main():
 
         result["tables"] = table_kinds.measure(a.db, a.orders, a.reps)
         print("tables:", json.dumps({k: v for k, v in result["tables"].items()}, default=str)[:2000], flush=True)
+
+    if a.kinds:
+        import change_kinds
+
+        result["kinds"] = change_kinds.measure(a.db, a.orders, a.reps)
+        print("kinds:", json.dumps({k: v for k, v in result["kinds"].items()}, default=str)[:2000], flush=True)
 
     if a.launches:
         import launches
