@@ -652,6 +652,18 @@ def markdown(r):
                 f"{js['rss_mb']['after']} MB after.",
                 "",
             ]
+        for action, rm in sc.get("removals", {}).items():
+            lines += [
+                f"A job that {'deletes' if action == 'delete' else 'moves to an archive'} {rm['items']:,} "
+                f"rows of {2 * rm['items']:,}, each kept with the audit: registration {rm['register_seconds']} s "
+                f"({rm['register_wal_bytes_per_item']} bytes of WAL an item), drain {rm['drain_seconds']} s "
+                f"({rm['drain_rows_per_s']:,} rows/s, {rm['drain_wal_bytes_per_item']} bytes of WAL an item, "
+                f"the backend's private memory {rm['drain_rss_mb']['before']} MB before and "
+                f"{rm['drain_rss_mb']['peak']} MB at its peak); history per item: frozen list "
+                f"{rm['history_bytes_per_item']['job_item']} bytes, audit with the rows kept "
+                f"{rm['history_bytes_per_item']['job_audit_with_rows_kept']} bytes.",
+                "",
+            ]
     co = r.get("concurrency")
     if co:
         lines.append(
@@ -940,7 +952,7 @@ def main():
     if a.big:
         import big_job
 
-        result["scale"] = big_job.measure(items=a.big, chunk=1000, db=a.db + "_big")
+        result["scale"] = big_job.measure(items=a.big, chunk=1000, db=a.db + "_big", removals=a.big)
         print("scale:", json.dumps(result["scale"]), flush=True)
     result["targets"] = targets(result)
 

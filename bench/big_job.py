@@ -5,7 +5,9 @@ and at the end of the job (from the commit times the audit records), the bytes o
 history per item, and the time and WAL of pruning the finished job; and two
 registrations a tenth the size, one before and one after the big one, for the time per
 item at either size. Then register_job
-with a jsonb list: the memory it takes, and what it hands back.
+with a jsonb list: the memory it takes, and what it hands back. With `removals`, a job
+that deletes and one that moves that many rows to an archive, each row kept with the
+audit: time, WAL and history per item.
 
 Run by bench/run (or alone, against the cluster libpq finds through PGHOST/PGPORT):
     python bench/big_job.py [--items N] [--chunk N] [--jsonb-items N] [--out FILE]
@@ -96,8 +98,10 @@ def chunk_times(c, audit, chunks, samples):
     }
 
 
-def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db="bench_big"):
-    """Runs the measurement and returns its numbers as a dict."""
+def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db="bench_big",
+            removals=0):
+    """Runs the measurement and returns its numbers as a dict; with `removals`, also a
+    delete and a move of that many rows (removal())."""
     with psycopg.connect("dbname=postgres", autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {db}")
@@ -209,8 +213,71 @@ def measure(items=10_000_000, chunk=1000, jsonb_items=1_000_000, samples=200, db
 
     if jsonb_items:
         r["jsonb"] = jsonb_registration(db, jsonb_items, chunk)
+    if removals:
+        r["removals"] = {action: removal(db, removals, chunk, action) for action in ("delete", "move")}
     with psycopg.connect("dbname=postgres", autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    return r
+
+
+def removal(db, items, chunk, action):
+    """A job that deletes `items` rows (action delete) or moves them to an archive table
+    (action move), of a table of twice as many, registered from a query and drained by
+    one call, every deleted row kept with the audit: its registration and drain in time
+    and WAL per item, the draining backend's private memory, the history it keeps per
+    item (the frozen list, and the audit with the rows kept), and that every row went
+    exactly once."""
+    with psycopg.connect(f"dbname={db}", autocommit=True, prepare_threshold=None) as c:
+        c.add_notice_handler(lambda d: None)
+        c.execute("DROP TABLE IF EXISTS events, events_archive")
+        c.execute("CREATE TABLE events (id bigint PRIMARY KEY, at timestamptz NOT NULL, "
+                  "status text NOT NULL, body text NOT NULL)")
+        c.execute("INSERT INTO events SELECT g, timestamptz '2026-01-01' + g * interval '1 second', "
+                  "CASE WHEN g %% 2 = 0 THEN 'old' ELSE 'new' END, md5(g::text) "
+                  "FROM generate_series(1, %s) g", (2 * items,))
+        c.execute("CREATE TABLE events_archive (LIKE events)")
+        c.execute("VACUUM ANALYZE events")
+        c.execute("CHECKPOINT")
+        pid = c.info.backend_pid
+        job = f"big-{action}"
+        r = {"items": items}
+        since = lsn(c)
+        t = time.perf_counter()
+        c.execute(
+            "SELECT * FROM etc_batch.register_job_from_query(%s, NULL, 'events', "
+            "$$SELECT id FROM events WHERE status = 'old'$$, %s, NULL, '{\"status\": \"old\"}', "
+            "tenant_column => NULL, revision_column => NULL, guard => 'columns', action => %s, "
+            "archive => %s)",
+            (job, chunk, action, "events_archive" if action == "move" else None)).fetchone()
+        r["register_seconds"] = round(time.perf_counter() - t, 1)
+        r["register_wal_bytes_per_item"] = round(wal_since(c, since) / items, 1)
+        c.execute("CHECKPOINT")
+        since = lsn(c)
+        t = time.perf_counter()
+        with Watch(pid) as w:
+            result = c.execute("CALL etc_batch.drain_job(%s)", (job,)).fetchone()
+        seconds = time.perf_counter() - t
+        r["drain_result"] = list(result)
+        r["drain_seconds"] = round(seconds, 1)
+        r["drain_rows_per_s"] = round(items / seconds)
+        r["drain_wal_bytes_per_item"] = round(wal_since(c, since) / items, 1)
+        r["drain_rss_mb"] = {"before": mb(w.before), "peak": mb(w.peak), "after": mb(w.after)}
+        number = c.execute("SELECT job_number FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone()[0]
+        item_bytes, audit_bytes = c.execute(
+            f"SELECT pg_total_relation_size('etc_batch.job_item_chunk_{number}'), "
+            f"pg_total_relation_size('etc_batch.job_audit_chunk_{number}')").fetchone()
+        r["history_bytes_per_item"] = {
+            "job_item": round(item_bytes / items, 1),
+            "job_audit_with_rows_kept": round(audit_bytes / items, 1),
+        }
+        r["left"], r["archived"], r["kept"] = c.execute(
+            "SELECT (SELECT count(*) FROM events WHERE status = 'old'), "
+            "(SELECT count(*) FROM events_archive), "
+            "(SELECT count(k) FROM etc_batch.job_audit_chunk a, unnest(a.kept) k WHERE a.job_id = %s)",
+            (job,)).fetchone()
+        assert r["left"] == 0 and r["kept"] == items, r
+        assert r["archived"] == (items if action == "move" else 0), r
+        c.execute("DROP TABLE events, events_archive")
     return r
 
 
@@ -251,10 +318,12 @@ def main():
     ap.add_argument("--items", type=int, default=10_000_000)
     ap.add_argument("--chunk", type=int, default=1000)
     ap.add_argument("--jsonb-items", type=int, default=1_000_000)
+    ap.add_argument("--removals", type=int, default=0,
+                    help="rows of a delete and of a move measured after the rest; 0 to skip")
     ap.add_argument("--db", default="bench_big")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    result = measure(a.items, a.chunk, a.jsonb_items, db=a.db)
+    result = measure(a.items, a.chunk, a.jsonb_items, db=a.db, removals=a.removals)
     print(json.dumps(result, indent=2))
     if a.out:
         with open(a.out, "w") as f:
