@@ -85,6 +85,21 @@ SELECT id, withdrawn FROM consents ORDER BY id;
 SELECT kept FROM etc_batch.job_audit_chunk WHERE job_id = 'forget';
 SELECT action, archive, keep_deleted FROM etc_batch.job WHERE job_id IN ('purge-sessions', 'archive-january', 'forget') ORDER BY job_id;
 
+-- 3b. A purge that stops at a drifted row (on_drift 'stop'), continued by
+-- register_remainder: the rest approved again with the same action, the drifted row
+-- left out and named.
+INSERT INTO consents SELECT g, 'late' || g || '@example.org', true FROM generate_series(11, 16) g;
+SELECT * FROM etc_batch.register_job_from_query('forget-late', NULL, 'consents',
+    'SELECT id FROM consents WHERE id > 10', 2, NULL, '{"withdrawn": true}',
+    tenant_column => NULL, revision_column => NULL, guard => 'columns', action => 'delete');
+UPDATE consents SET withdrawn = false WHERE id = 13;
+CALL etc_batch.drain_job('forget-late');
+SELECT * FROM etc_batch.register_remainder('forget-late', 'forget-late-2');
+SELECT action, keep_deleted FROM etc_batch.job WHERE job_id = 'forget-late-2';
+SELECT position, item_key, state FROM etc_batch.job_left_out WHERE job_id = 'forget-late-2';
+CALL etc_batch.drain_job('forget-late-2');
+SELECT id, withdrawn FROM consents WHERE id > 10 ORDER BY id;
+
 -- 4. What the kind of change is is part of the approval: the same job id with another
 -- is refused.
 SELECT * FROM etc_batch.register_job_from_query('forget', NULL, 'consents',
