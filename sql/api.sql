@@ -48,7 +48,7 @@ COMMENT ON FUNCTION etc_batch.revert_preview_left_out(text, regprocedure) IS
     'The committed items of a job that register_revert would leave out now, one row each in their order in the job: position, key, and whether its row drifted, is gone or its key names another tenant''s row.';
 REVOKE ALL ON FUNCTION etc_batch.revert_preview_left_out(text, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
-    'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
+    'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing (for a job that deletes its rows: deleted by the job, or moved to the archive). Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 COMMENT ON FUNCTION etc_batch.job_summary(text) IS
     'A job''s status, its items counted by state, and when and how its last drain failed for a reason other than a conflict. Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
 COMMENT ON FUNCTION etc_batch.verify_job(text) IS

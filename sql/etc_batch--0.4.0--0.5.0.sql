@@ -668,3 +668,5 @@ $ddl$;
     END LOOP;
 END
 $remake$;
+COMMENT ON FUNCTION etc_batch.job_report(text) IS
+    'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing (for a job that deletes its rows: deleted by the job, or moved to the archive). Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
