@@ -114,6 +114,27 @@ def drain_while_killed(pg, job, rng, pause=(0.05, 0.4)):
     return kills
 
 
+def by_month(pg, name):
+    """Three partitions of table `name` (partitioned by range of `at`): January to March
+    2026."""
+    for month in (1, 2, 3):
+        pg.admin.execute(sql.SQL(
+            "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(f"{name}_{month}"), sql.Identifier(name),
+                sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
+
+
+def lingering(pg, name, event):
+    """Each statement of `event` (UPDATE, DELETE) on table `name`, and so each chunk's,
+    lingers before its commit, where most kills land."""
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER linger AFTER {} ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
+            sql.SQL(event), sql.Identifier(name), sql.Identifier(f"{name}_linger")))
+
+
 def record_status_changes(pg, name):
     """From now on, every update of table `name` that commits is recorded in
     <name>_log(id, was, became), with the status it replaced; returns that table."""
@@ -251,11 +272,7 @@ def test_a_partitioned_table_drained_in_parallel_while_drainers_are_killed(pg):
     pg.admin.execute(sql.SQL(
         "CREATE TABLE {} (at timestamptz, id bigint, state text NOT NULL DEFAULT 'new', "
         "PRIMARY KEY (at, id)) PARTITION BY RANGE (at)").format(t))
-    for month in (1, 2, 3):
-        pg.admin.execute(sql.SQL(
-            "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
-                sql.Identifier(f"{name}_{month}"), t,
-                sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
+    by_month(pg, name)
     pg.admin.execute(sql.SQL(
         "INSERT INTO {} (at, id) SELECT timestamptz '2026-01-01 00:00+00' "
         "+ (g * interval '1 second' * 2500), g FROM generate_series(1, 3000) g").format(t))
@@ -267,13 +284,7 @@ def test_a_partitioned_table_drained_in_parallel_while_drainers_are_killed(pg):
     pg.admin.execute(sql.SQL(
         "CREATE TRIGGER counted AFTER UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
             t, sql.Identifier(f"{name}_count")))
-    # each chunk's statement lingers before its commit, where most kills land
-    pg.admin.execute(sql.SQL(
-        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
-    pg.admin.execute(sql.SQL(
-        "CREATE TRIGGER linger AFTER UPDATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
-            t, sql.Identifier(f"{name}_linger")))
+    lingering(pg, name, "UPDATE")
     partitions = pg.admin.execute(sql.SQL(
         "SELECT count(DISTINCT tableoid) FROM {} WHERE id % 3 <> 0").format(t)).fetchone()[0]
     assert partitions == 3
@@ -317,11 +328,7 @@ def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_
     pg.admin.execute(sql.SQL(
         "CREATE TABLE {} (at timestamptz, id bigint, state text NOT NULL DEFAULT 'old', "
         "body jsonb NOT NULL, PRIMARY KEY (at, id)) PARTITION BY RANGE (at)").format(t))
-    for month in (1, 2, 3):
-        pg.admin.execute(sql.SQL(
-            "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
-                sql.Identifier(f"{name}_{month}"), t,
-                sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
+    by_month(pg, name)
     pg.admin.execute(sql.SQL(
         "INSERT INTO {} (at, id, body) SELECT timestamptz '2026-01-01 00:00+00' "
         "+ (g * interval '1 second' * 2500), g, jsonb_build_object('n', g, 'tags', ARRAY['a', g::text]) "
@@ -338,13 +345,7 @@ def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_
     pg.admin.execute(sql.SQL(
         "CREATE TRIGGER counted AFTER DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
             t, sql.Identifier(f"{name}_count")))
-    # each chunk's statement lingers before its commit, where most kills land
-    pg.admin.execute(sql.SQL(
-        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
-    pg.admin.execute(sql.SQL(
-        "CREATE TRIGGER linger AFTER DELETE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
-            t, sql.Identifier(f"{name}_linger")))
+    lingering(pg, name, "DELETE")
     job = tag("purge_job")
     row = pg.admin.execute(
         "SELECT items, chunks FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, "

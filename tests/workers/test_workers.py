@@ -127,6 +127,21 @@ def worker_pids(conn, launch_id):
         (launch_id,))]
 
 
+def terminate_until_ended(conn, launch_id, rng):
+    """Terminates one of the launch's workers at random every few tenths of a second
+    while the launch runs; returns how many terminations landed."""
+    kills = 0
+    deadline = time.monotonic() + 240
+    while conn.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
+                       (launch_id,)).fetchone()[0] == "running":
+        assert time.monotonic() < deadline, f"the launch did not finish (seed {SEED})"
+        time.sleep(rng.uniform(0.2, 0.6))
+        pids = worker_pids(conn, launch_id)
+        if pids and conn.execute("SELECT pg_terminate_backend(%s)", (rng.choice(pids),)).fetchone()[0]:
+            kills += 1
+    return kills
+
+
 def test_a_launch_finishes_with_its_client_gone(workers):
     """Four workers drain a parallel job while nobody is connected: the launching
     client disconnects as soon as launch_job returns."""
@@ -163,15 +178,7 @@ def test_workers_terminated_at_random_until_done(workers):
         job = tag("killed")
         orders.register(conn, job, 50)
         launch_id, _ = launch(conn, job, 3)
-        kills = 0
-        deadline = time.monotonic() + 240
-        while conn.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
-                           (launch_id,)).fetchone()[0] == "running":
-            assert time.monotonic() < deadline, f"the launch did not finish (seed {SEED})"
-            time.sleep(rng.uniform(0.2, 0.6))
-            pids = worker_pids(conn, launch_id)
-            if pids and conn.execute("SELECT pg_terminate_backend(%s)", (rng.choice(pids),)).fetchone()[0]:
-                kills += 1
+        kills = terminate_until_ended(conn, launch_id, rng)
     assert wait_launch(workers, launch_id) == "done"
     assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
     with workers.connect() as conn:
@@ -217,15 +224,7 @@ def test_a_move_to_an_archive_launched_and_its_workers_terminated_at_random(work
             "archive => %s::regclass)",
             (job, name, f"SELECT id FROM public.{name}", f"{name}_archive")).fetchone()[0] == 3000
         launch_id, _ = launch(conn, job, 3)
-        kills = 0
-        deadline = time.monotonic() + 240
-        while conn.execute("SELECT status FROM etc_batch.launch WHERE launch_id = %s",
-                           (launch_id,)).fetchone()[0] == "running":
-            assert time.monotonic() < deadline, f"the launch did not finish (seed {SEED})"
-            time.sleep(rng.uniform(0.2, 0.6))
-            pids = worker_pids(conn, launch_id)
-            if pids and conn.execute("SELECT pg_terminate_backend(%s)", (rng.choice(pids),)).fetchone()[0]:
-                kills += 1
+        kills = terminate_until_ended(conn, launch_id, rng)
     assert wait_launch(workers, launch_id) == "done"
     assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
     with workers.connect() as conn:
