@@ -3,12 +3,10 @@
 //! content (unless the approval said keep_deleted => false), in its row type's text
 //! form: what a revert inserts again.
 
-use super::{guarded_rows, Ran};
+use super::guarded_rows;
 use crate::error::{BatchError, Result};
 use crate::job::rules::approval::Action;
 use crate::job::target::{Constants, Target};
-use crate::query;
-use pgrx::datum::DatumWithOid;
 use serde_json::Value;
 
 /// A delete job's approval: it sets nothing.
@@ -54,37 +52,4 @@ pub(crate) fn chunk_sql(
         target.sql_name,
         kept_row(keep),
     )
-}
-
-/// Runs a chunk's DELETE (or a move's statement, which returns the same) and reads, for
-/// the audit, each item whose row it deleted and the row kept.
-pub(crate) fn run(
-    sql: &str,
-    args: &[DatumWithOid],
-    planning: query::Planning,
-    items: usize,
-) -> Result<Ran> {
-    query::row_reader! {
-        /// A row deleted, as chunk_sql returns it.
-        struct Deleted {
-            position: i32 = -1,
-            guard_now: Option<i64>,
-            kept: Option<String>,
-        }
-    }
-    let mut changed = Vec::with_capacity(items);
-    let mut kept = Vec::with_capacity(items);
-    query::rows_planned(sql, args, planning, 0, |r| {
-        let row = Deleted::read(r)?;
-        changed.push((row.position, row.guard_now));
-        if let Some(text) = row.kept {
-            kept.push((row.position, text));
-        }
-        Ok(())
-    })?;
-    Ok(Ran {
-        changed,
-        refused: Vec::new(),
-        kept,
-    })
 }

@@ -262,12 +262,10 @@ impl KindOfChange {
         items: usize,
     ) -> Result<Ran> {
         match self {
-            KindOfChange::SetValues | KindOfChange::ItemValues => {
-                set_values::run(&sql.change, args, planning, items)
-            }
-            KindOfChange::Delete | KindOfChange::Move => {
-                delete::run(&sql.change, args, planning, items)
-            }
+            KindOfChange::SetValues
+            | KindOfChange::ItemValues
+            | KindOfChange::Delete
+            | KindOfChange::Move => run_set_based(&sql.change, args, planning, items),
             KindOfChange::Handler => handler::run(sql, args, items),
         }
     }
@@ -350,4 +348,38 @@ pub(crate) fn guarded_rows(
         arrays += 2;
     }
     (Target::bound_items(arrays), conditions)
+}
+
+/// Runs a chunk's one set-based statement (an UPDATE, a DELETE, a move) and reads, for
+/// the audit, each item it changed: its position, its guard value now, and the row kept
+/// (a deleted row's content, delete::kept_row; NULL for a change that keeps none).
+fn run_set_based(
+    sql: &str,
+    args: &[DatumWithOid],
+    planning: query::Planning,
+    items: usize,
+) -> Result<Ran> {
+    query::row_reader! {
+        /// An item changed, as the chunk's statement returns it.
+        struct Changed {
+            position: i32 = -1,
+            guard_now: Option<i64>,
+            kept: Option<String>,
+        }
+    }
+    let mut changed = Vec::with_capacity(items);
+    let mut kept = Vec::new();
+    query::rows_planned(sql, args, planning, 0, |r| {
+        let row = Changed::read(r)?;
+        changed.push((row.position, row.guard_now));
+        if let Some(text) = row.kept {
+            kept.push((row.position, text));
+        }
+        Ok(())
+    })?;
+    Ok(Ran {
+        changed,
+        refused: Vec::new(),
+        kept,
+    })
 }

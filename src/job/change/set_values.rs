@@ -2,7 +2,7 @@
 //! statement that changes every item whose row still matches it, and returns each
 //! changed row's guard value now; reverted by setting back what the rows held before.
 
-use super::{guarded_rows, item_values, Ran, RevertTerms};
+use super::{guarded_rows, item_values, RevertTerms};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::columns::scalar_text;
@@ -11,7 +11,6 @@ use crate::job::sql;
 use crate::job::target::{Constants, Target};
 use crate::query;
 use crate::txn::subtransaction;
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::quote_identifier;
 use serde_json::Value;
@@ -142,40 +141,13 @@ pub(crate) fn chunk_sql(
     let (items, conditions) = guarded_rows(target, guard_columns, constants, key_bounds);
     format!(
         "UPDATE {} AS t\n   SET {}\n  FROM {}\n WHERE {}\n\
-         RETURNING it.position, {} AS guard_now",
+         RETURNING it.position, {} AS guard_now, NULL::pg_catalog.text AS kept",
         target.sql_name,
         assignments.join(", "),
         items,
         conditions,
         s.guard_now(),
     )
-}
-
-/// Runs a chunk's guarded UPDATE and reads, for the audit, each item it changed.
-pub(crate) fn run(
-    sql: &str,
-    args: &[DatumWithOid],
-    planning: query::Planning,
-    items: usize,
-) -> Result<Ran> {
-    query::row_reader! {
-        /// An item changed, as chunk_sql returns it.
-        struct Changed {
-            position: i32 = -1,
-            guard_now: Option<i64>,
-        }
-    }
-    let mut changed = Vec::with_capacity(items);
-    query::rows_planned(sql, args, planning, 0, |r| {
-        let row = Changed::read(r)?;
-        changed.push((row.position, row.guard_now));
-        Ok(())
-    })?;
-    Ok(Ran {
-        changed,
-        refused: Vec::new(),
-        kept: Vec::new(),
-    })
 }
 
 /// What the revert of a job that set values sets and expects.
