@@ -279,6 +279,9 @@ pub fn verify(job_id: &str) -> Result<Vec<Check>> {
         } else {
             verify_checkpoint(&def, &p, fingerprint_ok, &mut check)?;
         }
+        if def.deletes.as_ref().is_some_and(|d| d.keep) {
+            rows_kept(&def, &mut check)?;
+        }
         check(
             "changes outside etc_batch",
             audit_changes == 0 && item_changes == 0,
@@ -359,6 +362,28 @@ fn verify_checkpoint(
         check,
         problems,
         format!("All {next_index} approved items below the checkpoint have their audit row."),
+    );
+    Ok(())
+}
+
+query::row_reader! {
+    /// A job's rows kept, as ROWS_KEPT counts them.
+    #[derive(Default)]
+    struct RowsKept {
+        changed: i64 = 0,
+        kept: i64 = 0,
+    }
+}
+
+/// A job that deletes its rows and keeps them: one row kept for every item its audit says
+/// it changed.
+fn rows_kept(def: &Definition, check: &mut impl FnMut(&'static str, bool, String)) -> Result<()> {
+    let RowsKept { changed, kept } =
+        query::row(&def.tables.sql(sql::ROWS_KEPT), &[], RowsKept::read)?.unwrap_or_default();
+    check(
+        "rows kept",
+        changed == kept,
+        format!("{kept} rows kept for {changed} items deleted."),
     );
     Ok(())
 }

@@ -178,6 +178,14 @@ SELECT (SELECT pg_catalog.count(*) FROM {items} i)::pg_catalog.int8 AS items,
        (SELECT pg_catalog.count(*) FROM {audit} a
          WHERE a.position OPERATOR(pg_catalog.>=) $1)::pg_catalog.int8 AS beyond";
 
+/// For a job that keeps the rows it deletes: how many of its audit's positions were
+/// changed (neither skipped) and how many rows its audit keeps, for verify_job.
+pub const ROWS_KEPT: &str = "\
+SELECT COALESCE(pg_catalog.sum(pg_catalog.cardinality(a.revisions_after)
+                 OPERATOR(pg_catalog.-) COALESCE(pg_catalog.cardinality(a.skipped), 0)), 0)::pg_catalog.int8 AS changed,
+       COALESCE(pg_catalog.sum((SELECT pg_catalog.count(k) FROM pg_catalog.unnest(a.kept) AS k)), 0)::pg_catalog.int8 AS kept
+  FROM {audit_chunks} a";
+
 /// A parallel job's records counted, for verify_job: approved items, audit rows, audit
 /// rows inside chunks not committed, and the items of the committed chunks (its chunk
 /// rows are counted by claim::chunk_rows). $1 chunk size, $2 item count.

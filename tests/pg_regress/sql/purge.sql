@@ -26,7 +26,7 @@ SELECT count(*) AS left_in_table FROM sessions;
 SELECT position, item_key, state FROM etc_batch.job_report('purge-sessions') ORDER BY position;
 SELECT status, approved, committed, matching, drifted, missing, skipped
   FROM etc_batch.job_summary('purge-sessions');
-SELECT count(*) FILTER (WHERE NOT ok) AS failed_checks FROM etc_batch.verify_job('purge-sessions');
+SELECT check_name, ok, detail FROM etc_batch.verify_job('purge-sessions') ORDER BY check_name;
 -- the rows deleted, whole, in their row type's text form, with each chunk's audit
 SELECT a.chunk, a.first_position, k.kept
   FROM etc_batch.job_audit_chunk a, unnest(a.kept) WITH ORDINALITY AS k(kept, n)
