@@ -1,8 +1,7 @@
 //! A drainer: one job's statements, roles and records, built once per call of drain, and
 //! the chunk's change run as its kind of change says (job/change/).
 
-use super::drain::Round;
-use super::pace_wait::SignalsRead;
+use super::ending::Round;
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
@@ -333,4 +332,12 @@ pub(super) fn caught<T>(work: impl FnOnce() -> Result<T>) -> std::result::Result
     }))
     .catch_others(|caught| Err(Failure::from(caught)))
     .execute()
+}
+
+/// When a drainer last read its job's signals, and the pace they were read for: read
+/// again after etc_batch.signal_interval, or at once when the pace changed.
+#[derive(Default)]
+pub(super) struct SignalsRead {
+    pub(super) read_at: Option<std::time::Instant>,
+    pub(super) pace: crate::job::pace::Pace,
 }

@@ -2,8 +2,8 @@
 //! next transaction, the job's lock taken again: skipped items (on_drift 'skip'), a
 //! conflict named by its first item, or a frozen list found short (corrupt).
 
-use super::drain::Round;
 use super::drainer::Drainer;
+use super::ending::Round;
 use crate::error::{BatchError, Result};
 use crate::job::rules::approval::{parse_object, OnDrift};
 use crate::job::rules::conflict::{self, Expected};

@@ -4,6 +4,7 @@
 //! - `drain`      the commit loop: lock, check the status after the lock, verify, change,
 //!   audit, checkpoint, COMMIT.
 //! - `drainer`    one job's statements and roles, built once per call, and its change.
+//! - `ending`     how a drain ends, and what each round of its loop comes to.
 //! - `pace_wait`  the wait before a chunk, until the pace lets it go.
 //! - `retry`      a chunk that failed with a transient error, tried again.
 //! - `mismatch`   a chunk that changed fewer rows than it has items, explained.
@@ -25,6 +26,7 @@ pub(crate) mod claim;
 pub mod crash;
 pub mod drain;
 mod drainer;
+pub mod ending;
 mod mismatch;
 mod notices;
 pub(crate) mod order;

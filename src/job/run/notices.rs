@@ -1,8 +1,7 @@
 //! What a drain tells its caller: each chunk as it commits, where the call stands at
 //! most once per etc_batch.progress_interval, and how it ended (progress_notices.rs).
 
-use super::drain::Drained;
-use super::drain::Ended;
+use super::ending::{Drained, Ended};
 use crate::progress_notices::{self as told, Teller};
 use pgrx::prelude::*;
 

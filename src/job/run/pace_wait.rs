@@ -1,7 +1,7 @@
 //! The wait before a chunk: until the job's pace (job/pace/) lets it go, holding nothing.
 
-use super::drain::AtWindowClose;
 use super::drainer::Drainer;
+use super::ending::AtWindowClose;
 use crate::error::{BatchError, Result};
 use crate::halt::Halt;
 use crate::job::pace::signals;
@@ -20,14 +20,6 @@ pub(super) enum BeforeChunk {
     OutsideWindows {
         opens_in: u32,
     },
-}
-
-/// When a drainer last read its job's signals, and the pace they were read for: read
-/// again after etc_batch.signal_interval, or at once when the pace changed.
-#[derive(Default)]
-pub(super) struct SignalsRead {
-    pub(super) read_at: Option<std::time::Instant>,
-    pub(super) pace: pace::Pace,
 }
 
 impl Drainer {
