@@ -2,6 +2,26 @@
 -- 0.5.0 is released: later changes go into a script of their own.
 \echo Use "ALTER EXTENSION etc_batch UPDATE" to load this file. \quit
 
+-- Kinds of change: a job deletes its rows, or moves them to an archive table, and keeps
+-- what it deleted with its chunks' audit (src/job/change/delete.rs, move_rows.rs).
+ALTER TABLE etc_batch.job
+    ADD COLUMN action text NOT NULL DEFAULT 'update' CHECK (action IN ('update', 'delete', 'move')),
+    ADD COLUMN archive text,
+    ADD COLUMN keep_deleted boolean NOT NULL DEFAULT true,
+    ADD CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL));
+COMMENT ON COLUMN etc_batch.job.action IS
+    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
+COMMENT ON COLUMN etc_batch.job.archive IS
+    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is).';
+COMMENT ON COLUMN etc_batch.job.keep_deleted IS
+    'For a job that deletes or moves its rows: whether each row''s whole content is kept with its chunk''s audit (job_audit_chunk.kept), what a revert puts back. false for a purge that must not keep what it deleted; such a job cannot be reverted.';
+ALTER TABLE etc_batch.job_audit_chunk
+    ADD COLUMN kept text[],
+    ADD CONSTRAINT job_audit_chunk_kept_check
+        CHECK (kept IS NULL OR pg_catalog.cardinality(kept) = pg_catalog.cardinality(revisions_after));
+COMMENT ON COLUMN etc_batch.job_audit_chunk.kept IS
+    'For a job that deletes or moves its rows and keeps them (keep_deleted): each position''s row as it was when the chunk deleted it, in the table''s row type''s text form (NULL for an item skipped), compressed with the row as any long value is.';
+
 -- A remainder names the items it leaves out as a revert does, for one more reason too (a
 -- key that names another tenant's row now), and a drifted one may be approved again
 -- later (src/job/against_rows.rs, src/job/remainder.rs).
@@ -122,7 +142,8 @@ WITH p AS (
 SELECT p.job_id, p.status,
        p.committed_items AS committed,
        p.item_count AS approved,
-       pg_catalog.round(100.0 OPERATOR(pg_catalog.*) p.committed_items OPERATOR(pg_catalog./) p.item_count, 1) AS percent,
+       COALESCE(pg_catalog.round(100.0 OPERATOR(pg_catalog.*) p.committed_items
+                                  OPERATOR(pg_catalog./) NULLIF(p.item_count, 0), 1), 100.0) AS percent,
        p.committed_chunks AS chunks_committed,
        ((p.item_count::pg_catalog.int8 OPERATOR(pg_catalog.+) p.chunk_size OPERATOR(pg_catalog.-) 1)
          OPERATOR(pg_catalog./) p.chunk_size)::pg_catalog.int4 AS chunks_total,
@@ -584,26 +605,6 @@ $doctor$;
 COMMENT ON FUNCTION etc_batch.doctor() IS
     'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
-
--- Kinds of change: a job deletes its rows, or moves them to an archive table, and keeps
--- what it deleted with its chunks' audit (src/job/change/delete.rs, move_rows.rs).
-ALTER TABLE etc_batch.job
-    ADD COLUMN action text NOT NULL DEFAULT 'update' CHECK (action IN ('update', 'delete', 'move')),
-    ADD COLUMN archive text,
-    ADD COLUMN keep_deleted boolean NOT NULL DEFAULT true,
-    ADD CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL));
-COMMENT ON COLUMN etc_batch.job.action IS
-    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
-COMMENT ON COLUMN etc_batch.job.archive IS
-    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is).';
-COMMENT ON COLUMN etc_batch.job.keep_deleted IS
-    'For a job that deletes or moves its rows: whether each row''s whole content is kept with its chunk''s audit (job_audit_chunk.kept), what a revert puts back. false for a purge that must not keep what it deleted; such a job cannot be reverted.';
-ALTER TABLE etc_batch.job_audit_chunk
-    ADD COLUMN kept text[],
-    ADD CONSTRAINT job_audit_chunk_kept_check
-        CHECK (kept IS NULL OR pg_catalog.cardinality(kept) = pg_catalog.cardinality(revisions_after));
-COMMENT ON COLUMN etc_batch.job_audit_chunk.kept IS
-    'For a job that deletes or moves its rows and keeps them (keep_deleted): each position''s row as it was when the chunk deleted it, in the table''s row type''s text form (NULL for an item skipped), compressed with the row as any long value is.';
 
 -- register_job and register_job_from_query take what to do to each row (action), a
 -- move's archive and whether a delete keeps its rows (keep_deleted): made again, with

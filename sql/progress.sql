@@ -50,7 +50,8 @@ WITH p AS (
 SELECT p.job_id, p.status,
        p.committed_items AS committed,
        p.item_count AS approved,
-       pg_catalog.round(100.0 OPERATOR(pg_catalog.*) p.committed_items OPERATOR(pg_catalog./) p.item_count, 1) AS percent,
+       COALESCE(pg_catalog.round(100.0 OPERATOR(pg_catalog.*) p.committed_items
+                                  OPERATOR(pg_catalog./) NULLIF(p.item_count, 0), 1), 100.0) AS percent,
        p.committed_chunks AS chunks_committed,
        ((p.item_count::pg_catalog.int8 OPERATOR(pg_catalog.+) p.chunk_size OPERATOR(pg_catalog.-) 1)
          OPERATOR(pg_catalog./) p.chunk_size)::pg_catalog.int4 AS chunks_total,

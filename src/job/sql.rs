@@ -106,10 +106,11 @@ pub const AUDIT_ITEMS: &str = "\
    FROM {audit_chunks} a,
         etc_batch.chunk_audit_items(a.first_position, a.revisions_after, a.skipped, a.found) u)";
 
-/// A parallel job whose chunks are all committed, done: its row as a sequential job's
+/// A job done without a chunk of its own making the last checkpoint: a parallel job whose
+/// chunks are all committed, or an approval of no items. Its row as a sequential job's
 /// reads when done, the checkpoint at the end with its seal. $1 job, $2 chunks, $3 the
 /// checkpoint's seal.
-pub const FINISH_PARALLEL: &str = "\
+pub const FINISH: &str = "\
 UPDATE etc_batch.job
    SET next_index = item_count, chunks_committed = $2, seal = $3,
        started_at = COALESCE(started_at, (SELECT pg_catalog.min(c.committed_at) FROM etc_batch.job_chunk c

@@ -801,7 +801,6 @@ def test_verify_job_marks_a_tampered_pending_job_corrupt(db):
 
 BAD_REGISTRATIONS = {
     # label: (changes to the good request, SQLSTATE, what the message must name)
-    "empty_items": ({"items": []}, "22023", "must not be empty"),
     "duplicate_keys": (
         {"items": [{"id": 3, "revision": 1}, {"id": 3, "revision": 1}]}, "22023", "Key 3"),
     "string_key_for_int_key": ({"items": [{"id": "3", "revision": 1}]}, "22023", "key"),

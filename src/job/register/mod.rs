@@ -355,19 +355,17 @@ fn register_now(mut req: Request) -> Result<Registered> {
             frozen
                 .guard_columns
                 .retain(|c| !req.set_from_items.contains(c));
-            if frozen.count == 0 {
-                return Err(BatchError::invalid_because(
-                    "items must not be empty",
-                    "The items query returned no rows.",
-                ));
-            }
             let chunks = chunk_count(frozen.count, req.chunk_size);
             as_role(owner, || {
                 insert_job(&req, &terms, &frozen, registrant, number)?;
                 if req.parallel {
                     claim::write_chunk_rows(&req.job_id, &tables, chunks)?;
                 }
-                tables.attach(&req.job_id)
+                tables.attach(&req.job_id)?;
+                if frozen.count == 0 {
+                    finish_empty(&req.job_id)?;
+                }
+                Ok::<(), BatchError>(())
             })?;
             crate::events::job(
                 number,
@@ -376,6 +374,10 @@ fn register_now(mut req: Request) -> Result<Registered> {
                 serde_json::json!({"items": frozen.count, "chunks": chunks,
                                    "by": crate::pauses::role_name(registrant)}),
             );
+            if frozen.count == 0 {
+                crate::events::job(number, &req.job_id, "done", serde_json::json!({"items": 0}));
+                approved_nothing(&req.job_id);
+            }
             Registered {
                 created: true,
                 items: frozen.count,
@@ -384,6 +386,30 @@ fn register_now(mut req: Request) -> Result<Registered> {
         }
     };
     Ok(registered)
+}
+
+/// An approval of no items (a quiet night's items query): a job done at once, so that
+/// whatever waits for it (a chain's next step, a nightly run) goes on.
+fn finish_empty(job_id: &str) -> Result<()> {
+    query::run(
+        sql::FINISH,
+        &[
+            job_id.into(),
+            0i32.into(),
+            seal::checkpoint(job_id, 0, 0).into(),
+        ],
+    )
+}
+
+/// Tells the caller that the approval named nothing to do.
+fn approved_nothing(job_id: &str) {
+    pgrx::pg_sys::panic::ErrorReport::new(
+        pgrx::PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!("job \"{job_id}\" approved no items: it is done"),
+        "etc_batch",
+    )
+    .set_detail("Its approval is kept, empty; drain_job and launch_job find nothing to do.")
+    .report(pgrx::PgLogLevel::NOTICE);
 }
 
 /// A column of the target's that is not there, named as the argument that named it

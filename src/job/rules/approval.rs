@@ -273,15 +273,10 @@ impl Shape {
         self.in_key_order(normalized)
     }
 
-    /// The list sorted by key, refused when empty, too long or with a key twice; a list
-    /// whose key PostgreSQL orders is left as given, for it to order (staged.rs).
+    /// The list sorted by key, refused when too long or with a key twice; a list whose
+    /// key PostgreSQL orders is left as given, for it to order (staged.rs). An empty list
+    /// is an approval of nothing, a job done at once (register.rs).
     fn in_key_order(&self, mut items: Vec<Item>) -> Result<Vec<Item>> {
-        if items.is_empty() {
-            return Err(BatchError::invalid_because(
-                "items must not be empty",
-                "An approval names at least one item.",
-            ));
-        }
         if items.len() > i32::MAX as usize {
             return Err(BatchError::invalid_because(
                 "too many items",
@@ -1151,7 +1146,6 @@ mod tests {
     fn bad_lists_are_rejected() {
         let s = shape("int4");
         let cases = [
-            (json!([]), "items must not be empty"),
             (json!({"id": 1}), "items must be a JSON array"),
             (json!([1]), "item 1 is not a JSON object"),
             (json!([{"revision": 1}]), "item 1 has no key"),
@@ -1189,6 +1183,8 @@ mod tests {
             let e = s.normalize(&items).unwrap_err();
             assert_eq!(e.message(), message, "{items}");
         }
+        // an approval of nothing is no error: a job done at once
+        assert_eq!(s.normalize(&json!([])).unwrap(), Vec::<Item>::new());
         let e = s
             .normalize(&json!([{"id": 1, "revision": 1, "nope": 1}]))
             .unwrap_err();

@@ -482,7 +482,7 @@ pub fn finish(job_id: &str, tables: &JobTables, chunks: i32, items: i32) -> Resu
         )));
     }
     query::run(
-        sql::FINISH_PARALLEL,
+        sql::FINISH,
         &[
             job_id.into(),
             chunks.into(),

@@ -65,10 +65,23 @@ SELECT item_key, guards FROM etc_batch.job_item WHERE job_id = 'gold' ORDER BY p
 CALL etc_batch.drain_job('gold');
 SELECT id, revision, status FROM orders WHERE tenant = 'Y' AND id <= 12 ORDER BY id;
 
--- Refused, with nothing stored.
-SELECT * FROM etc_batch.register_job_from_query('bad', 'X', 'orders',
+-- An items query that finds nothing approves nothing: a job done at once, which a
+-- NOTICE says; drained, it does nothing; registered again the same, it changes nothing;
+-- a list of no items is the same approval.
+SELECT * FROM etc_batch.register_job_from_query('quiet', 'X', 'orders',
     $$SELECT id, revision FROM orders WHERE false$$, 4, '{"status": "x"}');
+SELECT status, item_count, next_index FROM etc_batch.job WHERE job_id = 'quiet';
+SELECT status, approved, committed, unprocessed, matching FROM etc_batch.job_summary('quiet');
+SELECT job_id, status, committed, approved, percent, chunks_total, estimated_finish FROM etc_batch.job_progress WHERE job_id = 'quiet';
+SELECT check_name, ok FROM etc_batch.verify_job('quiet') ORDER BY check_name;
+CALL etc_batch.drain_job('quiet');
+SELECT * FROM etc_batch.register_job_from_query('quiet', 'X', 'orders',
+    $$SELECT id, revision FROM orders WHERE false$$, 4, '{"status": "x"}');
+SELECT * FROM etc_batch.register_job('quiet', 'X', 'orders', '[]', 4, '{"status": "x"}');
+SELECT * FROM etc_batch.register_job('quiet', 'X', 'orders', '[]', 4, '{"status": "y"}');
 \echo :LAST_ERROR_SQLSTATE
+
+-- Refused, with nothing stored.
 SELECT * FROM etc_batch.register_job_from_query('bad', 'X', 'orders',
     $$SELECT id % 2 AS id, revision FROM orders WHERE tenant = 'X'$$, 4, '{"status": "x"}');
 \echo :LAST_ERROR_SQLSTATE

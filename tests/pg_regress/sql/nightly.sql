@@ -124,15 +124,16 @@ SELECT count(*) AS runs FROM etc_batch.chain_run WHERE chain IN ('nobody', 'empt
 SELECT etc_batch.current_run() IS NULL AS outside_a_run;
 
 -- A night that finds nothing to approve: chain 'cancel' registers its job from a query
--- that finds no pending order tonight, then would drain it. The registration refuses an
--- empty approval (22023), so the night's run stops at its first step, failed, with no
--- job registered and its drain pending; the next night waits for it as for any failed
--- night, until it is retried or abandoned.
+-- that finds no pending order tonight, then drains it. An approval of no items is a job
+-- done at once (a NOTICE says so), its drain finds nothing to do, and the night's run
+-- is done; the next night runs as any night after a finished one.
 CALL etc_batch.run_chain('cancel', '2026-12-04');
-\echo :LAST_ERROR_SQLSTATE
 SELECT batch, steps, done, failed, pending FROM etc_batch.chain_progress WHERE batch = 'cancel/2026-12-04';
 SELECT outcome, sqlstate FROM etc_batch.step_audit WHERE batch = 'cancel/2026-12-04' ORDER BY audit_id;
-SELECT count(*) AS jobs FROM etc_batch.job WHERE job_id = 'cancel-2026-12-04';
+SELECT status, item_count, next_index, chunks_committed, finished_at IS NOT NULL AS finished
+  FROM etc_batch.job WHERE job_id = 'cancel-2026-12-04';
+SELECT status, approved, committed, unprocessed FROM etc_batch.job_summary('cancel-2026-12-04');
+SELECT count(*) FILTER (WHERE NOT ok) AS failed_checks FROM etc_batch.verify_job('cancel-2026-12-04');
 INSERT INTO orders SELECT g FROM generate_series(10, 11) g;
 CALL etc_batch.run_chain('cancel', '2026-12-05');
 SELECT status, count(*) FROM orders GROUP BY status ORDER BY status;
