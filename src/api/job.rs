@@ -40,6 +40,7 @@ macro_rules! registration {
             guard: default!(Option<String>, "NULL"),
             on_drift: default!(Option<String>, "'stop'"),
             record_before: default!(Option<bool>, false),
+            set_expressions: default!(Option<Jsonb>, "NULL"),
         ) -> TableIterator<
             'static,
             (
@@ -70,6 +71,8 @@ macro_rules! registration {
                     on_drift: OnDrift::parse(&required(on_drift, "on_drift")?)?,
                     record_before: required(record_before, "record_before")?,
                     set_from_items: Vec::new(),
+                    set_expressions: jsonb_arg(set_expressions, "set_expressions")?
+                        .filter(|v| !v.is_null()),
                 })
             })()
             .or_raise();

@@ -51,6 +51,10 @@ pub struct Definition {
     pub record_before: bool,
     /// A revert's columns set to each item's own value (carried in its guards).
     pub set_from_items: Vec<String>,
+    /// Columns set to an expression, as PostgreSQL printed it at registration.
+    pub set_expressions: BTreeMap<String, String>,
+    /// For a revert: the job whose committed items it sets back.
+    pub reverts: Option<String>,
 }
 
 query::row_reader! {
@@ -83,6 +87,8 @@ query::row_reader! {
         handler_oid: Option<pg_sys::Oid>,
         record_before: bool = false,
         set_from_items: Vec<String> = Vec::new(),
+        set_expressions: Option<String>,
+        reverts: Option<String>,
     }
 }
 
@@ -145,6 +151,16 @@ impl Definition {
             handler_oid: r.handler_oid,
             record_before: r.record_before,
             set_from_items: r.set_from_items,
+            set_expressions: r
+                .set_expressions
+                .map(|t| {
+                    parse_object(&t)
+                        .into_iter()
+                        .map(|(c, e)| (c, e.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            reverts: r.reverts,
         }))
     }
 
@@ -166,7 +182,26 @@ impl Definition {
             on_drift: self.on_drift,
             record_before: self.record_before,
             set_from_items: self.set_from_items.clone(),
+            set_expressions: self.set_expressions.clone(),
         }
+    }
+
+    /// The search_path the job's change runs with: the registering session's, with
+    /// pg_catalog first for a job that sets expressions, as they were printed
+    /// (set_expressions::search_path).
+    pub fn change_search_path(&self) -> String {
+        if self.set_expressions.is_empty() {
+            self.search_path.clone()
+        } else {
+            crate::job::change::set_expressions::search_path(&self.search_path)
+        }
+    }
+
+    /// The columns whose values before the change each item's guards hold, recorded at
+    /// registration (change::recorded).
+    pub fn recorded(&self) -> Vec<String> {
+        crate::job::change::recorded(&self.terms().action, &self.set_expressions, self.record_before)
+            .unwrap_or_default()
     }
 
     /// What the job sets, as a report reads it.

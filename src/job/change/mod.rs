@@ -5,19 +5,21 @@
 //! it is.
 //!
 //! - `set_values`  a guarded UPDATE to the values the approval names.
+//! - `set_expressions` columns of that UPDATE set to an expression over the row's own
+//!   columns, checked and printed back at registration; their values before recorded.
 //! - `item_values` a guarded UPDATE to each item's own values, recorded in its guards (a
 //!   revert's set_from_items), with set_values' if it has any.
 //! - `handler`     a function called once per item, returning the row's new state.
 
 pub(crate) mod handler;
 pub(crate) mod item_values;
+pub(crate) mod set_expressions;
 pub(crate) mod set_values;
 
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::approval::Action;
 use crate::job::rules::guard::Guard;
-use crate::job::rules::shape::Shape;
 use crate::job::target::{Constants, Target};
 use crate::query;
 use pgrx::datum::DatumWithOid;
@@ -42,31 +44,55 @@ pub(crate) struct Ran {
 }
 
 /// The kind of change a registration asks for, checked against the target: the
-/// approval's action (set_values, or a handler's name).
+/// approval's action (set_values, or a handler's name), and the columns set by an
+/// expression, each as PostgreSQL prints it back (set_expressions.rs).
 pub(crate) fn approve(
-    shape: &Shape,
+    target: &Target,
+    table: pg_sys::Oid,
     guard: &Guard,
     set_values: Option<&Value>,
+    set_expressions: Option<&Value>,
     handler: Option<pg_sys::Oid>,
     from_items: &[String],
-) -> Result<Action> {
+) -> Result<(Action, BTreeMap<String, String>)> {
+    let given = match set_expressions {
+        Some(expressions) => set_expressions::given(expressions)?,
+        None => BTreeMap::new(),
+    };
     match (set_values, handler) {
-        (Some(values), None) => Ok(Action::Set(set_values::check(shape, values, from_items)?)),
-        (None, Some(handler)) => Ok(Action::Handler(handler::check(guard, handler)?)),
+        (None, Some(handler)) if given.is_empty() => Ok((
+            Action::Handler(handler::check(guard, handler)?),
+            BTreeMap::new(),
+        )),
+        (values, None) if values.is_some() || !given.is_empty() => {
+            let columns: Vec<String> = given.keys().cloned().collect();
+            let values = set_values::check(&target.shape, values, &columns, from_items)?;
+            let expressions = set_expressions::check(target, table, &given)?;
+            Ok((Action::Set(values), expressions))
+        }
         _ => Err(BatchError::invalid_because(
-            "a job needs either set_values or a handler",
-            "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both.",
+            "a job needs set_values or set_expressions, or a handler",
+            "Give set_values (constants) or set_expressions (computed from each row) for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both.",
         )),
     }
 }
 
-/// The columns whose values before the change registration records (record_before).
-pub(crate) fn recorded(action: &Action, record_before: bool) -> Result<Vec<String>> {
-    match (action, record_before) {
-        (_, false) => Ok(Vec::new()),
-        (Action::Set(values), true) => Ok(values.keys().cloned().collect()),
-        (Action::Handler(_), true) => Err(handler::records_nothing()),
-    }
+/// The columns whose values before the change registration records: those set by an
+/// expression always (nothing else knows them), and with record_before those set to
+/// values too.
+pub(crate) fn recorded(
+    action: &Action,
+    expressions: &BTreeMap<String, String>,
+    record_before: bool,
+) -> Result<Vec<String>> {
+    let mut columns: Vec<String> = match (action, record_before) {
+        (_, false) => Vec::new(),
+        (Action::Set(values), true) => values.keys().cloned().collect(),
+        (Action::Handler(_), true) => return Err(handler::records_nothing()),
+    };
+    columns.extend(expressions.keys().cloned());
+    columns.sort();
+    Ok(columns)
 }
 
 /// What registration asks of the target's constraints before anything is stored: a
@@ -82,14 +108,22 @@ pub(crate) fn check_constraints(
     }
 }
 
-/// The columns the registering role must be allowed to UPDATE: those set, and those set
-/// from each item (a handler's own change asks EXECUTE on it instead).
-pub(crate) fn updated_columns(action: &Action, from_items: &[String]) -> Vec<String> {
+/// The columns the registering role must be allowed to UPDATE: those set, by a value
+/// or an expression, and those set from each item (a handler's own change asks EXECUTE
+/// on it instead).
+pub(crate) fn updated_columns(
+    action: &Action,
+    expressions: &BTreeMap<String, String>,
+    from_items: &[String],
+) -> Vec<String> {
     let set = match action {
         Action::Set(values) => values.keys().cloned().collect(),
         Action::Handler(_) => Vec::new(),
     };
-    set.into_iter().chain(from_items.iter().cloned()).collect()
+    set.into_iter()
+        .chain(expressions.keys().cloned())
+        .chain(from_items.iter().cloned())
+        .collect()
 }
 
 impl KindOfChange {
@@ -113,9 +147,13 @@ impl KindOfChange {
         key_bounds: bool,
     ) -> String {
         match self {
-            KindOfChange::SetValues | KindOfChange::ItemValues => {
-                set_values::chunk_sql(target, &def.guard_columns, constants, key_bounds)
-            }
+            KindOfChange::SetValues | KindOfChange::ItemValues => set_values::chunk_sql(
+                target,
+                &def.guard_columns,
+                constants,
+                &def.set_expressions,
+                key_bounds,
+            ),
             KindOfChange::Handler => handler::chunk_sql(
                 target,
                 def.tables.items(),
@@ -151,14 +189,17 @@ impl KindOfChange {
 
     /// What the revert of `def` sets and expects (`inverse`: the handler that undoes a
     /// handler's change); refused when the values before the change are not known.
+    /// `reverted_expressions`: for a revert, the expressions of the job it reverts, which
+    /// its own revert sets again.
     pub(crate) fn reverted(
         self,
         def: &Definition,
         inverse: Option<pg_sys::Oid>,
+        reverted_expressions: &BTreeMap<String, String>,
     ) -> Result<RevertTerms> {
         match self {
             KindOfChange::SetValues | KindOfChange::ItemValues => {
-                set_values::reverted(def, inverse)
+                set_values::reverted(def, inverse, reverted_expressions)
             }
             KindOfChange::Handler => handler::reverted(def, inverse),
         }
@@ -176,6 +217,9 @@ pub(crate) struct RevertTerms {
     pub(crate) from_items: Vec<String>,
     /// A handler job's inverse.
     pub(crate) inverse: Option<pg_sys::Oid>,
+    /// The columns the revert sets by an expression again: a revert of a revert of a
+    /// job that set them so.
+    pub(crate) expressions: BTreeMap<String, String>,
     /// What every row must still hold: the values the job set, and the other values it
     /// expected (which its change left as they were).
     pub(crate) expect: BTreeMap<String, Value>,

@@ -137,7 +137,7 @@ impl Drainer {
         };
         as_author(
             self.def.registered_by,
-            &self.def.search_path,
+            &self.def.change_search_path(),
             self.caller,
             extra,
             work,
@@ -166,7 +166,7 @@ impl Drainer {
         }
         as_author(
             self.def.registered_by,
-            &self.def.search_path,
+            &self.def.change_search_path(),
             self.caller,
             &extra,
             work,
