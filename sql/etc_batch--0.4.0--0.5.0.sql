@@ -584,3 +584,66 @@ $doctor$;
 COMMENT ON FUNCTION etc_batch.doctor() IS
     'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
+
+-- register_job and register_job_from_query take set_expressions, last: columns set to an
+-- SQL expression over the row's own columns, kept in job.set_expressions as PostgreSQL
+-- prints them back (src/job/change/set_expressions.rs). Made again, with the EXECUTE
+-- grants they had.
+ALTER TABLE etc_batch.job ADD COLUMN set_expressions jsonb;
+COMMENT ON COLUMN etc_batch.job.set_expressions IS
+    'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
+DO $update$
+DECLARE
+    old regprocedure;
+    grantees regrole[];
+    g regrole;
+    grants text[] := '{}';
+    grant_sql text;
+    signatures constant text[][] := ARRAY[
+        ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
+         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb)'],
+        ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb)']];
+BEGIN
+    FOR i IN 1 .. pg_catalog.array_length(signatures, 1) LOOP
+        old := signatures[i][1]::regprocedure;
+        SELECT pg_catalog.array_agg(DISTINCT a.grantee::regrole) INTO grantees
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = old AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+           AND a.grantee <> 0;
+        FOREACH g IN ARRAY COALESCE(grantees, '{}') LOOP
+            grants := grants || pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', signatures[i][2], g);
+        END LOOP;
+        EXECUTE 'DROP FUNCTION ' || old::text;
+    END LOOP;
+    CREATE FUNCTION etc_batch.register_job(
+        job_id text, tenant text, target regclass, items jsonb, chunk_size integer,
+        set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
+        tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+        handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
+        key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
+        record_before boolean DEFAULT false, set_expressions jsonb DEFAULT NULL)
+    RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
+    CREATE FUNCTION etc_batch.register_job_from_query(
+        job_id text, tenant text, target regclass, items_query text, chunk_size integer,
+        set_values jsonb, expect jsonb DEFAULT '{}', key_column name DEFAULT NULL,
+        tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
+        handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
+        key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
+        record_before boolean DEFAULT false, set_expressions jsonb DEFAULT NULL)
+    RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
+    VOLATILE PARALLEL UNSAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
+    REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb) FROM PUBLIC;
+    FOREACH grant_sql IN ARRAY grants LOOP
+        EXECUTE grant_sql;
+    END LOOP;
+END
+$update$;
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; on_drift says whether a drifted row stops the job or is skipped; set_values sets constants, set_expressions columns to an SQL expression over the row''s own columns (checked and kept as PostgreSQL prints it back, its values before recorded); the same request again changes nothing, a different one under the same job id is refused.';
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb) IS
+    'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';

@@ -58,7 +58,8 @@ CREATE TABLE etc_batch.job (
     -- a job reverted: the job that sets its committed items back
     reverted_by      text,
     record_before    boolean     NOT NULL DEFAULT false,
-    set_from_items   name[]      NOT NULL DEFAULT '{}'
+    set_from_items   name[]      NOT NULL DEFAULT '{}',
+    set_expressions  jsonb
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -94,6 +95,8 @@ COMMENT ON COLUMN etc_batch.job.record_before IS
     'Whether registration recorded, in each approved item''s guards, the values its row held then in the columns the job sets (register_job''s record_before): guarded like any guard, they are exactly what the change replaced, and what register_revert sets back.';
 COMMENT ON COLUMN etc_batch.job.set_from_items IS
     'For a revert of a job that recorded its values before: the columns set to each item''s own value, which its item carries in job_item.guards under the column''s name (not a guard: what the revert sets).';
+COMMENT ON COLUMN etc_batch.job.set_expressions IS
+    'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
     'Names the job''s partitions of job_item_chunk and job_audit_chunk: job_item_chunk_<job_number>, job_audit_chunk_<job_number>.';
 

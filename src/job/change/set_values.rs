@@ -286,7 +286,7 @@ fn set_back(
                 "job \"{job_id}\" cannot be reverted: the values of {} before its change are not known",
                 unknown.join(", ")
             ),
-            "A job knows what a column held before it changed it when its approval expected that value of every row (expect => '{\"column\": value}'), or when it recorded each row's value at registration (record_before => true, and always for set_expressions); this one did neither.",
+            "A job knows what a column held before it changed it when its approval expected that value of every row (expect => '{\"column\": value}'), or when it recorded each row's value at registration (record_before => true); this one did neither.",
         ));
     }
     let is_changed =
