@@ -29,9 +29,9 @@ REVOKE ALL ON FUNCTION etc_batch.define_chain(text, text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.abandon_run(text, text) FROM PUBLIC;
 
 -- Jobs
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) IS
-    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values, or a handler called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) IS
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values sets constants, set_expressions columns to an SQL expression over the row''s own columns, checked and kept as PostgreSQL prints it back, its values before recorded; or a handler is called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one. Items left out (drifted, gone, another tenant''s) are named in etc_batch.job_left_out and counted in a NOTICE. On a continued job, include_drifted approves as a new job the drifted items its remainder left out.';
@@ -55,8 +55,8 @@ COMMENT ON FUNCTION etc_batch.verify_job(text) IS
     'Compares every audit row of a job with its approved list; a pending job that fails becomes corrupt.';
 COMMENT ON FUNCTION etc_batch.abort_job(text, text) IS
     'Stops a job for good, keeping its approval, audit and checkpoint.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) FROM PUBLIC;
 -- job_report and job_summary are executable by PUBLIC, said explicitly: each shows a
 -- job only to the roles with the privileges of the one that registered it and to
 -- readers of etc_batch.job (42501 for anyone else), as job_progress shows its rows.

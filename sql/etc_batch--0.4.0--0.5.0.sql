@@ -2,13 +2,17 @@
 -- 0.5.0 is released: later changes go into a script of their own.
 \echo Use "ALTER EXTENSION etc_batch UPDATE" to load this file. \quit
 
--- Kinds of change: a job deletes its rows, or moves them to an archive table, and keeps
--- what it deleted with its chunks' audit (src/job/change/delete.rs, move_rows.rs).
+-- Kinds of change: a job sets columns to an expression over the row's own columns
+-- (src/job/change/set_expressions.rs), deletes its rows, or moves them to an archive
+-- table, and keeps what it deleted with its chunks' audit (delete.rs, move_rows.rs).
 ALTER TABLE etc_batch.job
+    ADD COLUMN set_expressions jsonb,
     ADD COLUMN action text NOT NULL DEFAULT 'update' CHECK (action IN ('update', 'delete', 'move')),
     ADD COLUMN archive text,
     ADD COLUMN keep_deleted boolean NOT NULL DEFAULT true,
     ADD CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL));
+COMMENT ON COLUMN etc_batch.job.set_expressions IS
+    'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.action IS
     'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
 COMMENT ON COLUMN etc_batch.job.archive IS
@@ -606,8 +610,10 @@ COMMENT ON FUNCTION etc_batch.doctor() IS
     'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
 
--- register_job and register_job_from_query take what to do to each row (action), a
--- move's archive and whether a delete keeps its rows (keep_deleted): made again, with
+-- register_job and register_job_from_query take set_expressions (columns set to an SQL
+-- expression over the row's own columns, kept in job.set_expressions as PostgreSQL
+-- prints them back: src/job/change/set_expressions.rs), what to do to each row (action),
+-- a move's archive and whether a delete keeps its rows (keep_deleted): made again, with
 -- the EXECUTE grants they had.
 DO $remake$
 DECLARE
@@ -617,9 +623,9 @@ DECLARE
     grant_sql text;
     signatures constant text[][] := ARRAY[
         ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
-         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean)'],
+         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean)'],
         ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
-         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean)']];
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean)']];
     grants text[] := '{}';
 BEGIN
     FOR i IN 1 .. array_length(signatures, 1) LOOP
@@ -640,14 +646,15 @@ CREATE FUNCTION etc_batch.register_job(
     tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
     handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
     key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
-    record_before boolean DEFAULT false, action text DEFAULT 'update',
-    archive regclass DEFAULT NULL, keep_deleted boolean DEFAULT true)
+    record_before boolean DEFAULT false, set_expressions jsonb DEFAULT NULL,
+    action text DEFAULT 'update', archive regclass DEFAULT NULL,
+    keep_deleted boolean DEFAULT true)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) IS
-    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values, or a handler called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values sets constants, set_expressions columns to an SQL expression over the row''s own columns, checked and kept as PostgreSQL prints it back, its values before recorded; or a handler is called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.register_job_from_query(
     job_id text, tenant text, target regclass, items_query text, chunk_size integer,
@@ -655,14 +662,15 @@ CREATE FUNCTION etc_batch.register_job_from_query(
     tenant_column name DEFAULT 'tenant', revision_column name DEFAULT 'revision',
     handler regprocedure DEFAULT NULL, parallel boolean DEFAULT false,
     key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
-    record_before boolean DEFAULT false, action text DEFAULT 'update',
-    archive regclass DEFAULT NULL, keep_deleted boolean DEFAULT true)
+    record_before boolean DEFAULT false, set_expressions jsonb DEFAULT NULL,
+    action text DEFAULT 'update', archive regclass DEFAULT NULL,
+    keep_deleted boolean DEFAULT true)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) IS
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, text, regclass, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) FROM PUBLIC;
 $ddl$;
     FOREACH grant_sql IN ARRAY grants LOOP
         EXECUTE grant_sql;

@@ -59,6 +59,7 @@ CREATE TABLE etc_batch.job (
     reverted_by      text,
     record_before    boolean     NOT NULL DEFAULT false,
     set_from_items   name[]      NOT NULL DEFAULT '{}',
+    set_expressions  jsonb,
     action           text        NOT NULL DEFAULT 'update'
                                  CHECK (action IN ('update', 'delete', 'move')),
     archive          text,
@@ -99,6 +100,8 @@ COMMENT ON COLUMN etc_batch.job.record_before IS
     'Whether registration recorded, in each approved item''s guards, the values its row held then in the columns the job sets (register_job''s record_before): guarded like any guard, they are exactly what the change replaced, and what register_revert sets back.';
 COMMENT ON COLUMN etc_batch.job.set_from_items IS
     'For a revert of a job that recorded its values before: the columns set to each item''s own value, which its item carries in job_item.guards under the column''s name (not a guard: what the revert sets).';
+COMMENT ON COLUMN etc_batch.job.set_expressions IS
+    'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.action IS
     'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
 COMMENT ON COLUMN etc_batch.job.archive IS

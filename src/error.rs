@@ -132,9 +132,10 @@ pub enum BatchError {
         table: String,
         key: String,
     },
-    /// set_values naming a generated column.
+    /// set_values or set_expressions (`argument`) naming a generated column.
     GeneratedColumn {
         column: String,
+        argument: &'static str,
     },
     /// A job continued as another by register_remainder.
     JobContinued {
@@ -566,12 +567,12 @@ impl BatchError {
             )
             .detail("No primary key or unique index of the table has only the key's columns (and the tenant column), so one approved item could change several rows.")
             .hint("Name the columns of the primary key or of a unique index with key_column or key_columns."),
-            GeneratedColumn { column } => report(
+            GeneratedColumn { column, argument } => report(
                 Code::ERRCODE_GENERATED_ALWAYS,
-                format!("set_values cannot assign column \"{column}\""),
+                format!("{argument} cannot assign column \"{column}\""),
             )
             .detail(format!("Column \"{column}\" is a generated column: PostgreSQL computes it from the others."))
-            .hint("Leave it out of set_values; it follows the columns it is generated from."),
+            .hint(format!("Leave it out of {argument}; it follows the columns it is generated from.")),
             HandlerMissing { job } => report(
                 Code::ERRCODE_UNDEFINED_FUNCTION,
                 format!("the handler of job \"{job}\" no longer exists"),
@@ -1037,6 +1038,7 @@ mod tests {
             },
             GeneratedColumn {
                 column: "total".into(),
+                argument: "set_values",
             },
             UnknownFunction { oid: 12345 },
             HandlerMissing {

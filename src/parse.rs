@@ -1,5 +1,5 @@
 //! PostgreSQL's raw parser, for SQL a caller hands etc_batch as text (a step's command,
-//! an items query): what each statement is, read from the parse tree into plain Rust
+//! an items query, an expression to set a column to): what each statement is, read from the parse tree into plain Rust
 //! values, so that the rules about them (src/chain/command.rs, src/job/register/items_query.rs)
 //! never touch a node. The only module that reads parse trees.
 //!
@@ -77,6 +77,83 @@ pub fn statements(sql: &str) -> Result<Vec<Statement>, Failure> {
                     len: (*raw).stmt_len,
                 })
                 .collect()
+        }
+    })
+}
+
+/// What text meant as one SQL expression (set_expressions') is, parsed as the one value
+/// of `SELECT (<text>)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expression {
+    /// One expression, and nothing else.
+    One,
+    /// Text that closes the parenthesis and goes on: several statements, or a SELECT
+    /// with more than one value (what `what` names).
+    NotOne { what: &'static str },
+}
+
+/// What `text` is as one expression, or the syntax error the parser raised. The text
+/// sits on lines of its own between the parentheses, so that a comment in it ends at
+/// its own line.
+pub fn expression(text: &str) -> Result<Expression, Failure> {
+    let statements = format!("SELECT (\n{text}\n)");
+    let sql = CString::new(statements).map_err(|_| {
+        Failure::from(crate::error::BatchError::invalid(
+            "the text contains a zero byte",
+        ))
+    })?;
+    txn::subtransaction(|| {
+        // SAFETY: as in statements; every node is checked for its tag before it is read
+        // as that kind of node.
+        unsafe {
+            let list = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+            let raws = PgList::<pg_sys::RawStmt>::from_pg(list);
+            if raws.len() != 1 {
+                return Expression::NotOne {
+                    what: "several statements",
+                };
+            }
+            let stmt = (*raws.get_ptr(0).expect("one statement")).stmt;
+            if !pgrx::is_a(stmt, pg_sys::NodeTag::T_SelectStmt) {
+                return Expression::NotOne {
+                    what: "another statement",
+                };
+            }
+            let select = &*(stmt as *mut pg_sys::SelectStmt);
+            let what = if select.op != pg_sys::SetOperation::SETOP_NONE {
+                Some("a UNION, INTERSECT or EXCEPT")
+            } else if PgList::<pg_sys::ResTarget>::from_pg(select.targetList).len() != 1 {
+                Some("several values")
+            } else if !select.fromClause.is_null() {
+                Some("a FROM clause")
+            } else if !select.whereClause.is_null() {
+                Some("a WHERE clause")
+            } else if !select.groupClause.is_null() || !select.havingClause.is_null() {
+                Some("a GROUP BY or HAVING clause")
+            } else if !select.windowClause.is_null() {
+                Some("a WINDOW clause")
+            } else if !select.sortClause.is_null()
+                || !select.limitOffset.is_null()
+                || !select.limitCount.is_null()
+            {
+                Some("an ORDER BY, LIMIT or OFFSET clause")
+            } else if !select.distinctClause.is_null()
+                || !select.intoClause.is_null()
+                || !select.lockingClause.is_null()
+                || !select.withClause.is_null()
+                || !select.valuesLists.is_null()
+            {
+                Some("a clause of a SELECT")
+            } else {
+                let target = PgList::<pg_sys::ResTarget>::from_pg(select.targetList)
+                    .get_ptr(0)
+                    .expect("one value");
+                (!(*target).name.is_null()).then_some("a value with a name")
+            };
+            match what {
+                Some(what) => Expression::NotOne { what },
+                None => Expression::One,
+            }
         }
     })
 }
@@ -214,5 +291,32 @@ mod tests {
             }
         );
         assert!(statements("SELEC 1").is_err());
+    }
+
+    #[pg_test]
+    fn one_expression_is_told_from_text_that_closes_its_parenthesis() {
+        assert_eq!(
+            expression("round(total * 100)::bigint").unwrap(),
+            Expression::One
+        );
+        // a comment ends at its own line, and cannot swallow the closing parenthesis
+        assert_eq!(expression("lower(email) -- note").unwrap(), Expression::One);
+        for (text, what) in [
+            ("1); DROP TABLE t; SELECT (1", "several statements"),
+            ("1), (2", "several values"),
+            ("x) FROM other WHERE (true", "a FROM clause"),
+            ("1) WHERE (true", "a WHERE clause"),
+            ("1) UNION SELECT (2", "a UNION, INTERSECT or EXCEPT"),
+            ("1) ORDER BY (1", "an ORDER BY, LIMIT or OFFSET clause"),
+            ("1) AS x, (2", "several values"),
+        ] {
+            assert_eq!(
+                expression(text).unwrap(),
+                Expression::NotOne { what },
+                "{text}"
+            );
+        }
+        assert!(expression("lower(").is_err());
+        assert!(expression("1 /* unclosed").is_err());
     }
 }

@@ -641,6 +641,117 @@ pub fn shape(sql: &str) -> Result<Shape> {
     }
 }
 
+/// One expression over one table, as PostgreSQL analyzes `SELECT (<expression>) FROM ONLY
+/// <table> AS <alias>` (set_expressions'): what it reads and calls, its type, and its text
+/// as PostgreSQL prints it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expression {
+    /// The statement is one SELECT of one value from the one table, and nothing else.
+    pub one_value_of: Option<pg_sys::Oid>,
+    pub has_subquery: bool,
+    pub has_aggregate: bool,
+    pub has_window_function: bool,
+    pub returns_set: bool,
+    pub volatile: bool,
+    pub type_oid: pg_sys::Oid,
+    /// The expression deparsed (ruleutils' deparse_expression) under the search_path
+    /// `printed_with`, each column prefixed with the alias: every object the path does
+    /// not find by its bare name comes out schema-qualified.
+    pub text: String,
+}
+
+/// The analysis of `sql`, a `SELECT (<expression>) FROM ONLY <table> AS <alias>` with
+/// `alias` the alias, prepared as the current user with the current search_path (a
+/// column, function or type it names that does not exist, or that the user may not
+/// read, fails here with PostgreSQL's own error), printed back under `printed_with`.
+pub fn expression(sql: &str, alias: &std::ffi::CStr, printed_with: &str) -> Result<Expression> {
+    let text = CString::new(sql)
+        .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
+    // SAFETY: a plain atomic SPI connection, finished before returning; the plan's
+    // sources and their analyzed queries are read, and the expression deparsed, before
+    // the plan is freed. Every node is checked for its tag before it is read as one.
+    unsafe {
+        pg_sys::SPI_connect();
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), 0, std::ptr::null_mut());
+        if plan.is_null() {
+            pg_sys::SPI_finish();
+            return Err(BatchError::Internal(format!(
+                "SPI_prepare returned {}",
+                std::ptr::addr_of!(pg_sys::SPI_result).read()
+            )));
+        }
+        let queries: Vec<*mut pg_sys::Query> =
+            list_pointers(pg_sys::SPI_plan_get_plan_sources(plan))
+                .into_iter()
+                .flat_map(|source| {
+                    list_pointers((*(source as *mut pg_sys::CachedPlanSource)).query_list)
+                })
+                .map(|query| query as *mut pg_sys::Query)
+                .collect();
+        let mut analyzed = Expression {
+            one_value_of: None,
+            has_subquery: false,
+            has_aggregate: false,
+            has_window_function: false,
+            returns_set: false,
+            volatile: false,
+            type_oid: pg_sys::Oid::INVALID,
+            text: String::new(),
+        };
+        if let [query] = queries[..] {
+            let q = &*query;
+            let rtable = list_pointers(q.rtable);
+            let targets: Vec<*mut pg_sys::TargetEntry> = list_pointers(q.targetList)
+                .into_iter()
+                .map(|t| t as *mut pg_sys::TargetEntry)
+                .collect();
+            let relation = match rtable[..] {
+                [rte] => {
+                    let rte = &*(rte as *mut pg_sys::RangeTblEntry);
+                    (rte.rtekind == pg_sys::RTEKind::RTE_RELATION && !rte.inh).then_some(rte.relid)
+                }
+                _ => None,
+            };
+            let plain = q.commandType == pg_sys::CmdType::CMD_SELECT
+                && q.utilityStmt.is_null()
+                && q.cteList.is_null()
+                && q.setOperations.is_null()
+                && q.sortClause.is_null()
+                && q.groupClause.is_null()
+                && q.distinctClause.is_null()
+                && q.havingQual.is_null()
+                && q.limitCount.is_null()
+                && q.limitOffset.is_null()
+                && q.rowMarks.is_null()
+                && !q.jointree.is_null()
+                && (*q.jointree).quals.is_null()
+                && list_pointers((*q.jointree).fromlist).len() == 1
+                && targets.len() == 1
+                && !(*targets[0]).resjunk;
+            analyzed.has_subquery = q.hasSubLinks;
+            analyzed.has_aggregate = q.hasAggs;
+            analyzed.has_window_function = q.hasWindowFuncs;
+            analyzed.returns_set = q.hasTargetSRFs;
+            if let (true, Some(relid)) = (plain, relation) {
+                let expr = (*targets[0]).expr as *mut pg_sys::Node;
+                analyzed.one_value_of = Some(relid);
+                analyzed.volatile = pg_sys::contain_volatile_functions(expr);
+                analyzed.type_oid = pg_sys::exprType(expr);
+                analyzed.text = crate::settings::with(&[(c"search_path", printed_with)], || {
+                    let context = pg_sys::deparse_context_for(alias.as_ptr(), relid);
+                    let printed = pg_sys::deparse_expression(expr, context, true, false);
+                    std::ffi::CStr::from_ptr(printed)
+                        .to_string_lossy()
+                        .into_owned()
+                });
+            }
+        }
+        pg_sys::SPI_freeplan(plan);
+        pg_sys::SPI_finish();
+        Ok(analyzed)
+    }
+}
+
 /// The pointers a List holds.
 unsafe fn list_pointers(list: *mut pg_sys::List) -> Vec<*mut std::ffi::c_void> {
     if list.is_null() {

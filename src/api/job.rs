@@ -41,6 +41,7 @@ macro_rules! registration {
             guard: default!(Option<String>, "NULL"),
             on_drift: default!(Option<String>, "'stop'"),
             record_before: default!(Option<bool>, false),
+            set_expressions: default!(Option<Jsonb>, "NULL"),
             action: default!(Option<String>, "'update'"),
             archive: default!(Option<RegClass>, "NULL"),
             keep_deleted: default!(Option<bool>, true),
@@ -74,6 +75,8 @@ macro_rules! registration {
                     on_drift: OnDrift::parse(&required(on_drift, "on_drift")?)?,
                     record_before: required(record_before, "record_before")?,
                     set_from_items: Vec::new(),
+                    set_expressions: jsonb_arg(set_expressions, "set_expressions")?
+                        .filter(|v| !v.is_null()),
                     action: Asked::parse(
                         &required(action, "action")?,
                         archive.map(|a| a.0),

@@ -51,6 +51,10 @@ pub struct Definition {
     pub record_before: bool,
     /// A revert's columns set to each item's own value (carried in its guards).
     pub set_from_items: Vec<String>,
+    /// Columns set to an expression, as PostgreSQL printed it at registration.
+    pub set_expressions: BTreeMap<String, String>,
+    /// For a revert: the job whose committed items it sets back.
+    pub reverts: Option<String>,
     /// For a job that deletes its rows (or moves them to an archive): how.
     pub deletes: Option<Deletion>,
 }
@@ -98,6 +102,8 @@ query::row_reader! {
         action: String = String::new(),
         archive: Option<String>,
         keep_deleted: bool = true,
+        set_expressions: Option<String>,
+        reverts: Option<String>,
     }
 }
 
@@ -164,6 +170,16 @@ impl Definition {
                 archive: r.archive,
                 keep: r.keep_deleted,
             }),
+            set_expressions: r
+                .set_expressions
+                .map(|t| {
+                    parse_object(&t)
+                        .into_iter()
+                        .map(|(c, e)| (c, e.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            reverts: r.reverts,
         }))
     }
 
@@ -202,7 +218,30 @@ impl Definition {
             on_drift: self.on_drift,
             record_before: self.record_before,
             set_from_items: self.set_from_items.clone(),
+            set_expressions: self.set_expressions.clone(),
         }
+    }
+
+    /// The search_path the job's change runs with: the registering session's, with
+    /// pg_catalog first for a job that sets expressions, as they were printed
+    /// (set_expressions::search_path).
+    pub fn change_search_path(&self) -> String {
+        if self.set_expressions.is_empty() {
+            self.search_path.clone()
+        } else {
+            crate::job::change::set_expressions::search_path(&self.search_path)
+        }
+    }
+
+    /// The columns whose values before the change each item's guards hold, recorded at
+    /// registration (change::recorded).
+    pub fn recorded(&self) -> Vec<String> {
+        crate::job::change::recorded(
+            &self.terms().action,
+            &self.set_expressions,
+            self.record_before,
+        )
+        .unwrap_or_default()
     }
 
     /// What the job sets, as a report reads it.

@@ -34,6 +34,7 @@ SELECT j.tenant, j.target::pg_catalog.oid AS target, j.key_columns::pg_catalog.t
          AS target_present,
        pg_catalog.to_regprocedure(j.handler)::pg_catalog.oid AS handler_oid,
        j.record_before, j.set_from_items::pg_catalog.text[] AS set_from_items,
+       j.set_expressions::pg_catalog.text AS set_expressions, j.reverts,
        j.action, j.archive, j.keep_deleted
   FROM etc_batch.job j
  WHERE j.job_id OPERATOR(pg_catalog.=) $1";
@@ -147,13 +148,14 @@ pub const ATTACH_JOB_TABLES: &str = "SELECT etc_batch.attach_job_tables($1, $2)"
 /// $7 chunk size, $8 set_values, $9 handler (its OID, kept by its name, as pg_upgrade
 /// keeps it), $10 expect, $11 guard columns,
 /// $12 item count, $13 fingerprint, $14 registering role, $15 job number, $16 parallel,
-/// $17 the seal of its first checkpoint, $18 guard, $19 on_drift, $20 target's name.
+/// $17 the seal of its first checkpoint, $18 guard, $19 on_drift, $20 target's name,
+/// $21 record_before, $22 set_from_items, $23 set_expressions.
 pub const INSERT_JOB: &str = "\
 INSERT INTO etc_batch.job
   (job_id, tenant, target, key_columns, tenant_column, revision_column, chunk_size,
    set_values, handler, expect, guard_columns, item_count, fingerprint, registered_by,
    search_path, seal, job_number, parallel, guard, on_drift, target_name, record_before,
-   set_from_items, action, archive, keep_deleted)
+   set_from_items, set_expressions, action, archive, keep_deleted)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
         (SELECT pg_catalog.format('%I.%I(pg_catalog.jsonb)', n.nspname, p.proname)
@@ -162,7 +164,7 @@ VALUES ($1, $2, $3, $4::pg_catalog.name[], $5, $6, $7, $8::pg_catalog.jsonb,
           WHERE p.oid OPERATOR(pg_catalog.=) $9::pg_catalog.oid),
         $10::pg_catalog.jsonb,
         $11, $12, $13, $14, pg_catalog.current_setting('search_path'), $17, $15, $16, $18, $19, $20,
-        $21, $22::pg_catalog.name[], $23, $24, $25)";
+        $21, $22::pg_catalog.name[], $23::pg_catalog.jsonb, $24, $25, $26)";
 
 /// The frozen list in key order, to compare and fingerprint it a batch at a time: its
 /// chunk rows in order, each unfolded in order (a sort within each chunk's row only).

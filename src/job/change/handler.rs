@@ -209,6 +209,7 @@ pub(crate) fn reverted(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result
         set_back: None,
         from_items: Vec::new(),
         inverse: Some(inverse),
+        expressions: BTreeMap::new(),
         expect: BTreeMap::new(),
         strip: def.guard_columns.clone(),
     })

@@ -5,6 +5,8 @@
 //! it is.
 //!
 //! - `set_values`  a guarded UPDATE to the values the approval names.
+//! - `set_expressions` columns of that UPDATE set to an expression over the row's own
+//!   columns, checked and printed back at registration; their values before recorded.
 //! - `item_values` a guarded UPDATE to each item's own values, recorded in its guards (a
 //!   revert's set_from_items), with set_values' if it has any.
 //! - `handler`     a function called once per item, returning the row's new state.
@@ -16,6 +18,7 @@ pub(crate) mod delete;
 pub(crate) mod handler;
 pub(crate) mod item_values;
 pub(crate) mod move_rows;
+pub(crate) mod set_expressions;
 pub(crate) mod set_values;
 
 use crate::error::{BatchError, Result};
@@ -89,62 +92,93 @@ pub(crate) struct Ran {
 
 /// The kind of change a registration asks for, checked against the target (`table`):
 /// the approval's action (set_values, a handler's name, a delete, a move and its
-/// archive); `keep`: whether a delete's or a move's rows are kept with the audit.
+/// archive), and the columns set by an expression, each as PostgreSQL prints it back
+/// (set_expressions.rs); `keep`: whether a delete's or a move's rows are kept with the
+/// audit.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn approve(
     target: &Target,
     table: pg_sys::Oid,
     asked: Asked,
     set_values: Option<&Value>,
+    set_expressions: Option<&Value>,
     handler: Option<pg_sys::Oid>,
     from_items: &[String],
     keep: bool,
-) -> Result<Action> {
+) -> Result<(Action, BTreeMap<String, String>)> {
     if !keep && asked == Asked::Update {
         return Err(BatchError::invalid_because(
             "keep_deleted is for a job that deletes its rows",
             "keep_deleted => false says not to keep the rows a job with action 'delete' or 'move' deletes.",
         ));
     }
-    let no_handler = || match handler {
-        Some(_) => Err(BatchError::invalid_because(
+    let given = match set_expressions {
+        Some(expressions) => set_expressions::given(expressions)?,
+        None => BTreeMap::new(),
+    };
+    let deletes = |action: &str| {
+        match (handler, given.is_empty()) {
+        (Some(_), _) => Err(BatchError::invalid_because(
             "a job that deletes its rows has no handler",
             "A handler makes its own change, with action 'update' (the default).",
         )),
-        None => Ok(()),
+        (None, false) => Err(BatchError::invalid_because(
+            format!("a job with action '{action}' sets no expressions"),
+            "set_expressions is for action 'update'; a job that deletes or moves its rows changes nothing in them.",
+        )),
+        (None, true) => Ok(()),
+    }
     };
     match (asked, set_values, handler) {
         (Asked::Delete, ..) => {
-            no_handler()?;
-            delete::check(set_values, keep)
+            deletes("delete")?;
+            Ok((delete::check(set_values, keep)?, BTreeMap::new()))
         }
         (Asked::Move(archive), ..) => {
-            no_handler()?;
-            move_rows::check(target, table, set_values, archive, keep)
+            deletes("move")?;
+            Ok((
+                move_rows::check(target, table, set_values, archive, keep)?,
+                BTreeMap::new(),
+            ))
         }
-        (Asked::Update, Some(values), None) => Ok(Action::Set(set_values::check(
-            &target.shape,
-            values,
-            from_items,
-        )?)),
-        (Asked::Update, None, Some(handler)) => Ok(Action::Handler(handler::check(handler)?)),
+        (Asked::Update, None, Some(handler)) if given.is_empty() => {
+            Ok((Action::Handler(handler::check(handler)?), BTreeMap::new()))
+        }
+        (Asked::Update, values, None) if values.is_some() || !given.is_empty() => {
+            let columns: Vec<String> = given.keys().cloned().collect();
+            let values = set_values::check(&target.shape, values, &columns, from_items)?;
+            let expressions = set_expressions::check(target, table, &given)?;
+            Ok((Action::Set(values), expressions))
+        }
         (Asked::Update, ..) => Err(BatchError::invalid_because(
-            "a job needs either set_values or a handler",
-            "Give set_values for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both; or action => 'delete' or 'move' for a job that deletes its rows.",
+            "a job needs set_values or set_expressions, or a handler",
+            "Give set_values (constants) or set_expressions (computed from each row) for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both; or action => 'delete' or 'move' for a job that deletes its rows.",
         )),
     }
 }
 
-/// The columns whose values before the change registration records (record_before).
-pub(crate) fn recorded(action: &Action, record_before: bool) -> Result<Vec<String>> {
-    match (action, record_before) {
-        (_, false) => Ok(Vec::new()),
-        (Action::Set(values), true) => Ok(values.keys().cloned().collect()),
-        (Action::Handler(_), true) => Err(handler::records_nothing()),
-        (Action::Delete { .. } | Action::Move { .. }, true) => Err(BatchError::invalid_because(
-            "record_before is for a job that sets values",
-            "A job that deletes its rows keeps each row whole with its chunk's audit (keep_deleted).",
-        )),
-    }
+/// The columns whose values before the change registration records: those set by an
+/// expression always (nothing else knows them), and with record_before those set to
+/// values too.
+pub(crate) fn recorded(
+    action: &Action,
+    expressions: &BTreeMap<String, String>,
+    record_before: bool,
+) -> Result<Vec<String>> {
+    let mut columns: Vec<String> = match (action, record_before) {
+        (_, false) => Vec::new(),
+        (Action::Set(values), true) => values.keys().cloned().collect(),
+        (Action::Handler(_), true) => return Err(handler::records_nothing()),
+        (Action::Delete { .. } | Action::Move { .. }, true) => {
+            return Err(BatchError::invalid_because(
+                "record_before is for a job that sets values",
+                "A job that deletes its rows keeps each row whole with its chunk's audit (keep_deleted).",
+            ))
+        }
+    };
+    columns.extend(expressions.keys().cloned());
+    columns.sort();
+    Ok(columns)
 }
 
 /// What registration asks of the target's constraints before anything is stored: a
@@ -160,14 +194,22 @@ pub(crate) fn check_constraints(
     }
 }
 
-/// The columns the registering role must be allowed to UPDATE: those set, and those set
-/// from each item (a handler's own change asks EXECUTE on it instead).
-pub(crate) fn updated_columns(action: &Action, from_items: &[String]) -> Vec<String> {
+/// The columns the registering role must be allowed to UPDATE: those set, by a value
+/// or an expression, and those set from each item (a handler's own change asks EXECUTE
+/// on it instead).
+pub(crate) fn updated_columns(
+    action: &Action,
+    expressions: &BTreeMap<String, String>,
+    from_items: &[String],
+) -> Vec<String> {
     let set = match action {
         Action::Set(values) => values.keys().cloned().collect(),
         Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => Vec::new(),
     };
-    set.into_iter().chain(from_items.iter().cloned()).collect()
+    set.into_iter()
+        .chain(expressions.keys().cloned())
+        .chain(from_items.iter().cloned())
+        .collect()
 }
 
 impl KindOfChange {
@@ -205,7 +247,13 @@ impl KindOfChange {
     ) -> ChunkSql {
         match self {
             KindOfChange::SetValues | KindOfChange::ItemValues => ChunkSql {
-                change: set_values::chunk_sql(target, &def.guard_columns, constants, key_bounds),
+                change: set_values::chunk_sql(
+                    target,
+                    &def.guard_columns,
+                    constants,
+                    &def.set_expressions,
+                    key_bounds,
+                ),
                 guard_after: None,
             },
             KindOfChange::Delete => ChunkSql {
@@ -272,14 +320,17 @@ impl KindOfChange {
 
     /// What the revert of `def` sets and expects (`inverse`: the handler that undoes a
     /// handler's change); refused when the values before the change are not known.
+    /// `reverted_expressions`: for a revert, the expressions of the job it reverts, which
+    /// its own revert sets again.
     pub(crate) fn reverted(
         self,
         def: &Definition,
         inverse: Option<pg_sys::Oid>,
+        reverted_expressions: &BTreeMap<String, String>,
     ) -> Result<RevertTerms> {
         match self {
             KindOfChange::SetValues | KindOfChange::ItemValues => {
-                set_values::reverted(def, inverse)
+                set_values::reverted(def, inverse, reverted_expressions)
             }
             KindOfChange::Handler => handler::reverted(def, inverse),
             KindOfChange::Delete | KindOfChange::Move => Err(BatchError::Unsupported {
@@ -304,6 +355,9 @@ pub(crate) struct RevertTerms {
     pub(crate) from_items: Vec<String>,
     /// A handler job's inverse.
     pub(crate) inverse: Option<pg_sys::Oid>,
+    /// The columns the revert sets by an expression again: a revert of a revert of a
+    /// job that set them so.
+    pub(crate) expressions: BTreeMap<String, String>,
     /// What every row must still hold: the values the job set, and the other values it
     /// expected (which its change left as they were).
     pub(crate) expect: BTreeMap<String, Value>,

@@ -2,7 +2,7 @@
 //! statement that changes every item whose row still matches it, and returns each
 //! changed row's guard value now; reverted by setting back what the rows held before.
 
-use super::{guarded_rows, item_values, RevertTerms};
+use super::{guarded_rows, item_values, set_expressions, RevertTerms};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::columns::scalar_text;
@@ -16,14 +16,20 @@ use pgrx::spi::quote_identifier;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// The values to set, and the columns set from each item (set_from_items): columns of
-/// the target, none of them one that names or guards a row, or generated.
+/// The values to set, beside the columns set by an expression (set_expressions) and
+/// those set from each item (set_from_items): each a column of the target, named once,
+/// none of them one that names or guards a row, or generated. None: the job sets
+/// columns only by expressions.
 pub(crate) fn check(
     shape: &Shape,
-    values: &Value,
+    values: Option<&Value>,
+    expressions: &[String],
     from_items: &[String],
 ) -> Result<BTreeMap<String, Value>> {
-    let values = shape.check_columns_object("set_values", values)?;
+    let values = match values {
+        Some(values) => shape.check_columns_object("set_values", values)?,
+        None => BTreeMap::new(),
+    };
     // every chunk's UPDATE would fail on the constraint: refused now, not at every drain
     if let Some((column, _)) = values
         .iter()
@@ -33,29 +39,45 @@ pub(crate) fn check(
             column: column.clone(),
         });
     }
-    let mut all = shape.check_columns_object("set_values", &item_values::named(from_items))?;
-    all.extend(values.clone());
-    check_assigned(shape, &all)?;
+    if let Some(both) = expressions.iter().find(|c| values.contains_key(*c)) {
+        return Err(BatchError::invalid_because(
+            format!("column \"{both}\" is in both set_values and set_expressions"),
+            "A job sets a column to one value or to one expression, not both.",
+        ));
+    }
+    let mut assigned: BTreeMap<String, &'static str> = BTreeMap::new();
+    for (argument, columns) in [("set_values", from_items), ("set_expressions", expressions)] {
+        let named = shape.check_columns_object(argument, &item_values::named(columns))?;
+        assigned.extend(named.into_keys().map(|c| (c, argument)));
+    }
+    assigned.extend(values.keys().map(|c| (c.clone(), "set_values")));
+    check_assigned(shape, &assigned)?;
     Ok(values)
 }
 
-fn check_assigned(shape: &Shape, values: &BTreeMap<String, Value>) -> Result<()> {
-    if values.is_empty() {
+/// The columns a job assigns, each with the argument that named it: at least one, and
+/// none that names or guards a row, or is generated.
+fn check_assigned(shape: &Shape, assigned: &BTreeMap<String, &'static str>) -> Result<()> {
+    if assigned.is_empty() {
         return Err(BatchError::invalid(
-            "set_values must name at least one column",
+            "set_values or set_expressions must name at least one column",
         ));
     }
     for protected in shape.roles() {
-        if values.contains_key(protected) {
+        if let Some(argument) = assigned.get(protected) {
             return Err(BatchError::invalid_because(
-                format!("set_values must not assign column \"{protected}\""),
+                format!("{argument} must not assign column \"{protected}\""),
                 "The key, tenant and revision columns identify the approved rows; the revision is incremented by etc_batch.",
             ));
         }
     }
-    if let Some(generated) = values.keys().find(|c| shape.columns[c.as_str()].generated) {
+    if let Some((generated, argument)) = assigned
+        .iter()
+        .find(|(c, _)| shape.columns[c.as_str()].generated)
+    {
         return Err(BatchError::GeneratedColumn {
             column: generated.clone(),
+            argument,
         });
     }
     Ok(())
@@ -126,6 +148,7 @@ pub(crate) fn chunk_sql(
     target: &Target,
     guard_columns: &[String],
     constants: &Constants,
+    expressions: &BTreeMap<String, String>,
     key_bounds: bool,
 ) -> String {
     let s = &target.shape;
@@ -137,6 +160,7 @@ pub(crate) fn chunk_sql(
         })
         .collect();
     assignments.extend(item_values::assignments(target, constants.item_columns()));
+    assignments.extend(set_expressions::assignments(expressions));
     assignments.extend(s.guard.assignments());
     let (items, conditions) = guarded_rows(target, guard_columns, constants, key_bounds);
     format!(
@@ -150,8 +174,13 @@ pub(crate) fn chunk_sql(
     )
 }
 
-/// What the revert of a job that set values sets and expects.
-pub(crate) fn reverted(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<RevertTerms> {
+/// What the revert of a job that set values sets and expects. `reverted`: for a revert,
+/// the expressions of the job it reverted, which its own revert sets again.
+pub(crate) fn reverted(
+    def: &Definition,
+    inverse: Option<pg_sys::Oid>,
+    reverted: &BTreeMap<String, String>,
+) -> Result<RevertTerms> {
     if inverse.is_some() {
         return Err(BatchError::invalid_because(
             "an inverse is for a handler job",
@@ -164,31 +193,58 @@ pub(crate) fn reverted(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result
     let set = def.set_values.clone().unwrap_or_default();
     set_back(
         &def.job_id,
-        &set,
-        &def.set_from_items,
+        &Changed {
+            set: &set,
+            from_items: &def.set_from_items,
+            expressions: &def.set_expressions,
+        },
         &def.expect,
         def.record_before,
+        reverted,
     )
 }
 
-/// The revert of a job that set `set` (and the columns `from_items` to each item's own
-/// value) on rows expected to hold `expect`. A column goes back to the value the job
-/// expected of every row, or, where the job recorded its values before the change
-/// (`record_before`), to each item's own. The revert's rows must hold what the job set:
-/// the values of `set`, or each item's own value of a column set from it (which stays
-/// in its guards); and the rest of what the job expected. Refused when the value before
-/// of a column the job set is known neither way.
+/// What a job changed: columns set to values (`set`), to each item's own value
+/// (`from_items`), and to an expression (`expressions`, their values before always
+/// recorded).
+struct Changed<'a> {
+    set: &'a BTreeMap<String, Value>,
+    from_items: &'a [String],
+    expressions: &'a BTreeMap<String, String>,
+}
+
+/// The revert of a job that changed `changed` on rows expected to hold `expect`. A
+/// column goes back to the value the job expected of every row, or, where the job
+/// recorded its values before the change (`record_before`, and any column set by an
+/// expression), to each item's own. The revert's rows must hold what the job set: the
+/// values of `set`, or each item's own value of a column set from it (which stays in
+/// its guards); and the rest of what the job expected. A job that is itself a revert
+/// sets a column by the expression of the job it reverted (`reverted`) again. Refused
+/// when the value before of a column the job set is known no way.
 fn set_back(
     job_id: &str,
-    set: &BTreeMap<String, Value>,
-    from_items: &[String],
+    changed: &Changed,
     expect: &BTreeMap<String, Value>,
     record_before: bool,
+    reverted: &BTreeMap<String, String>,
 ) -> Result<RevertTerms> {
+    let Changed {
+        set,
+        from_items,
+        expressions,
+    } = *changed;
+    // a revert's columns that the job it reverted set by an expression: set by it again
+    let again: BTreeMap<String, String> = set
+        .keys()
+        .chain(from_items)
+        .filter(|c| !expect.contains_key(*c))
+        .filter_map(|c| reverted.get(c).map(|e| (c.clone(), e.clone())))
+        .collect();
     let unknown: Vec<String> = set
         .keys()
         .filter(|c| !expect.contains_key(*c) && !record_before)
         .chain(from_items.iter().filter(|c| !expect.contains_key(*c)))
+        .filter(|c| !again.contains_key(*c))
         .map(|c| format!("\"{c}\""))
         .collect();
     if !unknown.is_empty() {
@@ -200,16 +256,19 @@ fn set_back(
             "A job knows what a column held before it changed it when its approval expected that value of every row (expect => '{\"column\": value}'), or when it recorded each row's value at registration (record_before => true); this one did neither.",
         ));
     }
-    let changed = |c: &String| set.contains_key(c) || from_items.contains(c);
+    let is_changed =
+        |c: &String| set.contains_key(c) || from_items.contains(c) || expressions.contains_key(c);
     let mut still: BTreeMap<String, Value> = expect
         .iter()
-        .filter(|(c, _)| !changed(c))
+        .filter(|(c, _)| !is_changed(c))
         .map(|(c, v)| (c.clone(), v.clone()))
         .collect();
     still.extend(set.iter().map(|(c, v)| (c.clone(), v.clone())));
     let (constant, recorded): (Vec<&String>, Vec<&String>) = set
         .keys()
         .chain(from_items)
+        .chain(expressions.keys())
+        .filter(|c| !again.contains_key(*c))
         .partition(|c| expect.contains_key(*c));
     Ok(RevertTerms {
         set_back: Some(
@@ -223,9 +282,12 @@ fn set_back(
         expect: still,
         strip: set
             .keys()
+            .chain(expressions.keys())
             .filter(|c| expect.contains_key(*c))
+            .chain(again.keys())
             .cloned()
             .collect(),
+        expressions: again,
     })
 }
 
@@ -246,9 +308,90 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
+    /// The revert of a job that set no column by an expression, nor reverted one that did.
+    fn revert_of(
+        job_id: &str,
+        set: &BTreeMap<String, Value>,
+        from_items: &[String],
+        expect: &BTreeMap<String, Value>,
+        record_before: bool,
+    ) -> Result<RevertTerms> {
+        let none = BTreeMap::new();
+        let changed = Changed {
+            set,
+            from_items,
+            expressions: &none,
+        };
+        set_back(job_id, &changed, expect, record_before, &none)
+    }
+
+    fn texts(v: &[(&str, &str)]) -> BTreeMap<String, String> {
+        v.iter()
+            .map(|(c, e)| (c.to_string(), e.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn columns_set_by_an_expression_go_back_item_by_item_and_are_not_expected() {
+        let expressions = texts(&[("total_cents", "(round(t.total * 100))::bigint")]);
+        let (set, none) = (map(json!({"status": "billed"})), BTreeMap::new());
+        let job = Changed {
+            set: &set,
+            from_items: &[],
+            expressions: &expressions,
+        };
+        let t = set_back("j", &job, &map(json!({"status": "open"})), false, &none).unwrap();
+        assert_eq!(t.set_back.map(object), Some(json!({"status": "open"})));
+        assert_eq!(t.from_items, names(&["total_cents"]));
+        // the value an expression left differs row by row: the guard says whether the
+        // row is as the job left it, the revert expects no one value of it
+        assert_eq!(object(t.expect), json!({"status": "billed"}));
+        assert_eq!(t.strip, names(&["status"]));
+        assert!(t.expressions.is_empty());
+        // an expected value before is set back as such
+        let t = set_back("j", &job, &map(json!({"total_cents": null})), false, &none).unwrap();
+        assert_eq!(t.set_back.map(object), Some(json!({"total_cents": null})));
+        assert!(t.from_items.is_empty());
+        assert_eq!(t.strip, names(&["total_cents"]));
+    }
+
+    #[test]
+    fn a_revert_of_a_revert_of_expressions_sets_them_again() {
+        let expressions = texts(&[("total_cents", "(round(t.total * 100))::bigint")]);
+        let none: BTreeMap<String, String> = BTreeMap::new();
+        let empty = BTreeMap::new();
+        let job = Changed {
+            set: &empty,
+            from_items: &[],
+            expressions: &expressions,
+        };
+        let revert = set_back("j", &job, &BTreeMap::new(), false, &none).unwrap();
+        let set_back_values = revert.set_back.clone().unwrap();
+        let the_revert = Changed {
+            set: &set_back_values,
+            from_items: &revert.from_items,
+            expressions: &BTreeMap::new(),
+        };
+        // alone, the revert knows no value before of what it set back
+        assert!(set_back(
+            "j-back",
+            &the_revert,
+            &revert.expect,
+            false,
+            &BTreeMap::new()
+        )
+        .is_err());
+        let again = set_back("j-back", &the_revert, &revert.expect, false, &expressions).unwrap();
+        assert_eq!(again.expressions, expressions);
+        assert!(again.from_items.is_empty());
+        assert_eq!(again.set_back.map(object), Some(json!({})));
+        // recorded again from the rows, not carried in the items
+        assert_eq!(again.strip, names(&["total_cents"]));
+    }
+
     #[test]
     fn a_revert_sets_back_what_was_expected_on_rows_that_hold_what_was_set() {
-        let t = set_back(
+        let t = revert_of(
             "j",
             &map(json!({"status": "cancelled", "note": null})),
             &[],
@@ -270,7 +413,7 @@ mod tests {
 
     #[test]
     fn values_recorded_before_are_set_back_item_by_item_and_stay_in_the_items() {
-        let t = set_back(
+        let t = revert_of(
             "j",
             &map(json!({"plan": "standard", "status": "moved"})),
             &[],
@@ -293,8 +436,8 @@ mod tests {
             map(json!({"status": "cancelled"})),
             map(json!({"status": "pending"})),
         );
-        let back = set_back("j", &set, &[], &expect, false).unwrap();
-        let again = set_back("j-back", &back.set_back.unwrap(), &[], &back.expect, false).unwrap();
+        let back = revert_of("j", &set, &[], &expect, false).unwrap();
+        let again = revert_of("j-back", &back.set_back.unwrap(), &[], &back.expect, false).unwrap();
         assert_eq!(again.set_back.unwrap(), set);
         assert_eq!(again.expect, expect);
     }
@@ -304,7 +447,7 @@ mod tests {
         // the job set plan and recorded each row's plan before; its revert sets each
         // row's own plan back and expects the job's; the revert of that sets the job's
         // plan again, on rows that hold their own plan (kept in the items as a guard)
-        let job = set_back(
+        let job = revert_of(
             "j",
             &map(json!({"plan": "standard"})),
             &[],
@@ -313,7 +456,7 @@ mod tests {
         )
         .unwrap();
         let back = job.set_back.clone().unwrap();
-        let again = set_back("j-back", &back, &job.from_items, &job.expect, false).unwrap();
+        let again = revert_of("j-back", &back, &job.from_items, &job.expect, false).unwrap();
         assert_eq!(
             again.set_back.map(object),
             Some(json!({"plan": "standard"}))
@@ -324,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_column_set_without_a_value_known_before_is_refused_by_name() {
-        let e = set_back(
+        let e = revert_of(
             "move",
             &map(json!({"plan": "standard", "status": "x"})),
             &[],
@@ -340,7 +483,7 @@ mod tests {
             r.message
         );
         assert!(!r.message.contains("status"), "{}", r.message);
-        assert!(set_back(
+        assert!(revert_of(
             "move",
             &map(json!({"plan": "standard"})),
             &[],

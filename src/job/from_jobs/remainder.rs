@@ -17,7 +17,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{move_rows, Asked};
+use crate::job::change::{move_rows, set_expressions, Asked};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -205,6 +205,7 @@ fn register_items(req: &Remainder, def: &Definition, found: &Sorted) -> Result<R
         set_from_items: def.set_from_items.clone(),
         action,
         keep_deleted,
+        set_expressions: set_expressions::as_argument(&def.set_expressions),
     })
 }
 
@@ -257,12 +258,9 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
     );
     // the values a job recorded before its change are recorded again, as the rows hold
     // them when the rest is approved (register refuses items that give them)
-    let recorded = match (&def.set_values, def.record_before) {
-        (Some(set), true) => format!(
-            " OPERATOR(pg_catalog.-) {}",
-            text_array_sql(&set.keys().cloned().collect::<Vec<_>>())
-        ),
-        _ => String::new(),
+    let recorded = match def.recorded() {
+        columns if columns.is_empty() => String::new(),
+        columns => format!(" OPERATOR(pg_catalog.-) {}", text_array_sql(&columns)),
     };
     against_rows::batch_sql(
         target,

@@ -18,8 +18,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::Asked;
-use crate::job::change::{handler, KindOfChange, RevertTerms};
+use crate::job::change::{handler, set_expressions, Asked, KindOfChange, RevertTerms};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -58,7 +57,7 @@ pub struct Preview {
 
 pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
     let def = lifecycle::acted_on(job_id, "preview a revert of")?;
-    let terms = KindOfChange::of(&def).reverted(&def, inverse)?;
+    let terms = revert_terms(&def, inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
     Ok(Preview {
@@ -80,7 +79,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
 /// position order, with why: what revert_preview counts, one row an item.
 pub fn preview_left_out(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Vec<LeftOut>> {
     let def = lifecycle::acted_on(job_id, "preview a revert of")?;
-    let terms = KindOfChange::of(&def).reverted(&def, inverse)?;
+    let terms = revert_terms(&def, inverse)?;
     let target = def.target()?;
     Ok(classify(&def, &target, &terms)?.left_out)
 }
@@ -106,7 +105,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         }
         JobStatus::Corrupt => return Err(lifecycle::untrusted(&req.job_id)),
     }
-    let terms = KindOfChange::of(&def).reverted(&def, req.inverse)?;
+    let terms = revert_terms(&def, req.inverse)?;
     let target = def.target()?;
     let found = classify(&def, &target, &terms)?;
     if found.approved.is_empty() {
@@ -152,6 +151,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         set_from_items: terms.from_items,
         action: Asked::Update,
         keep_deleted: true,
+        set_expressions: set_expressions::as_argument(&terms.expressions),
     })?;
     if def.guard == Guard::Row {
         // the revert took its digests in a statement of its own, after the rows were read
@@ -196,6 +196,18 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
                            "left_out": left_out}),
     );
     Ok(registered)
+}
+
+/// What the revert of `def` sets and expects, as its kind of change knows it; a revert
+/// of a revert sets again what the first job set by an expression.
+fn revert_terms(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<RevertTerms> {
+    let reverted = match &def.reverts {
+        Some(job_id) => as_role(installed::owner()?, || Definition::load(job_id))?
+            .map(|job| job.set_expressions)
+            .unwrap_or_default(),
+        None => BTreeMap::new(),
+    };
+    KindOfChange::of(def).reverted(def, inverse, &reverted)
 }
 
 /// The revert registered before under the same id, asked for again: the same request

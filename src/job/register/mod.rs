@@ -24,7 +24,7 @@ use crate::job::register::items_query::ItemsQuery;
 use crate::job::register::ordered::{Given, SqlOrder};
 use crate::job::register::tables::JobTables;
 use crate::job::rules::approval::{
-    canonical_object, first_difference, Action, Item, OnDrift, Terms,
+    canonical_object, expressions_text, first_difference, Action, Item, OnDrift, Terms,
 };
 use crate::job::rules::columns::{scalar_text, Kind};
 use crate::job::rules::guard::Guard;
@@ -74,6 +74,8 @@ pub struct Request {
     pub items: Items,
     pub chunk_size: i32,
     pub set_values: Option<Value>,
+    /// Columns set to an SQL expression over the row's own columns: column -> text.
+    pub set_expressions: Option<Value>,
     pub expect: Value,
     /// The key, by one column or several; neither: the target's primary key.
     pub key_column: Option<String>,
@@ -251,18 +253,19 @@ fn register_now(mut req: Request) -> Result<Registered> {
         Items::Json(items) => Source::List(shape.normalize_json("items", &items)?),
         Items::Query(query) => Source::Query(ItemsQuery::plan(&target, &query)?),
     };
-    let action = change::approve(
+    let (action, expressions) = change::approve(
         &target,
         req.target,
         req.action,
         req.set_values.as_ref(),
+        req.set_expressions.as_ref(),
         req.handler,
         &req.set_from_items,
         req.keep_deleted,
     )?;
     let expect = shape.check_columns_object("expect", &req.expect)?;
     // the columns whose values before the change are recorded
-    let record = change::recorded(&action, req.record_before)?;
+    let record = change::recorded(&action, &expressions, req.record_before)?;
     if let Some(column) = names_recorded(&source, &record) {
         return Err(BatchError::invalid_because(
             format!("items must not name column \"{column}\", whose values record_before records"),
@@ -285,14 +288,8 @@ fn register_now(mut req: Request) -> Result<Registered> {
         Asked::Move(archive) => Some(archive),
         Asked::Update | Asked::Delete => None,
     };
-    check_privileges(
-        req.target,
-        &target,
-        handler,
-        &action,
-        &req.set_from_items,
-        archive,
-    )?;
+    let assigned = change::updated_columns(&action, &expressions, &req.set_from_items);
+    check_privileges(req.target, &target, handler, &action, assigned, archive)?;
 
     let terms = Terms {
         tenant,
@@ -306,6 +303,7 @@ fn register_now(mut req: Request) -> Result<Registered> {
         on_drift: req.on_drift,
         record_before: req.record_before,
         set_from_items: req.set_from_items.clone(),
+        set_expressions: expressions,
     };
     let registrant = current_user();
     let owner = installed::owner()?;
@@ -670,10 +668,9 @@ fn check_privileges(
     target: &Target,
     handler: Option<(pg_sys::Oid, &str)>,
     action: &Action,
-    from_items: &[String],
+    mut assigned: Vec<String>,
     archive: Option<pg_sys::Oid>,
 ) -> Result<()> {
-    let mut assigned = change::updated_columns(action, from_items);
     assigned.extend(
         target
             .shape
@@ -812,6 +809,9 @@ fn insert_job(
             terms.target.as_str().into(),
             terms.record_before.into(),
             terms.set_from_items.clone().into(),
+            (!terms.set_expressions.is_empty())
+                .then(|| expressions_text(&terms.set_expressions))
+                .into(),
             action.into(),
             archive.into(),
             keep.into(),

@@ -465,6 +465,9 @@ pub struct Terms {
     pub record_before: bool,
     /// Columns set to each item's own value, carried in its guards (a revert's).
     pub set_from_items: Vec<String>,
+    /// Columns set to an expression over the row's own columns, each as PostgreSQL
+    /// printed it back at registration (set_expressions).
+    pub set_expressions: BTreeMap<String, String>,
 }
 
 /// What the approval says to do with an item whose row drifted or went away.
@@ -558,6 +561,10 @@ impl Fingerprint {
         }
         if !terms.set_from_items.is_empty() {
             f.field("set_from_items", &terms.set_from_items.join("\u{0}"));
+        }
+        for (column, expression) in &terms.set_expressions {
+            f.field("set_expression", column);
+            f.field("expression", expression);
         }
         f
     }
@@ -669,6 +676,13 @@ impl Terms {
                 self.set_from_items, other.set_from_items
             ));
         }
+        if self.set_expressions != other.set_expressions {
+            return Some(format!(
+                "The expressions were {} and are now {}.",
+                expressions_text(&self.set_expressions),
+                expressions_text(&other.set_expressions)
+            ));
+        }
         None
     }
 }
@@ -754,6 +768,20 @@ pub fn first_difference<E>(
             }
         }
     }
+}
+
+/// Expressions as a JSON object of column -> expression, in column order; "none" for
+/// none.
+pub fn expressions_text(expressions: &BTreeMap<String, String>) -> String {
+    if expressions.is_empty() {
+        return "none".to_string();
+    }
+    canonical_object(
+        &expressions
+            .iter()
+            .map(|(c, e)| (c.clone(), Value::String(e.clone())))
+            .collect(),
+    )
 }
 
 fn describe_action(action: &Action) -> String {
@@ -933,6 +961,7 @@ impl Approval {
                 on_drift: OnDrift::Stop,
                 record_before: false,
                 set_from_items: Vec::new(),
+                set_expressions: BTreeMap::new(),
             },
             items,
         }
@@ -1126,6 +1155,15 @@ mod tests {
             .difference(&b)
             .unwrap()
             .starts_with("The action was set_values"));
+        let mut b = a.clone();
+        b.terms.set_expressions =
+            BTreeMap::from([("total_cents".to_string(), "round(t.total)".to_string())]);
+        assert_eq!(
+            a.difference(&b).unwrap(),
+            "The expressions were none and are now {\"total_cents\": \"round(t.total)\"}."
+        );
+        // the expressions are part of what the fingerprint hashes
+        assert_ne!(a.fingerprint(), b.fingerprint());
         let mut b = a.clone();
         b.items.push(Item {
             key: Key::Int(7),

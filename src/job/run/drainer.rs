@@ -136,7 +136,7 @@ impl Drainer {
         };
         as_author(
             self.def.registered_by,
-            &self.def.search_path,
+            &self.def.change_search_path(),
             self.caller,
             extra,
             work,
@@ -165,7 +165,7 @@ impl Drainer {
         }
         as_author(
             self.def.registered_by,
-            &self.def.search_path,
+            &self.def.change_search_path(),
             self.caller,
             &extra,
             work,
