@@ -259,7 +259,6 @@ CASES = [
     ("items not a list: true", {"items": True}, INVALID),
     ("items not a list: json null", {"items": Raw("null")}, INVALID),
     ("items not a list: sql null", {"items": None}, NULL),
-    ("items not a list: empty", {"items": []}, INVALID),
     ("items of non-objects: number", {"items": [1]}, INVALID),
     ("items of non-objects: string", {"items": ["a"]}, INVALID),
     ("items of non-objects: null", {"items": [None]}, INVALID),
@@ -628,7 +627,8 @@ def b_deep(rng, r):
 
 
 def b_items(rng, r):
-    r["items"] = rng.choice([[], {}, 1, "x", Raw("null"), deep_value(rng), huge_number(rng)])
+    # (an empty list is an approval of nothing, a job done at once: not hostile)
+    r["items"] = rng.choice([{}, 1, "x", Raw("null"), deep_value(rng), huge_number(rng)])
     return "random: items not a list", DEEP
 
 
@@ -904,7 +904,6 @@ CASES_QUERY = [
     ("value: key NULL", "SELECT NULL::int AS id, revision FROM {orders}", FROM_QUERY),
     ("value: revision NULL", "SELECT id, NULL::int AS revision FROM {orders}", FROM_QUERY),
     ("value: key twice", "SELECT id % 3 AS id, revision FROM {orders}", FROM_QUERY),
-    ("value: no rows", "SELECT id, revision FROM {orders} WHERE false", FROM_QUERY),
     ("value: revision beyond the column", "SELECT id, 2147483648::bigint AS revision FROM {orders}",
      {"22003"}),
     # errors of the query itself, at registration
