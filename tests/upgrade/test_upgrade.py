@@ -530,8 +530,9 @@ ADDED = {
               "job_audit": {"skipped": False, "found": None}},
     # a step's error keeps its detail: none was kept before
     "0.5.0": {"batch_log": {"last_detail": None},
-              # every job from before updates its rows
-              "job": {"action": "update", "archive": None, "keep_deleted": True}},
+              # every job from before updates its rows, to values it was given
+              "job": {"set_expressions": None, "action": "update", "archive": None,
+                      "keep_deleted": True}},
 }
 
 # columns a version renamed or retyped: their new name, and what the old value becomes
