@@ -1952,7 +1952,7 @@ def test_set_expressions_cannot_smuggle_statements_reads_or_privileges(db, roles
     # a superuser's functions, one of them running with its owner's privileges
     for fn, security in ((plain, ""), (definer, "SECURITY DEFINER")):
         db.admin.execute(sql.SQL(
-            "CREATE FUNCTION {}(numeric) RETURNS bigint LANGUAGE plpgsql " + security +
+            "CREATE FUNCTION {}(numeric) RETURNS bigint IMMUTABLE LANGUAGE plpgsql " + security +
             " SET search_path = pg_catalog AS $$ BEGIN RETURN round($1 * 100); END $$")
             .format(ident(fn)))
         db.admin.execute(sql.SQL("REVOKE ALL ON FUNCTION {}(numeric) FROM PUBLIC").format(ident(fn)))
