@@ -1929,3 +1929,92 @@ def test_an_items_query_reads_with_the_registering_roles_privileges(db, roles):
     conn.execute("RESET search_path")
     conn.execute("RESET ROLE")
     db.admin.execute(sql.SQL("DROP TABLE public.{}").format(ident(f"picks_{tag}")))
+
+
+def test_set_expressions_cannot_smuggle_statements_reads_or_privileges(db, roles):
+    """set_expressions is SQL text a registering role hands etc_batch: what it smuggles
+    past one expression (a second statement, a FROM, a subquery reading what the role
+    may not read), a function a superuser owns and the role may not execute (plain or
+    SECURITY DEFINER), and a column the role may not UPDATE are all refused when the job
+    is registered, nothing stored and nothing changed; EXECUTE taken away after the
+    registration stops the drain, whoever drains, before anything changes."""
+    clerk = roles("clerk")
+    tag = secrets.token_hex(3)
+    bills, vault = f"x_bills_{tag}", f"x_vault_{tag}"
+    plain, definer = f"x_escalate_{tag}", f"x_definer_{tag}"
+    c = ident(clerk)
+    db.admin.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, total numeric NOT NULL, "
+                             "cents bigint, st text, locked text)").format(ident(bills)))
+    db.admin.execute(sql.SQL("INSERT INTO {} SELECT g, g * 1.5, NULL, 'open', 'no' "
+                             "FROM generate_series(1, 6) g").format(ident(bills)))
+    db.admin.execute(sql.SQL("CREATE TABLE {} (secret text)").format(ident(vault)))
+    db.admin.execute(sql.SQL("INSERT INTO {} VALUES ('the key')").format(ident(vault)))
+    # a superuser's functions, one of them running with its owner's privileges
+    for fn, security in ((plain, ""), (definer, "SECURITY DEFINER")):
+        db.admin.execute(sql.SQL(
+            "CREATE FUNCTION {}(numeric) RETURNS bigint IMMUTABLE LANGUAGE plpgsql " + security +
+            " SET search_path = pg_catalog AS $$ BEGIN RETURN round($1 * 100); END $$")
+            .format(ident(fn)))
+        db.admin.execute(sql.SQL("REVOKE ALL ON FUNCTION {}(numeric) FROM PUBLIC").format(ident(fn)))
+    db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(c))
+    db.admin.execute(sql.SQL(
+        "GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, "
+        "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, "
+        "boolean, jsonb) TO {}").format(c))
+    db.admin.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(ident(bills), c))
+    db.admin.execute(sql.SQL("GRANT UPDATE (cents, st) ON {} TO {}").format(ident(bills), c))
+
+    conn = db.connect()
+    conn.execute(sql.SQL("SET ROLE {}").format(c))
+
+    def register(job, expressions):
+        return conn.execute(
+            "SELECT * FROM etc_batch.register_job(%s, NULL, %s::regclass, %s, 3, NULL, "
+            "tenant_column => NULL, revision_column => NULL, set_expressions => %s)",
+            (job, bills, Jsonb([{"id": i} for i in range(1, 7)]), Jsonb(expressions))).fetchone()
+
+    def table():
+        return db.admin.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(ident(bills))).fetchall()
+
+    initial = table()
+    refusals = (
+        ("a second statement", {"cents": f"1); UPDATE {bills} SET st = 'pwned'; SELECT (1"},
+         errors.InvalidParameterValue, "must be one expression"),
+        ("a statement in a comment's place", {"cents": f"1) -- \n; DELETE FROM {bills}; SELECT (1"},
+         errors.InvalidParameterValue, "must be one expression"),
+        ("a FROM", {"cents": f"length(secret)) FROM {vault} WHERE (true"},
+         errors.InvalidParameterValue, "must be one expression"),
+        ("a subquery reading the vault", {"st": f"(SELECT secret FROM {vault} LIMIT 1)"},
+         errors.InvalidParameterValue, "must not contain a subquery"),
+        ("a superuser's function", {"cents": f"{plain}(total)"},
+         errors.InsufficientPrivilege, f"permission denied for function {plain}"),
+        ("a superuser's SECURITY DEFINER function", {"cents": f"{definer}(total)"},
+         errors.InsufficientPrivilege, f"permission denied for function {definer}"),
+        ("a column the role may not update", {"locked": "upper(locked)"},
+         errors.InsufficientPrivilege, f"permission denied to update column \"locked\""),
+    )
+    for label, expressions, error, message in refusals:
+        job = f"smuggle {label} {tag}"
+        with pytest.raises(error) as refused:
+            register(job, expressions)
+        assert message in str(refused.value), label
+        assert job_state(db, job) is None, label
+    assert table() == initial
+    assert db.admin.execute(sql.SQL("SELECT secret FROM {}").format(ident(vault))).fetchone() == {
+        "secret": "the key"}
+
+    # granted, registered, then taken away: a superuser's drain runs the expression as
+    # the clerk, and it is refused before any row changes
+    db.admin.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}(numeric) TO {}").format(ident(plain), c))
+    job = f"revoked expression {tag}"
+    assert register(job, {"cents": f"{plain}(total)"}) == (job, True, 6, 2)
+    db.admin.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION {}(numeric) FROM {}").format(ident(plain), c))
+    with pytest.raises(errors.InsufficientPrivilege) as refused:
+        drain(db.connect(), job)
+    assert f"permission denied for function {plain}" in str(refused.value)
+    assert table() == initial
+    assert (job_state(db, job)["status"], job_state(db, job)["next_index"]) == ("pending", 0)
+    db.admin.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}(numeric) TO {}").format(ident(plain), c))
+    assert drain(db.connect(), job)["status"] == "done"
+    assert [r["cents"] for r in table()] == [150, 300, 450, 600, 750, 900]
+    conn.execute("RESET ROLE")

@@ -349,10 +349,14 @@ mod tests {
         assert_eq!(t.strip, names(&["status"]));
         assert!(t.expressions.is_empty());
         // an expected value before is set back as such
-        let t = set_back("j", &job, &map(json!({"total_cents": null})), false, &none).unwrap();
-        assert_eq!(t.set_back.map(object), Some(json!({"total_cents": null})));
+        let expect = map(json!({"status": "open", "total_cents": null}));
+        let t = set_back("j", &job, &expect, false, &none).unwrap();
+        assert_eq!(
+            t.set_back.map(object),
+            Some(json!({"status": "open", "total_cents": null}))
+        );
         assert!(t.from_items.is_empty());
-        assert_eq!(t.strip, names(&["total_cents"]));
+        assert_eq!(t.strip, names(&["status", "total_cents"]));
     }
 
     #[test]
