@@ -333,6 +333,17 @@ impl KindOfChange {
                 set_values::reverted(def, inverse, reverted_expressions)
             }
             KindOfChange::Handler => handler::reverted(def, inverse),
+            // a revert puts back the rows a job deleted; without them there is nothing to
+            // put back, whatever register_revert learns to do with the rows kept
+            KindOfChange::Delete | KindOfChange::Move if !self.keeps_rows(def) => {
+                Err(BatchError::Unsupported {
+                    message: format!(
+                        "job \"{}\" cannot be reverted: it kept no rows",
+                        def.job_id
+                    ),
+                    detail: "The job was registered with keep_deleted => false, so the rows it deleted were not kept and cannot be put back.".into(),
+                })
+            }
             KindOfChange::Delete | KindOfChange::Move => Err(BatchError::Unsupported {
                 message: format!(
                     "job \"{}\" deleted its rows, which register_revert cannot put back yet",

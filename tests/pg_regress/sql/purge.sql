@@ -167,3 +167,9 @@ DROP ROLE regress_purge_clerk;
 -- 6. A purge is not reverted yet: refused, saying where its rows are.
 SELECT * FROM etc_batch.register_revert('purge-sessions', 'unpurge');
 \echo :LAST_ERROR_SQLSTATE
+-- A purge that kept no rows (keep_deleted => false) can never be reverted: refused,
+-- saying why, by register_revert and revert_preview alike.
+SELECT * FROM etc_batch.register_revert('forget', 'unforget');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM etc_batch.revert_preview('forget');
+\echo :LAST_ERROR_SQLSTATE
