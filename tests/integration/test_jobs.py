@@ -840,6 +840,29 @@ def test_bad_registration_is_refused_and_nothing_is_stored(db, case):
     assert job_items(db, job) == []
 
 
+def test_an_approval_of_nothing_is_a_job_done_at_once(db):
+    """A night with nothing to do registers a job that is done: a NOTICE says so, the
+    drain finds nothing to do, and the same approval again changes nothing."""
+    orders = Orders(db, "nothing_orders", a_ids=range(1, 4))
+    before = orders.snapshot()
+    job = db.new_batch("nothing")
+    conn = db.connect()
+    notices = []
+    registered = register(conn, job, orders.name, [], notices=notices)
+    assert (registered["created"], registered["items"], registered["chunks"]) == (True, 0, 0)
+    assert notices == [f'job "{job}" approved no items: it is done']
+    row = job_row(db, job)
+    assert (row["status"], row["item_count"], row["next_index"], row["chunks_committed"]) == (
+        "done", 0, 0, 0)
+    result = drain(conn, job)
+    assert (result["committed_chunks"], result["status"]) == (0, "done")
+    again = register(conn, job, orders.name, [])
+    assert again["created"] is False
+    with pytest.raises(errors.DuplicateObject):
+        register(conn, job, orders.name, [{"id": 1, "revision": 1}])
+    assert orders.snapshot() == before
+
+
 def test_unknown_target_fails_at_the_regclass_cast(db):
     job = db.new_batch("notable")
     with pytest.raises(errors.UndefinedTable) as refused:
