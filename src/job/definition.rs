@@ -222,28 +222,6 @@ impl Definition {
         }
     }
 
-    /// The search_path the job's change runs with: the registering session's, with
-    /// pg_catalog first for a job that sets expressions, as they were printed
-    /// (set_expressions::search_path).
-    pub fn change_search_path(&self) -> String {
-        if self.set_expressions.is_empty() {
-            self.search_path.clone()
-        } else {
-            crate::job::change::set_expressions::search_path(&self.search_path)
-        }
-    }
-
-    /// The columns whose values before the change each item's guards hold, recorded at
-    /// registration (change::recorded).
-    pub fn recorded(&self) -> Vec<String> {
-        crate::job::change::recorded(
-            &self.terms().action,
-            &self.set_expressions,
-            self.record_before,
-        )
-        .unwrap_or_default()
-    }
-
     /// What the job sets, as a report reads it.
     pub fn set(&self) -> Set<'_> {
         Set {

@@ -212,6 +212,23 @@ pub(crate) fn updated_columns(
         .collect()
 }
 
+/// The search_path the change of `def` runs with: the registering session's, with
+/// pg_catalog first for a job that sets expressions, as they were printed
+/// (set_expressions::search_path).
+pub(crate) fn search_path(def: &Definition) -> String {
+    if def.set_expressions.is_empty() {
+        def.search_path.clone()
+    } else {
+        set_expressions::search_path(&def.search_path)
+    }
+}
+
+/// The columns whose values before the change each item of `def` holds in its guards,
+/// recorded at registration (recorded).
+pub(crate) fn recorded_by(def: &Definition) -> Vec<String> {
+    recorded(&def.terms().action, &def.set_expressions, def.record_before).unwrap_or_default()
+}
+
 impl KindOfChange {
     /// The kind of change of a registered job.
     pub(crate) fn of(def: &Definition) -> KindOfChange {

@@ -17,7 +17,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{move_rows, set_expressions, Asked};
+use crate::job::change::{self, move_rows, set_expressions, Asked};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -258,7 +258,7 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
     );
     // the values a job recorded before its change are recorded again, as the rows hold
     // them when the rest is approved (register refuses items that give them)
-    let recorded = match def.recorded() {
+    let recorded = match change::recorded_by(def) {
         columns if columns.is_empty() => String::new(),
         columns => format!(" OPERATOR(pg_catalog.-) {}", text_array_sql(&columns)),
     };

@@ -5,7 +5,7 @@ use super::ending::Round;
 use crate::activity::Activity;
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{ChunkSql, KindOfChange, Ran};
+use crate::job::change::{self, ChunkSql, KindOfChange, Ran};
 use crate::job::definition::Definition;
 use crate::job::lifecycle;
 use crate::job::run::chunk::OpenChunk;
@@ -136,7 +136,7 @@ impl Drainer {
         };
         as_author(
             self.def.registered_by,
-            &self.def.change_search_path(),
+            &change::search_path(&self.def),
             self.caller,
             extra,
             work,
@@ -165,7 +165,7 @@ impl Drainer {
         }
         as_author(
             self.def.registered_by,
-            &self.def.change_search_path(),
+            &change::search_path(&self.def),
             self.caller,
             &extra,
             work,
