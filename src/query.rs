@@ -732,11 +732,17 @@ pub fn expression(sql: &str, alias: &std::ffi::CStr, printed_with: &str) -> Resu
             analyzed.has_aggregate = q.hasAggs;
             analyzed.has_window_function = q.hasWindowFuncs;
             analyzed.returns_set = q.hasTargetSRFs;
+            // printed back only when it could be kept: ruleutils cannot print a window
+            // function without its window clause (PostgreSQL 18 raises XX000)
+            let refused = q.hasSubLinks || q.hasAggs || q.hasWindowFuncs || q.hasTargetSRFs;
             if let (true, Some(relid)) = (plain, relation) {
                 let expr = (*targets[0]).expr as *mut pg_sys::Node;
                 analyzed.one_value_of = Some(relid);
                 analyzed.volatile = pg_sys::contain_volatile_functions(expr);
                 analyzed.type_oid = pg_sys::exprType(expr);
+            }
+            if let (true, Some(relid), false) = (plain, relation, refused) {
+                let expr = (*targets[0]).expr as *mut pg_sys::Node;
                 analyzed.text = crate::settings::with(&[(c"search_path", printed_with)], || {
                     let context = pg_sys::deparse_context_for(alias.as_ptr(), relid);
                     let printed = pg_sys::deparse_expression(expr, context, true, false);
