@@ -11,6 +11,8 @@ ALTER TABLE etc_batch.job
     ADD COLUMN archive text,
     ADD COLUMN keep_deleted boolean NOT NULL DEFAULT true,
     ADD CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL));
+COMMENT ON COLUMN etc_batch.job.set_from_items IS
+    'The columns set to each item''s own value (register_job''s set_from_query; a revert''s, the values before of a job that recorded them), which its item carries in job_item.guards under the column''s name (not a guard: what the job sets); what the row held before in those columns is recorded at registration under the member named '''' (the empty name, which no column has), and guarded.';
 COMMENT ON COLUMN etc_batch.job.set_expressions IS
     'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.action IS
@@ -613,8 +615,9 @@ REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
 -- register_job and register_job_from_query take set_expressions (columns set to an SQL
 -- expression over the row's own columns, kept in job.set_expressions as PostgreSQL
 -- prints them back: src/job/change/set_expressions.rs), what to do to each row (action),
--- a move's archive and whether a delete keeps its rows (keep_deleted): made again, with
--- the EXECUTE grants they had.
+-- a move's archive, whether a delete keeps its rows (keep_deleted) and the columns set
+-- to each item's own value (set_from_query): made again, with the EXECUTE grants they
+-- had.
 DO $remake$
 DECLARE
     old regprocedure;
@@ -623,9 +626,9 @@ DECLARE
     grant_sql text;
     signatures constant text[][] := ARRAY[
         ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
-         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean)'],
+         'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[])'],
         ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
-         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean)']];
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[])']];
     grants text[] := '{}';
 BEGIN
     FOR i IN 1 .. array_length(signatures, 1) LOOP
@@ -648,13 +651,13 @@ CREATE FUNCTION etc_batch.register_job(
     key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
     record_before boolean DEFAULT false, set_expressions jsonb DEFAULT NULL,
     action text DEFAULT 'update', archive regclass DEFAULT NULL,
-    keep_deleted boolean DEFAULT true)
+    keep_deleted boolean DEFAULT true, set_from_query name[] DEFAULT NULL)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_wrapper';
-COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) IS
-    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values sets constants, set_expressions columns to an SQL expression over the row''s own columns, checked and kept as PostgreSQL prints it back, its values before recorded; or a handler is called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
-REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) IS
+    'Freezes an approved list of items for a job on any table with a primary key or unique index (a tenant, a revision column and a key of one column are optional), whose chunks commit in order or, with parallel, in any order by many drainers; each row that passes its guard is updated (set_values sets constants, set_expressions columns to an SQL expression over the row''s own columns, checked and kept as PostgreSQL prints it back, set_from_query columns to each item''s own value, such as a value an items query read through a join, the values before of both recorded; or a handler is called for it), deleted (action delete) or moved to an archive table (action move), a deleted row kept with the audit unless keep_deleted is false; on_drift says whether a drifted row stops the job or is skipped; the same request again changes nothing, a different one under the same job id is refused.';
+REVOKE ALL ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) FROM PUBLIC;
 
 CREATE FUNCTION etc_batch.register_job_from_query(
     job_id text, tenant text, target regclass, items_query text, chunk_size integer,
@@ -664,13 +667,13 @@ CREATE FUNCTION etc_batch.register_job_from_query(
     key_columns name[] DEFAULT NULL, guard text DEFAULT NULL, on_drift text DEFAULT 'stop',
     record_before boolean DEFAULT false, set_expressions jsonb DEFAULT NULL,
     action text DEFAULT 'update', archive regclass DEFAULT NULL,
-    keep_deleted boolean DEFAULT true)
+    keep_deleted boolean DEFAULT true, set_from_query name[] DEFAULT NULL)
 RETURNS TABLE (job_id text, created boolean, items integer, chunks integer)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
-COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) IS
+COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
-REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) FROM PUBLIC;
 $ddl$;
     FOREACH grant_sql IN ARRAY grants LOOP
         EXECUTE grant_sql;

@@ -99,7 +99,7 @@ COMMENT ON COLUMN etc_batch.job.reverted_by IS
 COMMENT ON COLUMN etc_batch.job.record_before IS
     'Whether registration recorded, in each approved item''s guards, the values its row held then in the columns the job sets (register_job''s record_before): guarded like any guard, they are exactly what the change replaced, and what register_revert sets back.';
 COMMENT ON COLUMN etc_batch.job.set_from_items IS
-    'For a revert of a job that recorded its values before: the columns set to each item''s own value, which its item carries in job_item.guards under the column''s name (not a guard: what the revert sets).';
+    'The columns set to each item''s own value (register_job''s set_from_query; a revert''s, the values before of a job that recorded them), which its item carries in job_item.guards under the column''s name (not a guard: what the job sets); what the row held before in those columns is recorded at registration under the member named '''' (the empty name, which no column has), and guarded.';
 COMMENT ON COLUMN etc_batch.job.set_expressions IS
     'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.action IS

@@ -45,6 +45,7 @@ macro_rules! registration {
             action: default!(Option<String>, "'update'"),
             archive: default!(Option<RegClass>, "NULL"),
             keep_deleted: default!(Option<bool>, true),
+            set_from_query: default!(Option<Names>, "NULL"),
         ) -> TableIterator<
             'static,
             (
@@ -74,7 +75,7 @@ macro_rules! registration {
                     parallel: required(parallel, "parallel")?,
                     on_drift: OnDrift::parse(&required(on_drift, "on_drift")?)?,
                     record_before: required(record_before, "record_before")?,
-                    set_from_items: Vec::new(),
+                    set_from_items: set_from_query.map(|n| n.0).unwrap_or_default(),
                     set_expressions: jsonb_arg(set_expressions, "set_expressions")?
                         .filter(|v| !v.is_null()),
                     action: Asked::parse(

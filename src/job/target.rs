@@ -18,6 +18,11 @@ use pgrx::spi::{quote_identifier, quote_literal};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+/// The member of an item's guards that holds what its row held before the change in the
+/// columns set from each item (change/item_values.rs): the empty name, which no column
+/// can have.
+pub(crate) const BEFORE: &str = "";
+
 #[derive(Debug, Clone)]
 pub struct Target {
     /// `"schema"."table"`, quoted for SQL.
@@ -261,6 +266,22 @@ impl Target {
             conditions.push(format!(
                 "(t.{col} OPERATOR(pg_catalog.=) {value} OR (t.{col} IS NULL AND {value} IS NULL) \
                  OR NOT it.guards OPERATOR(pg_catalog.?) {lit})"
+            ));
+        }
+        // a column set from each item still holds the value recorded before the change
+        // (change/item_values.rs), where the item recorded one
+        let before = quote_literal(BEFORE);
+        for column in constants.item_columns() {
+            let (col, lit) = (self.col(column), quote_literal(column));
+            let value = self.cast(
+                &format!(
+                    "it.guards OPERATOR(pg_catalog.->) {before} OPERATOR(pg_catalog.->>) {lit}"
+                ),
+                column,
+            );
+            conditions.push(format!(
+                "(t.{col} OPERATOR(pg_catalog.=) {value} OR (t.{col} IS NULL AND {value} IS NULL) \
+                 OR NOT COALESCE(it.guards OPERATOR(pg_catalog.->) {before} OPERATOR(pg_catalog.?) {lit}, false))"
             ));
         }
         for (column, param) in constants.expected() {

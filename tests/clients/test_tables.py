@@ -11,6 +11,10 @@ and through PgBouncer) while other clients work on the same rows.
   parallel by three clients killed at random, while the application holds rows ahead of
   the drain: a held row is never deleted; every other approved row deleted once, moved
   once, and kept whole with the audit.
+- A partitioned table backfilled, computed from the row (set_expressions) or from a
+  join (set_from_query), in parallel by three clients killed at random while the
+  application holds rows: a held row is never changed; every other approved row
+  changed once, to its value; the revert sets each back once, its revert again.
 - register_remainder after a conflict: what was not changed, approved again in one
   call, drained to the end; what it leaves out (the drifted row, a deleted one) named
   in job_left_out and told to the client, every approved item accounted for, and the
@@ -411,6 +415,129 @@ def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_
     assert states == Counter({gone: len(deletes), "skipped": len(skipped_ids)}), SEED
     checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
     assert checks and all(ok for _, ok in checks), checks
+
+
+@pytest.mark.parametrize("kind", ["set_expressions", "set_from_query"])
+def test_a_partitioned_table_backfilled_in_parallel_while_the_application_works_and_drainers_are_killed(
+        pg, kind):
+    """events is partitioned by month into three partitions; 2,000 approved events lie in
+    all three, to be backfilled: `cents` computed from the row (set_expressions) or
+    `region` read from each event's customer through a join (set_from_query). While
+    three clients drain the parallel job and their backends are killed at random
+    moments, the application holds some approved events (state 'held') just ahead of
+    the drain. In the end: every held event is untouched and skipped; every other
+    approved event was updated exactly once (a trigger counts the updates that
+    committed) to its value; no other row was touched; verify_job passes. Then the
+    revert sets every changed event back to what it held, exactly once, and the revert
+    of that revert sets the values again."""
+    rng = random.Random(SEED)
+    name = tag("filled")
+    t = sql.Identifier(name)
+    customers = sql.Identifier(f"{name}_customers")
+    counted = sql.Identifier(f"{name}_updates")
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (customer_id int PRIMARY KEY, region text NOT NULL)").format(customers))
+    pg.admin.execute(sql.SQL(
+        "INSERT INTO {} SELECT g, (ARRAY['eu', 'us', 'apac'])[1 + g % 3] "
+        "FROM generate_series(0, 9) g").format(customers))
+    pg.admin.execute(sql.SQL(
+        "CREATE TABLE {} (at timestamptz, id bigint, state text NOT NULL DEFAULT 'old', "
+        "customer_id int NOT NULL, total numeric(10, 2) NOT NULL, cents bigint, region text, "
+        "PRIMARY KEY (at, id)) PARTITION BY RANGE (at)").format(t))
+    by_month(pg, name)
+    pg.admin.execute(sql.SQL(
+        "INSERT INTO {} (at, id, customer_id, total, region) "
+        "SELECT timestamptz '2026-01-01 00:00+00' + (g * interval '1 second' * 2500), g, g % 10, "
+        "g * 1.25, CASE WHEN g % 7 = 0 THEN 'legacy' END FROM generate_series(1, 3000) g").format(t))
+    before = {r[0]: r[1:] for r in pg.admin.execute(
+        sql.SQL("SELECT id, cents, region FROM {}").format(t))}
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(counted))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {c} (id) VALUES (NEW.id); RETURN NULL; END $$").format(
+            fn=sql.Identifier(f"{name}_count"), c=counted))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER counted AFTER UPDATE ON {} FOR EACH ROW "
+        "WHEN (OLD.state = NEW.state) EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_count")))
+    lingering(pg, name, "UPDATE")
+    job = tag("backfill_job")
+    if kind == "set_expressions":
+        items = sql.SQL("SELECT at, id FROM {} WHERE id % 3 <> 0").format(t)
+        change = "set_expressions => '{\"cents\": \"round(total * 100)::bigint\"}'"
+        column = "cents"
+        value = {i: int(i * 125) for i in range(1, 3001)}
+    else:
+        items = sql.SQL(
+            "SELECT e.at, e.id, c.region FROM {} e JOIN {} c USING (customer_id) "
+            "WHERE e.id % 3 <> 0").format(t, customers)
+        change = "set_from_query => '{region}'"
+        column = "region"
+        value = {i: ["eu", "us", "apac"][(i % 10) % 3] for i in range(1, 3001)}
+    row = pg.admin.execute(
+        "SELECT items, chunks FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, "
+        f"%s, 25, NULL, '{{\"state\": \"old\"}}', tenant_column => NULL, "
+        f"revision_column => NULL, guard => 'columns', parallel => true, on_drift => 'skip', {change})",
+        (job, name, items.as_string(pg.admin))).fetchone()
+    assert row == (2000, 80)
+
+    held, stop = [], threading.Event()
+
+    def application():
+        conn = pg.direct()
+        while not stop.is_set():
+            i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
+            # only an event the job has not changed yet: one it has is no longer held
+            if conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old' "
+                                    "AND {} IS NOT DISTINCT FROM %s")
+                            .format(t, sql.Identifier(column)),
+                            (i, before[i][0 if column == "cents" else 1])).rowcount:
+                held.append(i)
+            time.sleep(0.02)
+
+    app = threading.Thread(target=application, daemon=True)
+    app.start()
+    try:
+        drain_while_killed(pg, job, rng)
+    finally:
+        stop.set()
+        app.join(30)
+
+    col = sql.Identifier(column)
+    now = {r[0]: r[1:] for r in pg.admin.execute(
+        sql.SQL("SELECT id, state, {} FROM {}").format(col, t))}
+    updates = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT id FROM {}").format(counted)))
+    counts, skipped = audit_counts(pg, job)
+    assert len(counts) == 2000 and set(counts.values()) == {1}, SEED
+    skipped_ids = {int(json.loads(k)[1]) for k in skipped}
+    approved = {i for i in range(1, 3001) if i % 3 != 0}
+    assert held and skipped_ids == set(held), SEED
+    changed = approved - skipped_ids
+    assert set(updates.values()) == {1} and set(updates) == changed, SEED
+    position = 0 if column == "cents" else 1
+    for i, (state, v) in now.items():
+        if i in changed:
+            assert (state, v) == ("old", value[i]), (i, SEED)
+        else:
+            assert v == before[i][position], (i, SEED)
+    checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks and all(ok for _, ok in checks), checks
+
+    # the revert: each changed event back to what it held, once; and forth again
+    pg.admin.execute(sql.SQL("TRUNCATE {}").format(counted))
+    back = tag("backfill_back")
+    r = pg.admin.execute("SELECT items FROM etc_batch.register_revert(%s, %s)", (job, back)).fetchone()
+    assert r == (len(changed),)
+    drain_while_killed(pg, back, rng)
+    now = {r[0]: r[1] for r in pg.admin.execute(sql.SQL("SELECT id, {} FROM {}").format(col, t))}
+    assert now == {i: before[i][position] for i in now}, SEED
+    updates = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT id FROM {}").format(counted)))
+    assert updates == Counter(changed), SEED
+    again = tag("backfill_again")
+    pg.admin.execute("SELECT etc_batch.register_revert(%s, %s)", (back, again))
+    pg.admin.execute("CALL etc_batch.drain_job(%s)", (again,))
+    now = {r[0]: r[1] for r in pg.admin.execute(sql.SQL("SELECT id, {} FROM {}").format(col, t))}
+    assert now == {i: value[i] if i in changed else before[i][position] for i in now}, SEED
 
 
 @pytest.mark.parametrize("include_drifted", [False, True])

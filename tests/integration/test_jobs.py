@@ -1072,7 +1072,7 @@ def test_unknown_job_and_transaction_block_are_refused(db):
 
 REGISTER_SIGNATURE = (
     "etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, "
-    "name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean)"
+    "name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[])"
 )
 DRAIN_SIGNATURE = ("etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, "
                    "text, text)")

@@ -1508,7 +1508,7 @@ def test_a_registrant_sees_its_own_jobs_and_no_one_elses(db, roles, parallel):
         db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(ident(table), ident(role)))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, "
-            "jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO {}")
+            "jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO {}")
             .format(ident(role)))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
@@ -1783,7 +1783,7 @@ def test_the_registering_role_privileges_bound_the_change_whoever_drains(db, rol
         db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(r))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, "
-            "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO {}").format(r))
+            "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO {}").format(r))
         db.admin.execute(sql.SQL(
             "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, "
             "integer, bigint, text, text, text) TO {}").format(r))
@@ -1878,7 +1878,7 @@ def test_an_items_query_reads_with_the_registering_roles_privileges(db, roles):
     db.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA etc_batch TO {}").format(c))
     db.admin.execute(sql.SQL(
         "GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, "
-        "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO {}").format(c))
+        "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO {}").format(c))
     db.admin.execute(sql.SQL("GRANT SELECT, UPDATE ON {} TO {}").format(ident(orders), c))
     # the clerk sees tenant A's orders up to id 5 only
     db.admin.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(ident(orders)))

@@ -369,7 +369,7 @@ def test_a_role_that_cannot_log_in_launches_nothing_on_15(workers):
                 "GRANT USAGE ON SCHEMA etc_batch TO {r}; "
                 "GRANT EXECUTE ON FUNCTION etc_batch.launch_job(text, integer) TO {r}; "
                 "GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, "
-                "jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO {r}; "
+                "jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO {r}; "
                 "GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, integer, "
                 "bigint, text, text, text) TO {r}; GRANT SELECT, UPDATE ON {t} TO {r}; "
                 "GRANT INSERT ON {c} TO {r}").format(r=sql.Identifier(role), t=orders.t, c=orders.counted))

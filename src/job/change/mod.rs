@@ -116,17 +116,27 @@ pub(crate) fn approve(
         Some(expressions) => set_expressions::given(expressions)?,
         None => BTreeMap::new(),
     };
+    item_values::check_named_once(from_items)?;
+    if handler.is_some() && !from_items.is_empty() && asked == Asked::Update {
+        return Err(BatchError::invalid_because(
+            "a job with a handler sets no values from its items",
+            "A handler makes its own change; set_from_query is for a guarded UPDATE without one.",
+        ));
+    }
     let deletes = |action: &str| {
-        match (handler, given.is_empty()) {
-        (Some(_), _) => Err(BatchError::invalid_because(
+        match (handler, given.is_empty(), from_items.is_empty()) {
+        (Some(_), ..) => Err(BatchError::invalid_because(
             "a job that deletes its rows has no handler",
             "A handler makes its own change, with action 'update' (the default).",
         )),
-        (None, false) => Err(BatchError::invalid_because(
-            format!("a job with action '{action}' sets no expressions"),
-            "set_expressions is for action 'update'; a job that deletes or moves its rows changes nothing in them.",
+        (None, false, _) | (None, _, false) => Err(BatchError::invalid_because(
+            format!(
+                "a job with action '{action}' sets no {}",
+                if given.is_empty() { "values from its items" } else { "expressions" }
+            ),
+            "set_expressions and set_from_query are for action 'update'; a job that deletes or moves its rows changes nothing in them.",
         )),
-        (None, true) => Ok(()),
+        (None, true, true) => Ok(()),
     }
     };
     match (asked, set_values, handler) {
@@ -141,18 +151,20 @@ pub(crate) fn approve(
                 BTreeMap::new(),
             ))
         }
-        (Asked::Update, None, Some(handler)) if given.is_empty() => {
+        (Asked::Update, None, Some(handler)) if given.is_empty() && from_items.is_empty() => {
             Ok((Action::Handler(handler::check(handler)?), BTreeMap::new()))
         }
-        (Asked::Update, values, None) if values.is_some() || !given.is_empty() => {
+        (Asked::Update, values, None)
+            if values.is_some() || !given.is_empty() || !from_items.is_empty() =>
+        {
             let columns: Vec<String> = given.keys().cloned().collect();
             let values = set_values::check(&target.shape, values, &columns, from_items)?;
             let expressions = set_expressions::check(target, table, &given)?;
             Ok((Action::Set(values), expressions))
         }
         (Asked::Update, ..) => Err(BatchError::invalid_because(
-            "a job needs set_values or set_expressions, or a handler",
-            "Give set_values (constants) or set_expressions (computed from each row) for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both; or action => 'delete' or 'move' for a job that deletes its rows.",
+            "a job needs set_values, set_expressions or set_from_query, or a handler",
+            "Give set_values (constants), set_expressions (computed from each row) or set_from_query (each item's own values) for a guarded UPDATE, or a handler function (item jsonb) RETURNS jsonb, not both; or action => 'delete' or 'move' for a job that deletes its rows.",
         )),
     }
 }
@@ -395,15 +407,28 @@ pub(crate) struct RevertTerms {
 }
 
 impl RevertTerms {
+    /// The columns the revert sets back to values the job recorded with each item under
+    /// item_values::BEFORE: those it set from each item.
+    pub(crate) fn recorded_with_items(&self, def: &Definition) -> Vec<String> {
+        self.from_items
+            .iter()
+            .filter(|c| def.set_from_items.contains(c))
+            .cloned()
+            .collect()
+    }
+
     /// The columns of an item's guards its row must still hold for the revert: the job's
     /// guards (and the values a revert set from each item, which it expects back), less
     /// those taken out and those that are values to set.
     pub(crate) fn guard_columns(&self, def: &Definition) -> Vec<String> {
+        // a column the revert sets back from a value recorded in the job's guards is no
+        // guard; one set from each item still holds the item's value, what the job set
         let mut columns: Vec<String> = def
             .guard_columns
             .iter()
+            .filter(|c| !self.from_items.contains(c))
             .chain(&def.set_from_items)
-            .filter(|c| !self.strip.contains(c) && !self.from_items.contains(c))
+            .filter(|c| !self.strip.contains(c))
             .cloned()
             .collect();
         columns.sort();

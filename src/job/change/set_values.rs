@@ -45,12 +45,22 @@ pub(crate) fn check(
             "A job sets a column to one value or to one expression, not both.",
         ));
     }
-    let mut assigned: BTreeMap<String, &'static str> = BTreeMap::new();
-    for (argument, columns) in [("set_values", from_items), ("set_expressions", expressions)] {
+    let mut assigned: BTreeMap<String, &'static str> =
+        values.keys().map(|c| (c.clone(), "set_values")).collect();
+    for (argument, columns) in [
+        ("set_from_query", from_items),
+        ("set_expressions", expressions),
+    ] {
         let named = shape.check_columns_object(argument, &item_values::named(columns))?;
-        assigned.extend(named.into_keys().map(|c| (c, argument)));
+        for column in named.into_keys() {
+            if let Some(before) = assigned.insert(column.clone(), argument) {
+                return Err(BatchError::invalid_because(
+                    format!("column \"{column}\" is in both {before} and {argument}"),
+                    "A job sets a column to one value, one expression or each item's own value, not two of them.",
+                ));
+            }
+        }
     }
-    assigned.extend(values.keys().map(|c| (c.clone(), "set_values")));
     check_assigned(shape, &assigned)?;
     Ok(values)
 }
@@ -240,10 +250,11 @@ fn set_back(
         .filter(|c| !expect.contains_key(*c))
         .filter_map(|c| reverted.get(c).map(|e| (c.clone(), e.clone())))
         .collect();
+    // a column set from each item had its value before recorded with the item
+    // (item_values.rs), or else expected of every row
     let unknown: Vec<String> = set
         .keys()
         .filter(|c| !expect.contains_key(*c) && !record_before)
-        .chain(from_items.iter().filter(|c| !expect.contains_key(*c)))
         .filter(|c| !again.contains_key(*c))
         .map(|c| format!("\"{c}\""))
         .collect();
@@ -376,15 +387,18 @@ mod tests {
             from_items: &revert.from_items,
             expressions: &BTreeMap::new(),
         };
-        // alone, the revert knows no value before of what it set back
-        assert!(set_back(
+        // alone, the revert sets back the values it recorded with each item before its
+        // own change (item_values.rs): what the expression had left
+        let alone = set_back(
             "j-back",
             &the_revert,
             &revert.expect,
             false,
-            &BTreeMap::new()
+            &BTreeMap::new(),
         )
-        .is_err());
+        .unwrap();
+        assert_eq!(alone.from_items, names(&["total_cents"]));
+        // knowing the expression, it computes them again
         let again = set_back("j-back", &the_revert, &revert.expect, false, &expressions).unwrap();
         assert_eq!(again.expressions, expressions);
         assert!(again.from_items.is_empty());
@@ -467,6 +481,34 @@ mod tests {
         );
         assert!(again.from_items.is_empty() && again.strip.is_empty());
         assert_eq!(object(again.expect), json!({}));
+    }
+
+    #[test]
+    fn values_set_from_each_item_go_back_to_what_each_row_held_and_forth_again() {
+        // set_from_query: the values before were recorded with each item, so the revert
+        // sets them back item by item, and its own revert the job's values again
+        let job = revert_of(
+            "backfill",
+            &BTreeMap::new(),
+            &names(&["region"]),
+            &map(json!({"status": "open"})),
+            false,
+        )
+        .unwrap();
+        assert_eq!(job.set_back.clone().map(object), Some(json!({})));
+        assert_eq!(job.from_items, names(&["region"]));
+        assert_eq!(object(job.expect.clone()), json!({"status": "open"}));
+        assert!(job.strip.is_empty());
+        let again = revert_of(
+            "backfill-back",
+            &BTreeMap::new(),
+            &job.from_items,
+            &job.expect,
+            false,
+        )
+        .unwrap();
+        assert_eq!(again.from_items, names(&["region"]));
+        assert_eq!(object(again.expect), json!({"status": "open"}));
     }
 
     #[test]

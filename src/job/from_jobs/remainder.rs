@@ -17,7 +17,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{self, move_rows, set_expressions, Asked};
+use crate::job::change::{self, item_values, move_rows, set_expressions, Asked};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -236,7 +236,9 @@ fn remaining_items(
 /// revisions and guards of the batch, and whether drifted items are approved again.
 fn against_rows_sql(def: &Definition, target: &Target) -> String {
     let s = &target.shape;
-    let constants = Constants::new(def.set_values.as_ref(), &def.expect);
+    // a column set from each item expected to hold still what was recorded before
+    let constants =
+        Constants::new(def.set_values.as_ref(), &def.expect).with_item_values(&def.set_from_items);
     let first = constants.after();
     // after the batch's keys, revisions and guards
     let drifted = first + 3;
@@ -258,7 +260,11 @@ fn against_rows_sql(def: &Definition, target: &Target) -> String {
     );
     // the values a job recorded before its change are recorded again, as the rows hold
     // them when the rest is approved (register refuses items that give them)
-    let recorded = match change::recorded_by(def) {
+    let mut recorded = change::recorded_by(def);
+    if !def.set_from_items.is_empty() {
+        recorded.push(item_values::BEFORE.to_string());
+    }
+    let recorded = match recorded {
         columns if columns.is_empty() => String::new(),
         columns => format!(" OPERATOR(pg_catalog.-) {}", text_array_sql(&columns)),
     };

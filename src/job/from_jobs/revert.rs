@@ -18,7 +18,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{handler, set_expressions, Asked, KindOfChange, RevertTerms};
+use crate::job::change::{handler, item_values, set_expressions, Asked, KindOfChange, RevertTerms};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -123,6 +123,7 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
             },
         ));
     }
+    let set_back = terms.recorded_with_items(&def);
     let registered = register::register(Request {
         job_id: req.revert_job_id.clone(),
         tenant: def.tenant_value().map(str::to_string),
@@ -162,6 +163,26 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
                 &def.tables.sql(
                     &sql::DIGESTS_MOVED.replace("{revert_items}", &revert.tables.sql("{items}")),
                 ),
+                &[],
+            )
+        })?
+        .unwrap_or(0);
+        if moved > 0 {
+            return Err(BatchError::SerializationFailure);
+        }
+    }
+    if !set_back.is_empty() {
+        // the revert recorded what its rows held in the columns it sets back, after they
+        // were read against the job's items: a row changed in between is not the one the
+        // job left
+        let moved = as_role(owner, || {
+            let revert = Definition::require(&req.revert_job_id)?;
+            query::one::<i64>(
+                &def.tables.sql(&item_values::recorded_since_sql(
+                    &target,
+                    &revert.tables.sql("{items}"),
+                    &set_back,
+                )),
                 &[],
             )
         })?
@@ -259,7 +280,13 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
 /// it: approved again, or left out as drifted or gone.
 fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<Sorted> {
     let constants = Constants::new(None, &terms.expect);
-    let against = against_rows_sql(def, target, &terms.guard_columns(def), &constants);
+    let against = against_rows_sql(
+        def,
+        target,
+        &terms.guard_columns(def),
+        &constants,
+        &terms.recorded_with_items(def),
+    );
     against_rows::sort(
         def,
         target,
@@ -275,12 +302,15 @@ fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<So
 /// against their rows now, as the caller: for each, in order, its state
 /// (against_rows::state_sql) and, to revert, its item object of the revert's approval. Its
 /// parameters are a chunk's ($3 the tenant, the expected values), then the keys,
-/// the revisions the job left and the guards that still hold.
+/// the revisions the job left and the guards that still hold. `set_back`: the columns
+/// set from each item, whose values recorded before the job's change (under
+/// item_values::BEFORE) take their place in the revert's item, to be set back.
 fn against_rows_sql(
     def: &Definition,
     target: &Target,
     guard_columns: &[String],
     constants: &Constants,
+    set_back: &[String],
 ) -> String {
     let revision = match def.guard.column() {
         Some(column) => format!(
@@ -295,8 +325,9 @@ fn against_rows_sql(
         &target.matches_item(guard_columns, constants),
         &format!(
             "CASE WHEN m.state OPERATOR(pg_catalog.=) 'again'
-            THEN ({}{revision} OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END",
-            target.key_object_sql()
+            THEN ({}{revision} OPERATOR(pg_catalog.||) {guards})::pg_catalog.text END",
+            target.key_object_sql(),
+            guards = item_values::recorded_in_place("it.guards", set_back),
         ),
     )
 }

@@ -4,6 +4,7 @@
 //! with it or to verify it. Lists of any size take the memory of one batch.
 
 use crate::error::{BatchError, Result};
+use crate::job::change::item_values;
 use crate::job::register::tables::JobTables;
 use crate::job::rules::approval::{Fingerprint, Guards, Item, Key, Terms};
 use crate::job::rules::key::KeyOrder;
@@ -109,7 +110,8 @@ impl<'a> Writer<'a> {
             .item(&key, item.revision, item.guards.canonical());
         let columns = &mut self.guard_columns;
         item.guards.for_each_column(|column| {
-            if !columns.contains(column) {
+            // the values recorded before the change are no guard column (item_values)
+            if column != item_values::BEFORE && !columns.contains(column) {
                 columns.insert(column.to_string());
             }
         });

@@ -21,7 +21,7 @@ use crate::job::change::{self, Asked};
 use crate::job::definition::Definition;
 use crate::job::register::freeze::{Frozen, ItemCursor, Writer};
 use crate::job::register::items_query::ItemsQuery;
-use crate::job::register::ordered::{Given, SqlOrder};
+use crate::job::register::ordered::{Given, Recorded, SqlOrder};
 use crate::job::register::tables::JobTables;
 use crate::job::rules::approval::{
     canonical_object, expressions_text, first_difference, Action, Item, OnDrift, Terms,
@@ -125,7 +125,7 @@ impl Source {
         &'s self,
         target: &Target,
         tenant: Option<&str>,
-        record: &[String],
+        record: &Recorded,
     ) -> Result<Box<dyn Iterator<Item = Result<Item>> + 's>> {
         match (self.by_sql(target, record)?, self) {
             (None, Source::List(items)) => Ok(Box::new(items.iter().cloned().map(Ok))),
@@ -140,7 +140,7 @@ impl Source {
     /// The statements that order the items in PostgreSQL, where it orders them: a key
     /// of a type it orders, a digest of the row to take, or values before the change in
     /// the columns `record` to record.
-    fn by_sql<'t>(&self, target: &'t Target, record: &'t [String]) -> Result<Option<SqlOrder<'t>>> {
+    fn by_sql<'t>(&self, target: &'t Target, record: &'t Recorded) -> Result<Option<SqlOrder<'t>>> {
         let s = &target.shape;
         let here = matches!(s.key.order(&s.columns)?, KeyOrder::Here(_));
         Ok((!here || s.guard.is_digest() || !record.is_empty())
@@ -160,7 +160,7 @@ impl Source {
         target: &Target,
         stored: &JobTables,
         owner: pg_sys::Oid,
-        record: &[String],
+        record: &Recorded,
     ) -> Result<(ItemStream<'a>, ItemStream<'a>)> {
         if let Some(order) = self.by_sql(target, record)? {
             // the stored list is read as the owner, the items (a query's) as the registrant
@@ -265,8 +265,20 @@ fn register_now(mut req: Request) -> Result<Registered> {
     )?;
     let expect = shape.check_columns_object("expect", &req.expect)?;
     // the columns whose values before the change are recorded
-    let record = change::recorded(&action, &expressions, req.record_before)?;
-    if let Some(column) = names_recorded(&source, &record) {
+    let record = Recorded {
+        guards: change::recorded(&action, &expressions, req.record_before)?,
+        set_from_items: req.set_from_items.clone(),
+    };
+    if let Some((column, position)) = misses_item_values(&source, &req.set_from_items) {
+        return Err(BatchError::invalid_because(
+            match position {
+                Some(key) => format!("the item of key {key} gives no value for column \"{column}\""),
+                None => format!("the items query gives no column \"{column}\""),
+            },
+            "A column named in set_from_query is set to each item's own value, which every item gives (a member of each item of register_job, a column of the items query of register_job_from_query).",
+        ));
+    }
+    if let Some(column) = names_recorded(&source, &record.guards) {
         return Err(BatchError::invalid_because(
             format!("items must not name column \"{column}\", whose values record_before records"),
             "With record_before => true, the value of each column the job sets is read from the item's row when the job is registered; an item does not give it.",
@@ -438,6 +450,32 @@ fn name_the_argument(
     }
 }
 
+/// The first column set from each item (`from_items`) that an item does not give, with
+/// the item's key (None: the items query has no such column).
+fn misses_item_values(source: &Source, from_items: &[String]) -> Option<(String, Option<String>)> {
+    if from_items.is_empty() {
+        return None;
+    }
+    match source {
+        Source::List(items) => items.iter().find_map(|item| {
+            let mut given = Vec::with_capacity(from_items.len());
+            item.guards.for_each_column(|c| {
+                if from_items.iter().any(|f| f == c) {
+                    given.push(c.to_string());
+                }
+            });
+            from_items
+                .iter()
+                .find(|f| !given.contains(f))
+                .map(|f| (f.clone(), Some(item.key.text())))
+        }),
+        Source::Query(query) => from_items
+            .iter()
+            .find(|f| !query.guard_columns.contains(f))
+            .map(|f| (f.clone(), None)),
+    }
+}
+
 /// The first of the columns `record` that an item names as a guard, if any.
 fn names_recorded(source: &Source, record: &[String]) -> Option<String> {
     if record.is_empty() {
@@ -511,7 +549,7 @@ fn same_request(
     source: &Source,
     target: &Target,
     owner: pg_sys::Oid,
-    record: &[String],
+    record: &Recorded,
 ) -> Result<Registered> {
     let mismatch = |detail: String| BatchError::JobMismatch {
         job: job_id.to_string(),

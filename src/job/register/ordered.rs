@@ -12,6 +12,7 @@
 //! time, under settings that print every value the same way in every session.
 
 use crate::error::Result;
+use crate::job::change::item_values;
 use crate::job::register::freeze::ItemCursor;
 use crate::job::register::items_query::ItemsQuery;
 use crate::job::register::tables::JobTables;
@@ -33,9 +34,26 @@ pub enum Given<'a> {
 /// The statements that read an approval in PostgreSQL's order, for one target.
 pub struct SqlOrder<'a> {
     pub target: &'a Target,
-    /// The columns whose values each item's row holds now are recorded in its guards
-    /// (record_before): the values before the change.
-    pub record: &'a [String],
+    /// What each item's row holds now, recorded with the item: the values before the
+    /// change.
+    pub record: &'a Recorded,
+}
+
+/// The columns whose values before the change registration records, from the row each
+/// item names: those a job sets to values (record_before) or by expressions, recorded in
+/// each item's guards, where its chunk expects them; and those it sets to each item's
+/// own value, which holds that column's place in the guards, recorded under
+/// item_values::BEFORE.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub guards: Vec<String>,
+    pub set_from_items: Vec<String>,
+}
+
+impl Recorded {
+    pub fn is_empty(&self) -> bool {
+        self.guards.is_empty() && self.set_from_items.is_empty()
+    }
 }
 
 impl SqlOrder<'_> {
@@ -132,27 +150,27 @@ impl SqlOrder<'_> {
                 })
                 .collect();
             joins.push(s.key.matches("s.k", &s.columns));
+            // a value JSON has no kind of its own for (an array, json, a composite, a
+            // date) as its text, which the guard casts back
+            let value = |c: &str| match s.columns[c].kind {
+                Kind::Other => format!("t.{}::pg_catalog.text", quote_identifier(c)),
+                _ => format!("t.{}", quote_identifier(c)),
+            };
             let guards = if self.record.is_empty() {
                 "s.g".to_string()
             } else {
                 format!(
                     "(pg_catalog.jsonb_build_object({}) OPERATOR(pg_catalog.||) \
-                     COALESCE(s.g::pg_catalog.jsonb, '{{}}'))::pg_catalog.text",
+                     COALESCE(s.g::pg_catalog.jsonb, '{{}}'){})::pg_catalog.text",
                     self.record
+                        .guards
                         .iter()
-                        .map(|c| {
-                            // a value JSON has no kind of its own for (an array, json, a
-                            // composite, a date) as its text, which the guard casts back
-                            let value = match s.columns[c].kind {
-                                Kind::Other => {
-                                    format!("t.{}::pg_catalog.text", quote_identifier(c))
-                                }
-                                _ => format!("t.{}", quote_identifier(c)),
-                            };
-                            format!("{}, {value}", quote_literal(c))
-                        })
+                        .map(|c| format!("{}, {}", quote_literal(c), value(c)))
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    item_values::recorded_sql(&self.record.set_from_items, value)
+                        .map(|before| format!(" OPERATOR(pg_catalog.||) {before}"))
+                        .unwrap_or_default()
                 )
             };
             format!(
@@ -186,11 +204,18 @@ impl SqlOrder<'_> {
         let (stored_guards, given_guards) = if self.record.is_empty() {
             ("i.guards::pg_catalog.text".to_string(), "s.g".to_string())
         } else {
-            let columns = text_array_sql(self.record);
+            let mut stored = self.record.guards.clone();
+            if !self.record.set_from_items.is_empty() {
+                stored.push(item_values::BEFORE.to_string());
+            }
             (
-                format!("(i.guards OPERATOR(pg_catalog.-) {columns})::pg_catalog.text"),
                 format!(
-                    "(COALESCE(s.g::pg_catalog.jsonb, '{{}}') OPERATOR(pg_catalog.-) {columns})::pg_catalog.text"
+                    "(i.guards OPERATOR(pg_catalog.-) {})::pg_catalog.text",
+                    text_array_sql(&stored)
+                ),
+                format!(
+                    "(COALESCE(s.g::pg_catalog.jsonb, '{{}}') OPERATOR(pg_catalog.-) {})::pg_catalog.text",
+                    text_array_sql(&self.record.guards)
                 ),
             )
         };

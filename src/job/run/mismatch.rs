@@ -5,6 +5,7 @@
 use super::drainer::Drainer;
 use super::ending::Round;
 use crate::error::{BatchError, Result};
+use crate::job::change::item_values;
 use crate::job::rules::approval::{parse_object, OnDrift};
 use crate::job::rules::conflict::{self, Expected};
 use crate::job::run::checkpoint;
@@ -150,9 +151,14 @@ impl Drainer {
                 &[self.def.tenant_value().into(), key.as_str().into()],
             )
         })?;
-        // what an item carries to set (a revert's set_from_items) is no guard
+        // what an item carries to set (set_from_items) is no guard, but what its row held
+        // in those columns before the change, recorded with it, is (item_values.rs)
         let mut guards = parse_object(&guards);
+        let before = guards.remove(item_values::BEFORE);
         guards.retain(|column, _| !self.def.set_from_items.contains(column));
+        if let Some(Value::Object(before)) = before {
+            guards.extend(before);
+        }
         let expected = Expected {
             key: &key,
             position,

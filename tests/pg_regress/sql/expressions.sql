@@ -151,7 +151,7 @@ CREATE FUNCTION cents_of(numeric) RETURNS bigint IMMUTABLE LANGUAGE sql
 REVOKE ALL ON FUNCTION cents_of(numeric) FROM PUBLIC;
 CREATE ROLE billing_clerk;
 GRANT USAGE ON SCHEMA etc_batch TO billing_clerk;
-GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO billing_clerk;
+GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO billing_clerk;
 GRANT SELECT, UPDATE ON invoices TO billing_clerk;
 SET ROLE billing_clerk;
 SELECT * FROM etc_batch.register_job_from_query('clerk-cents', NULL, 'invoices', $$SELECT id FROM invoices$$, 3,

@@ -234,7 +234,7 @@ ROLLBACK;
 CREATE ROLE clerk;
 CREATE ROLE intruder;
 GRANT USAGE ON SCHEMA etc_batch TO clerk, intruder;
-GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO clerk, intruder;
+GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO clerk, intruder;
 CREATE TABLE tickets (tenant text, id int, revision int NOT NULL DEFAULT 1, state text, PRIMARY KEY (tenant, id));
 INSERT INTO tickets SELECT t, g, 1, 'open' FROM unnest(ARRAY['X', 'Y']) t, generate_series(1, 3) g;
 GRANT SELECT, UPDATE ON tickets TO clerk;

@@ -31,7 +31,7 @@ CREATE ROLE regress_nologin_launcher NOLOGIN;
 GRANT USAGE ON SCHEMA etc_batch TO regress_nologin_launcher;
 GRANT EXECUTE ON FUNCTION etc_batch.launch_job(text, integer) TO regress_nologin_launcher;
 GRANT EXECUTE ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer,
-    jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO regress_nologin_launcher;
+    jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO regress_nologin_launcher;
 GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, integer,
     bigint, text, text, text) TO regress_nologin_launcher;
 GRANT SELECT, UPDATE ON orders TO regress_nologin_launcher;

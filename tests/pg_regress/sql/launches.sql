@@ -111,7 +111,7 @@ CREATE ROLE regress_etc_batch_author LOGIN;
 GRANT USAGE ON SCHEMA etc_batch TO regress_etc_batch_author;
 GRANT EXECUTE ON FUNCTION etc_batch.add_step(text, text, bigint, boolean, interval, integer),
     etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name,
-                                      name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean),
+                                      name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]),
     etc_batch.stop_launch(bigint)
     TO regress_etc_batch_author;
 GRANT EXECUTE ON PROCEDURE etc_batch.drain_job(text, integer, text, text, bigint, integer, bigint, text, text, text)

@@ -296,7 +296,7 @@ SELECT * FROM etc_batch.register_job('r6', NULL, 'people', '[{"id": 1}]', 1, '{"
 CREATE ROLE regress_etc_batch_clerk;
 GRANT USAGE ON SCHEMA etc_batch TO regress_etc_batch_clerk;
 GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb,
-    name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean) TO regress_etc_batch_clerk;
+    name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) TO regress_etc_batch_clerk;
 GRANT SELECT, UPDATE (team) ON people TO regress_etc_batch_clerk;
 SET ROLE regress_etc_batch_clerk;
 SELECT * FROM etc_batch.register_job('r7', NULL, 'people', '[{"id": 1}]', 1, '{"secret": "x"}',
