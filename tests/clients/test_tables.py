@@ -128,6 +128,33 @@ def by_month(pg, name):
                 sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
 
 
+def application_holding(pg, t, rng, unchanged=None):
+    """Starts the application on table `t`: it holds approved events (every id not a
+    multiple of 3, from 'old' to 'held'), one at random every 20 ms, until stopped; with
+    `unchanged(id)`, an SQL condition and its parameters, only events it holds. Returns
+    the ids held, and what stops it."""
+    held, stop = [], threading.Event()
+
+    def application():
+        conn = pg.direct()
+        while not stop.is_set():
+            i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
+            extra, params = unchanged(i) if unchanged else (sql.SQL(""), ())
+            if conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old'{}")
+                            .format(t, extra), (i, *params)).rowcount:
+                held.append(i)
+            time.sleep(0.02)
+
+    app = threading.Thread(target=application, daemon=True)
+    app.start()
+
+    def stopped():
+        stop.set()
+        app.join(30)
+
+    return held, stopped
+
+
 def lingering(pg, name, event):
     """Each statement of `event` (UPDATE, DELETE) on table `name`, and so each chunk's,
     lingers before its commit, where most kills land."""
@@ -361,24 +388,11 @@ def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_
     assert row == (2000, 80)
 
     # the application holds approved events, a few at a time, while the job runs
-    held, stop = [], threading.Event()
-
-    def application():
-        conn = pg.direct()
-        while not stop.is_set():
-            i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
-            if conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old'")
-                            .format(t), (i,)).rowcount:
-                held.append(i)
-            time.sleep(0.02)
-
-    app = threading.Thread(target=application, daemon=True)
-    app.start()
+    held, stopped = application_holding(pg, t, rng)
     try:
         drain_while_killed(pg, job, rng)
     finally:
-        stop.set()
-        app.join(30)
+        stopped()
 
     remaining = {r[0]: r[1] for r in pg.admin.execute(sql.SQL("SELECT id, state FROM {}").format(t))}
     deletes = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT id FROM {}").format(counted)))
@@ -481,27 +495,14 @@ def test_a_partitioned_table_backfilled_in_parallel_while_the_application_works_
         (job, name, items.as_string(pg.admin))).fetchone()
     assert row == (2000, 80)
 
-    held, stop = [], threading.Event()
-
-    def application():
-        conn = pg.direct()
-        while not stop.is_set():
-            i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
-            # only an event the job has not changed yet: one it has is no longer held
-            if conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old' "
-                                    "AND {} IS NOT DISTINCT FROM %s")
-                            .format(t, sql.Identifier(column)),
-                            (i, before[i][0 if column == "cents" else 1])).rowcount:
-                held.append(i)
-            time.sleep(0.02)
-
-    app = threading.Thread(target=application, daemon=True)
-    app.start()
+    # only an event the job has not changed yet is held: one it has is no longer
+    held, stopped = application_holding(pg, t, rng, lambda i: (
+        sql.SQL(" AND {} IS NOT DISTINCT FROM %s").format(sql.Identifier(column)),
+        (before[i][0 if column == "cents" else 1],)))
     try:
         drain_while_killed(pg, job, rng)
     finally:
-        stop.set()
-        app.join(30)
+        stopped()
 
     col = sql.Identifier(column)
     now = {r[0]: r[1:] for r in pg.admin.execute(

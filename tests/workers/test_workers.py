@@ -3,7 +3,8 @@ with no client session held, through everything that ends a worker process.
 
 - a 4-worker launch of a parallel job whose client disconnects at once;
 - workers terminated at random (pg_terminate_backend) until the job is done: the
-  supervisor starts them again; the same for a job that moves its rows to an archive;
+  supervisor starts them again; the same for a job that moves its rows to an archive,
+  and for one that sets them from a join (set_from_query);
 - a worker SIGKILLed, which makes the postmaster restart every backend: after crash
   recovery the launcher and the supervisor resume the launch;
 - pg_ctl restart -m immediate while a job drains and while a chain runs;
@@ -192,6 +193,69 @@ def test_workers_terminated_at_random_until_done(workers):
     print(f"{kills} workers terminated (seed {SEED})")
 
 
+def counted_and_lingering(conn, name, event, counted):
+    """Each row of table `name` that an `event` (UPDATE, DELETE) which commits changes is
+    counted in table `counted` (id), made here; and each such statement lingers before
+    its commit, where most terminations land."""
+    conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(counted))
+    count, slow = sql.Identifier(f"{name}_count"), sql.Identifier(f"{name}_linger")
+    row = "OLD" if event == "DELETE" else "NEW"
+    conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$ BEGIN INSERT INTO {} VALUES ({}.id); RETURN NULL; END $$")
+                 .format(count, counted, sql.SQL(row)))
+    conn.execute(sql.SQL("CREATE TRIGGER counted AFTER {} ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
+                 .format(sql.SQL(event), sql.Identifier(name), count))
+    conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$ BEGIN PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(slow))
+    conn.execute(sql.SQL("CREATE TRIGGER linger AFTER {} ON {} FOR EACH STATEMENT "
+                         "EXECUTE FUNCTION {}()").format(sql.SQL(event), sql.Identifier(name), slow))
+
+
+def test_a_backfill_from_a_join_launched_and_its_workers_terminated_at_random(workers):
+    """A parallel job that sets 3,000 rows' region to their customer's (set_from_query,
+    the items query joins), launched with three workers terminated at random until it is
+    done: every row updated exactly once (a trigger counts the updates that committed)
+    to its customer's region, and its value before recorded with its item."""
+    rng = random.Random(SEED)
+    with workers.connect() as conn:
+        name = tag("accounts")
+        t, customers = sql.Identifier(name), sql.Identifier(f"{name}_customers")
+        updates = sql.Identifier(f"{name}_updates")
+        conn.execute(sql.SQL("CREATE TABLE {} (customer_id int PRIMARY KEY, region text NOT NULL)")
+                     .format(customers))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT g, 'r' || (g % 5) FROM generate_series(0, 99) g")
+                     .format(customers))
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, customer_id int NOT NULL, region text)")
+                     .format(t))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT g, g % 100 FROM generate_series(1, 3000) g").format(t))
+        counted_and_lingering(conn, name, "UPDATE", updates)
+        job = tag("joined")
+        assert conn.execute(
+            "SELECT items FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, %s, 50, NULL, "
+            "tenant_column => NULL, revision_column => NULL, parallel => true, "
+            "set_from_query => '{region}')",
+            (job, name, f"SELECT a.id, c.region FROM public.{name} a "
+                        f"JOIN public.{name}_customers c USING (customer_id)")).fetchone()[0] == 3000
+        launch_id, _ = launch(conn, job, 3)
+        kills = terminate_until_ended(conn, launch_id, rng)
+    assert wait_launch(workers, launch_id) == "done"
+    assert kills >= 3, f"too few kills to prove anything: {kills} (seed {SEED})"
+    with workers.connect() as conn:
+        counted = dict(conn.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(updates)))
+        assert counted == {i: 1 for i in range(1, 3001)}, SEED
+        wrong = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {} a JOIN {} c USING (customer_id) "
+            "WHERE a.region IS DISTINCT FROM c.region").format(t, customers)).fetchone()[0]
+        assert wrong == 0
+        recorded = conn.execute(
+            "SELECT count(*) FILTER (WHERE guards -> '' = '{\"region\": null}') FROM etc_batch.job_item "
+            "WHERE job_id = %s", (job,)).fetchone()[0]
+        assert recorded == 3000
+        checks = conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+        assert checks and all(ok for _, ok in checks), checks
+    print(f"{kills} workers terminated (seed {SEED})")
+
+
 def test_a_move_to_an_archive_launched_and_its_workers_terminated_at_random(workers):
     """A parallel job that moves 3,000 rows to an archive table (action move), launched
     with three workers terminated at random until it is done: every row is in the
@@ -205,18 +269,7 @@ def test_a_move_to_an_archive_launched_and_its_workers_terminated_at_random(work
         conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, amount numeric NOT NULL)").format(t))
         conn.execute(sql.SQL("INSERT INTO {} SELECT g, g * 1.5 FROM generate_series(1, 3000) g").format(t))
         conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(archive, t))
-        conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(deletes))
-        count = sql.Identifier(f"{name}_count")
-        conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
-                             "$$ BEGIN INSERT INTO {} VALUES (OLD.id); RETURN OLD; END $$")
-                     .format(count, deletes))
-        conn.execute(sql.SQL("CREATE TRIGGER counted AFTER DELETE ON {} FOR EACH ROW EXECUTE FUNCTION {}()")
-                     .format(t, count))
-        slow = sql.Identifier(f"{name}_linger")
-        conn.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
-                             "$$ BEGIN PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(slow))
-        conn.execute(sql.SQL("CREATE TRIGGER linger AFTER DELETE ON {} FOR EACH STATEMENT "
-                             "EXECUTE FUNCTION {}()").format(t, slow))
+        counted_and_lingering(conn, name, "DELETE", deletes)
         job = tag("moved")
         assert conn.execute(
             "SELECT items FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, %s, 50, NULL, "
