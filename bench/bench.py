@@ -23,8 +23,9 @@ included), per item: the safety tax, registration plus drain against F.
 Chains: 10,000 trivial steps, CALL etc_batch.exec_batch_from_id against the seed's
 PL/pgSQL procedure (LOCK TABLE, status check, COMMIT per step). Scale: a
 10,000,000-item job registered from a query and drained by one call
-(bench/big_job.py). Each kind of change (a delete, a move to an archive) against the
-PL/pgSQL keyset loop a DBA writes for it, with an audit and without (bench/change_kinds.py).
+(bench/big_job.py). Each kind of change (a delete, a move to an archive, a computed
+backfill, a backfill from a join, a handler) against the PL/pgSQL keyset loop a DBA
+writes for it, with an audit and without (bench/change_kinds.py).
 Jobs on other tables: a row-digest job against the same job with a
 revision column, and chunks on a never-analyzed table against the analyzed one
 (bench/table_kinds.py). Launched workers against client sessions on a parallel job, and a
@@ -458,7 +459,7 @@ TARGETS = [
     *[(f"{kind}: registration plus drain ≥ 1.0 × the hand-written loop with an audit, chunk {chunk:,}",
        (lambda kind, key: lambda r: r["kinds"][kind][key]["over_by_hand"]["median"])(kind, str(chunk)),
        1.0, "≥")
-      for kind in ("delete", "move") for chunk in (100, 1000)],
+      for kind in ("delete", "move", "expressions", "from_query", "handler") for chunk in (100, 1000)],
     *[(f"{n} launched worker{'s' if n > 1 else ''} ≥ 0.95 × {n} client session{'s' if n > 1 else ''}, "
        f"parallel job, chunk {chunk:,}",
        (lambda key: lambda r: r["launches"]["ratios"][key]["median"])(f"{chunk}/{n}"), 0.95, "≥")
@@ -719,16 +720,17 @@ def markdown(r):
     if kd:
         lines += [
             f"**Kinds of change**, {kd['reps']} repetitions, the three back to back in a turning order: "
-            f"{kd['rows']:,} old rows of a table of {2 * kd['rows']:,}, gone by etc_batch (registration "
-            "from a query and drain, timed together), by the PL/pgSQL keyset loop a DBA writes with an "
-            "audit row per row (its whole content), and by the same loop without the audit. Rows per "
-            "second, median; etc_batch over each, the median of the repetitions' own ratios (min to "
-            "max); WAL bytes per row, median:",
+            f"{kd['rows']:,} old rows of a table of {2 * kd['rows']:,}, deleted, moved, backfilled "
+            "(computed, from a join) or handed to a function, by etc_batch (registration from a query "
+            "and drain, timed together), by the PL/pgSQL keyset loop a DBA writes with an audit row per "
+            "row (what it was: a deleted row's whole content, a changed column's value), and by the same "
+            "loop without the audit. Rows per second, median; etc_batch over each, the median of the "
+            "repetitions' own ratios (min to max); WAL bytes per row, median:",
             "",
             "| kind | chunk | etc_batch | by hand | bare | over by hand | over bare | WAL etc_batch / by hand / bare |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for kind in ("delete", "move"):
+        for kind in ("delete", "move", "expressions", "from_query", "handler"):
             for chunk, d in kd.get(kind, {}).items():
                 rate, wal = d["rows_per_s"], d["wal_per_row"]
                 lines.append(
