@@ -7,18 +7,18 @@
 -- table, and keeps what it deleted with its chunks' audit (delete.rs, move_rows.rs).
 ALTER TABLE etc_batch.job
     ADD COLUMN set_expressions jsonb,
-    ADD COLUMN action text NOT NULL DEFAULT 'update' CHECK (action IN ('update', 'delete', 'move')),
+    ADD COLUMN action text NOT NULL DEFAULT 'update' CHECK (action IN ('update', 'delete', 'move', 'restore')),
     ADD COLUMN archive text,
     ADD COLUMN keep_deleted boolean NOT NULL DEFAULT true,
-    ADD CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL));
+    ADD CONSTRAINT job_archive_check CHECK (action = 'restore' OR (action = 'move') = (archive IS NOT NULL));
 COMMENT ON COLUMN etc_batch.job.set_from_items IS
     'The columns set to each item''s own value (register_job''s set_from_query; a revert''s, the values before of a job that recorded them), which its item carries in job_item.guards under the column''s name (not a guard: what the job sets); what the row held before in those columns is recorded at registration under the member named '''' (the empty name, which no column has), and guarded.';
 COMMENT ON COLUMN etc_batch.job.set_expressions IS
     'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.action IS
-    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
+    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement); restore, for a revert of a delete or a move, puts back the rows it kept (taken from archive again, for a move) whose key is free.';
 COMMENT ON COLUMN etc_batch.job.archive IS
-    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is).';
+    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is); for a restore of a move, the table they are taken back from.';
 COMMENT ON COLUMN etc_batch.job.keep_deleted IS
     'For a job that deletes or moves its rows: whether each row''s whole content is kept with its chunk''s audit (job_audit_chunk.kept), what a revert puts back. false for a purge that must not keep what it deleted; such a job cannot be reverted.';
 ALTER TABLE etc_batch.job_audit_chunk
@@ -33,10 +33,10 @@ COMMENT ON COLUMN etc_batch.job_audit_chunk.kept IS
 -- later (src/job/against_rows.rs, src/job/remainder.rs).
 ALTER TABLE etc_batch.job_left_out DROP CONSTRAINT job_left_out_state_check;
 ALTER TABLE etc_batch.job_left_out ADD CONSTRAINT job_left_out_state_check
-    CHECK (state IN ('drifted', 'gone', 'another tenant'));
+    CHECK (state IN ('drifted', 'gone', 'another tenant', 'taken'));
 ALTER TABLE etc_batch.job_left_out ADD COLUMN approved_again_as text;
 COMMENT ON TABLE etc_batch.job_left_out IS
-    'The items of a job that an approval made from them left out: for a revert (register_revert), the committed items of the job it reverts; for a remainder (register_remainder), the items the job it continues did not change. job_id is the revert or the remainder; position and item_key the item''s in the job it was made from; state whether its row had drifted, was gone, or its key named another tenant''s row; approved_again_as, for a drifted item of a remainder, the job that approved it again at its row''s state (register_remainder with include_drifted on the continued job).';
+    'The items of a job that an approval made from them left out: for a revert (register_revert), the committed items of the job it reverts; for a remainder (register_remainder), the items the job it continues did not change. job_id is the revert or the remainder; position and item_key the item''s in the job it was made from; state whether its row had drifted, was gone, or its key named another tenant''s row (for a revert of a delete or a move: whether its key was taken by a row again, or its row was no longer in the archive as it was moved); approved_again_as, for a drifted item of a remainder, the job that approved it again at its row''s state (register_remainder with include_drifted on the continued job).';
 
 COMMENT ON FUNCTION etc_batch.register_remainder(text, text, integer, boolean, boolean) IS
     'Approves again, as a new job, what a job did not change (its unprocessed and skipped items still as approved, and with include_drifted those whose rows drifted, at their state now), with the same change and chunking unless told otherwise; the job ends, continued as the new one. Items left out (drifted, gone, another tenant''s) are named in etc_batch.job_left_out and counted in a NOTICE. On a continued job, include_drifted approves as a new job the drifted items its remainder left out.';

@@ -61,10 +61,10 @@ CREATE TABLE etc_batch.job (
     set_from_items   name[]      NOT NULL DEFAULT '{}',
     set_expressions  jsonb,
     action           text        NOT NULL DEFAULT 'update'
-                                 CHECK (action IN ('update', 'delete', 'move')),
+                                 CHECK (action IN ('update', 'delete', 'move', 'restore')),
     archive          text,
     keep_deleted     boolean     NOT NULL DEFAULT true,
-    CONSTRAINT job_archive_check CHECK ((action = 'move') = (archive IS NOT NULL))
+    CONSTRAINT job_archive_check CHECK (action = 'restore' OR (action = 'move') = (archive IS NOT NULL))
 );
 
 COMMENT ON TABLE etc_batch.job IS
@@ -103,9 +103,9 @@ COMMENT ON COLUMN etc_batch.job.set_from_items IS
 COMMENT ON COLUMN etc_batch.job.set_expressions IS
     'The columns the job sets to an SQL expression over the row''s own columns (register_job''s set_expressions), each as PostgreSQL printed it back at registration, with every object outside pg_catalog schema-qualified: what the chunk''s UPDATE evaluates, with pg_catalog first in its search_path. The values these columns held before are recorded in each item''s guards. NULL: none.';
 COMMENT ON COLUMN etc_batch.job.action IS
-    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement).';
+    'What the job does to each approved row that passes its guard: update (set_values, or a handler), delete, or move (inserted into archive and deleted, in one statement); restore, for a revert of a delete or a move, puts back the rows it kept (taken from archive again, for a move) whose key is free.';
 COMMENT ON COLUMN etc_batch.job.archive IS
-    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is).';
+    'For a job that moves its rows (action move): the table they are moved to, which has every column of the target, by its schema-qualified name, found by that name when a chunk runs (as a handler is); for a restore of a move, the table they are taken back from.';
 COMMENT ON COLUMN etc_batch.job.keep_deleted IS
     'For a job that deletes or moves its rows: whether each row''s whole content is kept with its chunk''s audit (job_audit_chunk.kept), what a revert puts back. false for a purge that must not keep what it deleted; such a job cannot be reverted.';
 COMMENT ON COLUMN etc_batch.job.job_number IS
@@ -336,12 +336,12 @@ CREATE TABLE etc_batch.job_left_out (
     job_id            text    NOT NULL,
     "position"        integer NOT NULL,
     item_key          text    NOT NULL,
-    state             text    NOT NULL CHECK (state IN ('drifted', 'gone', 'another tenant')),
+    state             text    NOT NULL CHECK (state IN ('drifted', 'gone', 'another tenant', 'taken')),
     approved_again_as text,
     PRIMARY KEY (job_id, "position")
 );
 
 COMMENT ON TABLE etc_batch.job_left_out IS
-    'The items of a job that an approval made from them left out: for a revert (register_revert), the committed items of the job it reverts; for a remainder (register_remainder), the items the job it continues did not change. job_id is the revert or the remainder; position and item_key the item''s in the job it was made from; state whether its row had drifted, was gone, or its key named another tenant''s row; approved_again_as, for a drifted item of a remainder, the job that approved it again at its row''s state (register_remainder with include_drifted on the continued job).';
+    'The items of a job that an approval made from them left out: for a revert (register_revert), the committed items of the job it reverts; for a remainder (register_remainder), the items the job it continues did not change. job_id is the revert or the remainder; position and item_key the item''s in the job it was made from; state whether its row had drifted, was gone, or its key named another tenant''s row (for a revert of a delete or a move: whether its key was taken by a row again, or its row was no longer in the archive as it was moved); approved_again_as, for a drifted item of a remainder, the job that approved it again at its row''s state (register_remainder with include_drifted on the continued job).';
 SELECT pg_catalog.pg_extension_config_dump('etc_batch.job_left_out', '');
 REVOKE ALL ON etc_batch.job_left_out FROM PUBLIC;

@@ -57,6 +57,16 @@ pub struct Definition {
     pub reverts: Option<String>,
     /// For a job that deletes its rows (or moves them to an archive): how.
     pub deletes: Option<Deletion>,
+    /// For a revert of such a job, which puts its rows back: from where.
+    pub restores: Option<Restoring>,
+}
+
+/// How a revert of a delete or a move puts its rows back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restoring {
+    /// For a move's: the archive the rows are taken back from, its quoted,
+    /// schema-qualified name.
+    pub archive: Option<String>,
 }
 
 /// How a job deletes its rows.
@@ -166,10 +176,11 @@ impl Definition {
             handler_oid: r.handler_oid,
             record_before: r.record_before,
             set_from_items: r.set_from_items,
-            deletes: (r.action != "update").then_some(Deletion {
-                archive: r.archive,
+            deletes: matches!(r.action.as_str(), "delete" | "move").then(|| Deletion {
+                archive: r.archive.clone(),
                 keep: r.keep_deleted,
             }),
+            restores: (r.action == "restore").then_some(Restoring { archive: r.archive }),
             set_expressions: r
                 .set_expressions
                 .map(|t| {
@@ -192,6 +203,9 @@ impl Definition {
             guard: self.guard.clone(),
             chunk_size: self.chunk_size,
             action: match (&self.deletes, &self.set_values, &self.handler) {
+                _ if self.restores.is_some() => Action::Restore {
+                    archive: self.restores.as_ref().and_then(|r| r.archive.clone()),
+                },
                 (
                     Some(Deletion {
                         archive: None,

@@ -433,7 +433,10 @@ SELECT pg_catalog.has_table_privilege($1, 'SELECT') AS may_select,
        pg_catalog.has_any_column_privilege($1, 'UPDATE') AS may_lock,
        pg_catalog.has_table_privilege($1, 'DELETE') AS may_delete,
        ($4::pg_catalog.oid IS NULL
-        OR pg_catalog.has_table_privilege($4::pg_catalog.oid, 'INSERT')) AS may_archive";
+        OR pg_catalog.has_table_privilege($4::pg_catalog.oid, 'INSERT')) AS may_archive,
+       pg_catalog.has_table_privilege($1, 'INSERT') AS may_insert,
+       ($4::pg_catalog.oid IS NULL
+        OR pg_catalog.has_table_privilege($4::pg_catalog.oid, 'SELECT, DELETE')) AS may_take_back";
 
 /// A job's target: its kind, its quoted name, and its name as regclass prints it.
 pub const RELATION: &str = "\

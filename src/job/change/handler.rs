@@ -5,7 +5,7 @@
 //! or its named columns) exactly as a guarded UPDATE checks it: a handler is never
 //! handed a row that drifted. Reverted by a handler that undoes it (inverse).
 
-use super::{ChunkSql, Ran, RevertTerms};
+use super::{Asked, ChunkSql, Ran, RevertTerms};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::guard::Guard;
@@ -212,5 +212,6 @@ pub(crate) fn reverted(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result
         expressions: BTreeMap::new(),
         expect: BTreeMap::new(),
         strip: def.guard_columns.clone(),
+        action: Asked::Update,
     })
 }

@@ -13,11 +13,14 @@
 //! - `delete`      a guarded DELETE, the rows kept with the audit.
 //! - `move_rows`   a guarded DELETE whose rows are inserted into an archive table, in the
 //!   same statement, and kept with the audit as a delete's.
+//! - `restore`     the revert of those two: the rows kept inserted again where their key
+//!   is free, a move's taken back from its archive in the same statement.
 
 pub(crate) mod delete;
 pub(crate) mod handler;
 pub(crate) mod item_values;
 pub(crate) mod move_rows;
+pub(crate) mod restore;
 pub(crate) mod set_expressions;
 pub(crate) mod set_values;
 
@@ -46,6 +49,7 @@ pub(crate) enum KindOfChange {
     Handler,
     Delete,
     Move,
+    Restore,
 }
 
 /// What a registration asks to do to each row (its action, and a move's archive).
@@ -54,6 +58,8 @@ pub(crate) enum Asked {
     Update,
     Delete,
     Move(pg_sys::Oid),
+    /// A revert's, of a delete or a move (from its archive): never given by a caller.
+    Restore(Option<pg_sys::Oid>),
 }
 
 impl Asked {
@@ -140,6 +146,12 @@ pub(crate) fn approve(
     }
     };
     match (asked, set_values, handler) {
+        (Asked::Restore(archive), None, None) if given.is_empty() && from_items.is_empty() => {
+            Ok((restore::check(target, archive)?, BTreeMap::new()))
+        }
+        (Asked::Restore(_), ..) => Err(BatchError::Internal(
+            "a restore sets nothing and has no handler".into(),
+        )),
         (Asked::Delete, ..) => {
             deletes("delete")?;
             Ok((delete::check(set_values, keep)?, BTreeMap::new()))
@@ -181,7 +193,7 @@ pub(crate) fn recorded(
         (_, false) => Vec::new(),
         (Action::Set(values), true) => values.keys().cloned().collect(),
         (Action::Handler(_), true) => return Err(handler::records_nothing()),
-        (Action::Delete { .. } | Action::Move { .. }, true) => {
+        (Action::Delete { .. } | Action::Move { .. } | Action::Restore { .. }, true) => {
             return Err(BatchError::invalid_because(
                 "record_before is for a job that sets values",
                 "A job that deletes its rows keeps each row whole with its chunk's audit (keep_deleted).",
@@ -202,7 +214,10 @@ pub(crate) fn check_constraints(
 ) -> Result<()> {
     match action {
         Action::Set(values) => set_values::check_constraints(target, table, values),
-        Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => Ok(()),
+        Action::Handler(_)
+        | Action::Delete { .. }
+        | Action::Move { .. }
+        | Action::Restore { .. } => Ok(()),
     }
 }
 
@@ -216,7 +231,10 @@ pub(crate) fn updated_columns(
 ) -> Vec<String> {
     let set = match action {
         Action::Set(values) => values.keys().cloned().collect(),
-        Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => Vec::new(),
+        Action::Handler(_)
+        | Action::Delete { .. }
+        | Action::Move { .. }
+        | Action::Restore { .. } => Vec::new(),
     };
     set.into_iter()
         .chain(expressions.keys().cloned())
@@ -244,6 +262,9 @@ pub(crate) fn recorded_by(def: &Definition) -> Vec<String> {
 impl KindOfChange {
     /// The kind of change of a registered job.
     pub(crate) fn of(def: &Definition) -> KindOfChange {
+        if def.restores.is_some() {
+            return KindOfChange::Restore;
+        }
         match (&def.deletes, &def.handler, def.set_from_items.is_empty()) {
             (Some(Deletion { archive: None, .. }), ..) => KindOfChange::Delete,
             (
@@ -309,6 +330,10 @@ impl KindOfChange {
                 ),
                 guard_after: None,
             },
+            KindOfChange::Restore => ChunkSql {
+                change: restore::chunk_sql(target, constants, key_bounds, restored_from(def)),
+                guard_after: None,
+            },
             KindOfChange::Handler => ChunkSql {
                 change: handler::chunk_sql(
                     target,
@@ -342,7 +367,8 @@ impl KindOfChange {
             KindOfChange::SetValues
             | KindOfChange::ItemValues
             | KindOfChange::Delete
-            | KindOfChange::Move => run_set_based(&sql.change, args, planning, items),
+            | KindOfChange::Move
+            | KindOfChange::Restore => run_set_based(&sql.change, args, planning, items),
             KindOfChange::Handler => handler::run(sql, args, items),
         }
     }
@@ -373,14 +399,69 @@ impl KindOfChange {
                     detail: "The job was registered with keep_deleted => false, so the rows it deleted were not kept and cannot be put back.".into(),
                 })
             }
-            KindOfChange::Delete | KindOfChange::Move => Err(BatchError::Unsupported {
-                message: format!(
-                    "job \"{}\" deleted its rows, which register_revert cannot put back yet",
-                    def.job_id
-                ),
-                detail: "The rows a delete or a move kept are in its chunks' audit (etc_batch.job_audit_chunk.kept), in their row type's text form.".into(),
-            }),
+            KindOfChange::Delete | KindOfChange::Move => {
+                no_inverse(def, inverse)?;
+                Ok(restore::of_deleted(archive_of(def)?))
+            }
+            KindOfChange::Restore => {
+                no_inverse(def, inverse)?;
+                Ok(restore::reverted(archive_of(def)?))
+            }
         }
+    }
+
+    /// The statement that finds the items of a chunk it did not change, first (a
+    /// conflict) or all (skipped), with the row each names now.
+    pub(crate) fn mismatches_sql(
+        self,
+        def: &Definition,
+        target: &Target,
+        constants: &Constants,
+    ) -> String {
+        match self {
+            KindOfChange::Restore => restore::mismatches_sql(
+                target,
+                def.tables.items(),
+                def.chunk_size,
+                restored_from(def),
+            ),
+            _ => target.mismatches_sql(
+                def.tables.items(),
+                def.chunk_size,
+                &def.guard_columns,
+                constants,
+            ),
+        }
+    }
+}
+
+/// The archive a move of `def` put its rows in, or a restore of `def` takes them back
+/// from, by its name.
+fn restored_from(def: &Definition) -> Option<&str> {
+    match (&def.deletes, &def.restores) {
+        (Some(deletion), _) => deletion.archive.as_deref(),
+        (None, Some(restoring)) => restoring.archive.as_deref(),
+        (None, None) => None,
+    }
+}
+
+/// The archive of `def` (restored_from), found by its name.
+fn archive_of(def: &Definition) -> Result<Option<pg_sys::Oid>> {
+    restored_from(def).map(move_rows::archive_oid).transpose()
+}
+
+/// A revert that puts rows back, or deletes them again, is etc_batch's own: refused with
+/// an inverse.
+fn no_inverse(def: &Definition, inverse: Option<pg_sys::Oid>) -> Result<()> {
+    match inverse {
+        Some(_) => Err(BatchError::invalid_because(
+            "an inverse is for a handler job",
+            format!(
+                "Job \"{}\" deleted or put back its rows, which its revert undoes by itself.",
+                def.job_id
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -404,6 +485,9 @@ pub(crate) struct RevertTerms {
     /// The columns taken out of each item's guards: values that held before the change
     /// and no longer do, which the revert expects and sets as the job's terms say.
     pub(crate) strip: Vec<String>,
+    /// What the revert does to each row: an update, or, for a job that deleted its rows,
+    /// a restore of them (and for a restore, a delete or a move again).
+    pub(crate) action: Asked,
 }
 
 impl RevertTerms {

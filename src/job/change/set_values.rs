@@ -2,7 +2,7 @@
 //! statement that changes every item whose row still matches it, and returns each
 //! changed row's guard value now; reverted by setting back what the rows held before.
 
-use super::{guarded_rows, item_values, set_expressions, RevertTerms};
+use super::{guarded_rows, item_values, set_expressions, Asked, RevertTerms};
 use crate::error::{BatchError, Result};
 use crate::job::definition::Definition;
 use crate::job::rules::columns::scalar_text;
@@ -299,6 +299,7 @@ fn set_back(
             .cloned()
             .collect(),
         expressions: again,
+        action: Asked::Update,
     })
 }
 

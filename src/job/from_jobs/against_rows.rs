@@ -129,6 +129,8 @@ pub enum LeftOutBecause {
     Gone,
     /// Its key now names a row of another tenant than the job's.
     AnotherTenant,
+    /// For a restore: a row has its key again, which the row put back would take.
+    Taken,
 }
 
 impl LeftOutBecause {
@@ -138,6 +140,7 @@ impl LeftOutBecause {
             LeftOutBecause::Drifted => "drifted",
             LeftOutBecause::Gone => "gone",
             LeftOutBecause::AnotherTenant => "another tenant",
+            LeftOutBecause::Taken => "taken",
         }
     }
 
@@ -146,14 +149,16 @@ impl LeftOutBecause {
         match state {
             "gone" => LeftOutBecause::Gone,
             "another tenant" => LeftOutBecause::AnotherTenant,
+            "taken" => LeftOutBecause::Taken,
             _ => LeftOutBecause::Drifted,
         }
     }
 
-    pub const ALL: [LeftOutBecause; 3] = [
+    pub const ALL: [LeftOutBecause; 4] = [
         LeftOutBecause::Drifted,
         LeftOutBecause::Gone,
         LeftOutBecause::AnotherTenant,
+        LeftOutBecause::Taken,
     ];
 }
 

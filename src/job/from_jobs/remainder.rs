@@ -17,7 +17,7 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{self, item_values, move_rows, set_expressions, Asked};
+use crate::job::change::{self, item_values, move_rows, restore, set_expressions, Asked};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -85,7 +85,9 @@ pub fn register_remainder(req: Remainder) -> Result<Registered> {
         &req.new_job_id,
         &req.job_id,
         &found.left_out,
-        (drifted > 0).then(|| {
+        // a restore's drifted items are rows changed in the archive, which no state now
+        // approves
+        (drifted > 0 && def.restores.is_none()).then(|| {
             format!(
                 "etc_batch.register_remainder({}, 'new job id', include_drifted => true) approves the drifted ones at their rows' state now.",
                 quote_literal(&req.job_id)
@@ -183,6 +185,12 @@ fn register_items(req: &Remainder, def: &Definition, found: &Sorted) -> Result<R
             Asked::Move(move_rows::archive_oid(&archive)?),
             keep,
         ),
+        Action::Restore { archive } => (
+            None,
+            None,
+            Asked::Restore(archive.as_deref().map(move_rows::archive_oid).transpose()?),
+            true,
+        ),
     };
     let items: Vec<&str> = found.approved.iter().map(|(_, i)| i.as_str()).collect();
     register::register(Request {
@@ -218,6 +226,18 @@ fn remaining_items(
     listing_args: Vec<pgrx::datum::DatumWithOid<'static>>,
     include_drifted: bool,
 ) -> Result<Sorted> {
+    if let Some(restoring) = &def.restores {
+        // the rows still to put back, against their keys now (a key taken is left out,
+        // whatever include_drifted says: the row in the way is not the job's)
+        let against = restore::against_rows_sql(
+            target,
+            restoring.archive.as_deref(),
+            restore::RowsFrom::Items,
+        );
+        return crate::settings::stable_output_if(true, || {
+            against_rows::sort(def, target, listing, listing_args, &against, &[], &[])
+        });
+    }
     let constants = Constants::new(def.set_values.as_ref(), &def.expect).args(target)?;
     against_rows::sort(
         def,

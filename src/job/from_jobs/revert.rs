@@ -18,7 +18,9 @@
 
 use crate::error::{BatchError, Result};
 use crate::installed;
-use crate::job::change::{handler, item_values, set_expressions, Asked, KindOfChange, RevertTerms};
+use crate::job::change::{
+    handler, item_values, restore, set_expressions, Asked, KindOfChange, RevertTerms,
+};
 use crate::job::definition::Definition;
 use crate::job::from_jobs::against_rows::{self, LeftOut, LeftOutBecause, Sorted};
 use crate::job::lifecycle;
@@ -114,12 +116,19 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
             if found.left_out.is_empty() {
                 "It has committed no change yet.".to_string()
             } else {
-                format!(
-                    "Every item it changed names a row that drifted since ({}), is gone ({}) or is another tenant's ({}).",
-                    found.count(LeftOutBecause::Drifted),
-                    found.count(LeftOutBecause::Gone),
-                    found.count(LeftOutBecause::AnotherTenant)
-                )
+                match terms.action {
+                    Asked::Restore(_) => format!(
+                        "Every row it deleted has its key taken again ({}), or is no longer in the archive as it was moved ({}).",
+                        found.count(LeftOutBecause::Taken),
+                        found.count(LeftOutBecause::Drifted)
+                    ),
+                    _ => format!(
+                        "Every item it changed names a row that drifted since ({}), is gone ({}) or is another tenant's ({}).",
+                        found.count(LeftOutBecause::Drifted),
+                        found.count(LeftOutBecause::Gone),
+                        found.count(LeftOutBecause::AnotherTenant)
+                    ),
+                }
             },
         ));
     }
@@ -143,18 +152,26 @@ pub fn register_revert(req: Revert) -> Result<Registered> {
         key_column: None,
         key_columns: Some(def.key.columns().to_vec()),
         tenant_column: def.tenant.as_ref().map(|(_, c)| c.clone()),
-        revision_column: def.guard.column().map(str::to_string),
-        guard: Some(def.guard.kind().to_string()),
+        // a restore is guarded by every column of the rows it puts back, which no revision
+        // or digest of a row gone names
+        revision_column: match terms.action {
+            Asked::Restore(_) => None,
+            _ => def.guard.column().map(str::to_string),
+        },
+        guard: Some(match terms.action {
+            Asked::Restore(_) => "columns".to_string(),
+            _ => def.guard.kind().to_string(),
+        }),
         handler: terms.inverse,
         parallel: req.parallel.unwrap_or(def.parallel),
         on_drift: def.on_drift,
         record_before: false,
         set_from_items: terms.from_items,
-        action: Asked::Update,
+        action: terms.action,
         keep_deleted: true,
         set_expressions: set_expressions::as_argument(&terms.expressions),
     })?;
-    if def.guard == Guard::Row {
+    if def.guard == Guard::Row && !matches!(terms.action, Asked::Restore(_)) {
         // the revert took its digests in a statement of its own, after the rows were read
         // against the audit: a row changed in between is not the one the job left
         let moved = as_role(owner, || {
@@ -279,6 +296,21 @@ fn registered_again(req: &Revert, owner: pg_sys::Oid) -> Result<Registered> {
 /// The job's committed items, each read against its row now as the revert would expect
 /// it: approved again, or left out as drifted or gone.
 fn classify(def: &Definition, target: &Target, terms: &RevertTerms) -> Result<Sorted> {
+    if let Asked::Restore(_) = terms.action {
+        // the rows the job deleted, kept with its audit, against their keys now
+        let archive = def.deletes.as_ref().and_then(|d| d.archive.as_deref());
+        return crate::settings::stable_output_if(true, || {
+            against_rows::sort(
+                def,
+                target,
+                restore::KEPT_ITEMS,
+                Vec::new(),
+                &restore::against_rows_sql(target, archive, restore::RowsFrom::Kept),
+                &[],
+                &[],
+            )
+        });
+    }
     let constants = Constants::new(None, &terms.expect);
     let against = against_rows_sql(
         def,

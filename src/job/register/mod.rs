@@ -294,10 +294,13 @@ fn register_now(mut req: Request) -> Result<Registered> {
     change::check_constraints(&target, req.target, &action)?;
     let handler = match &action {
         Action::Handler(name) => req.handler.map(|oid| (oid, name.as_str())),
-        Action::Set(_) | Action::Delete { .. } | Action::Move { .. } => None,
+        Action::Set(_) | Action::Delete { .. } | Action::Move { .. } | Action::Restore { .. } => {
+            None
+        }
     };
     let archive = match req.action {
         Asked::Move(archive) => Some(archive),
+        Asked::Restore(archive) => archive,
         Asked::Update | Asked::Delete => None,
     };
     let assigned = change::updated_columns(&action, &expressions, &req.set_from_items);
@@ -718,6 +721,7 @@ fn check_privileges(
             .filter(|_| matches!(action, Action::Set(_))),
     );
     let deletes = matches!(action, Action::Delete { .. } | Action::Move { .. });
+    let restores = matches!(action, Action::Restore { .. });
     query::row_reader! {
         struct Privileges {
             may_select: bool = false,
@@ -726,6 +730,8 @@ fn check_privileges(
             may_lock: bool = false,
             may_delete: bool = false,
             may_archive: bool = false,
+            may_insert: bool = false,
+            may_take_back: bool = false,
         }
     }
     let Privileges {
@@ -735,6 +741,8 @@ fn check_privileges(
         may_lock,
         may_delete,
         may_archive,
+        may_insert,
+        may_take_back,
     } = query::row(
         sql::PRIVILEGES,
         &[
@@ -752,6 +760,8 @@ fn check_privileges(
         may_lock: false,
         may_delete: false,
         may_archive: false,
+        may_insert: false,
+        may_take_back: false,
     });
     let denied = |message: String, detail: &str| {
         Err(BatchError::PermissionDenied {
@@ -778,6 +788,24 @@ fn check_privileges(
         return denied(
             format!("permission denied for table {archive}"),
             "A job that moves its rows inserts them into the archive with the privileges of the role that registers it, which needs INSERT on the archive.",
+        );
+    }
+    if restores && !may_insert {
+        return denied(
+            format!("permission denied for table {display}"),
+            "A revert of a job that deleted its rows inserts them again with the privileges of the role that registers it, which needs INSERT on the target.",
+        );
+    }
+    if let (
+        Action::Restore {
+            archive: Some(archive),
+        },
+        false,
+    ) = (action, may_take_back)
+    {
+        return denied(
+            format!("permission denied for table {archive}"),
+            "A revert of a move takes its rows back from the archive with the privileges of the role that registers it, which needs SELECT and DELETE on the archive.",
         );
     }
     if handler.is_some() && !may_lock {
@@ -810,12 +838,16 @@ fn insert_job(
 ) -> Result<()> {
     let set_values = match &terms.action {
         Action::Set(values) => Some(canonical_object(values)),
-        Action::Handler(_) | Action::Delete { .. } | Action::Move { .. } => None,
+        Action::Handler(_)
+        | Action::Delete { .. }
+        | Action::Move { .. }
+        | Action::Restore { .. } => None,
     };
     let (action, archive, keep) = match &terms.action {
         Action::Set(_) | Action::Handler(_) => ("update", None, true),
         Action::Delete { keep } => ("delete", None, *keep),
         Action::Move { archive, keep } => ("move", Some(archive.as_str()), *keep),
+        Action::Restore { archive } => ("restore", archive.as_deref(), true),
     };
     query::run(
         sql::INSERT_JOB,

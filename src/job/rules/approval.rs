@@ -443,6 +443,12 @@ pub enum Action {
         archive: String,
         keep: bool,
     },
+    /// Insert the row again, as a delete or a move kept it, where its key is free (a
+    /// revert of that job); for a move, taken back from `archive`, where it still is as
+    /// it was moved.
+    Restore {
+        archive: Option<String>,
+    },
 }
 
 /// What a registration approves besides its items: compared first when the same job id
@@ -549,6 +555,12 @@ impl Fingerprint {
                 f.field("action", "move");
                 f.field("archive", archive);
                 f.field("keep_deleted", &keep.to_string());
+            }
+            Action::Restore { archive } => {
+                f.field("action", "restore");
+                if let Some(archive) = archive {
+                    f.field("archive", archive);
+                }
             }
         }
         f.field("expect", &canonical_object(&terms.expect));
@@ -790,6 +802,10 @@ fn describe_action(action: &Action) -> String {
         Action::Handler(name) => format!("handler {name}"),
         Action::Delete { keep } => format!("delete{}", kept(*keep)),
         Action::Move { archive, keep } => format!("move to {archive}{}", kept(*keep)),
+        Action::Restore { archive: None } => "restore of the rows deleted".to_string(),
+        Action::Restore {
+            archive: Some(archive),
+        } => format!("restore of the rows moved to {archive}"),
     }
 }
 

@@ -75,6 +75,27 @@ pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
     (detail, problem(row.clone()))
 }
 
+/// What stopped a restore (a revert of a job that deleted its rows) at item `e`: a row
+/// that has its key again (`row`), or, restoring a move, its row no longer in the
+/// archive as it was moved; and the problem, as `describe` gives it.
+pub fn describe_restore(e: &Expected, row: Option<&Value>) -> (String, Value) {
+    let at = format!(
+        "Item {} (the {} of {} approved items)",
+        e.key,
+        ordinal(e.position + 1),
+        e.item_count
+    );
+    let detail = match row {
+        Some(_) => format!("{at} was to be put back, but a row has its key again."),
+        None => format!(
+            "{at} was to be taken back from the archive, but its row is no longer there as it was moved."
+        ),
+    };
+    let problem = json!({"position": e.position, "key": e.key,
+                         "expected": "no row of its key", "found": row.cloned().unwrap_or(Value::Null)});
+    (detail, problem)
+}
+
 /// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ...
 pub fn ordinal(n: i32) -> String {
     let suffix = match (n % 10, n % 100) {

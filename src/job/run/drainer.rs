@@ -93,7 +93,6 @@ impl Drainer {
         }
         def.require_tables()?;
         let target = def.target()?;
-        let items = def.tables.items();
         let constants = Constants::new(def.set_values.as_ref(), &def.expect)
             .with_item_values(&def.set_from_items);
         let bounds = target.bounds_chunks();
@@ -103,12 +102,7 @@ impl Drainer {
             activity: Activity::begin(),
             kind,
             change_sql,
-            mismatch_sql: target.mismatches_sql(
-                items,
-                def.chunk_size,
-                &def.guard_columns,
-                &constants,
-            ),
+            mismatch_sql: kind.mismatches_sql(&def, &target, &constants),
             item_sql: def.tables.sql(sql::ITEM),
             items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
             row_sql: target.current_row_sql(),

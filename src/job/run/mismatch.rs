@@ -5,7 +5,7 @@
 use super::drainer::Drainer;
 use super::ending::Round;
 use crate::error::{BatchError, Result};
-use crate::job::change::item_values;
+use crate::job::change::{item_values, KindOfChange};
 use crate::job::rules::approval::{parse_object, OnDrift};
 use crate::job::rules::conflict::{self, Expected};
 use crate::job::run::checkpoint;
@@ -173,7 +173,10 @@ impl Drainer {
         // A row serde_json cannot read (a jsonb column nested deeper than it reads) is
         // reported as its text, so that the conflict is still recorded.
         let row = row.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
-        let (detail, problem) = conflict::describe(&expected, row.as_ref());
+        let (detail, problem) = match self.kind {
+            KindOfChange::Restore => conflict::describe_restore(&expected, row.as_ref()),
+            _ => conflict::describe(&expected, row.as_ref()),
+        };
         self.stop(JobStatus::Conflict, &detail, problem)
     }
 }
