@@ -10,7 +10,8 @@ and through PgBouncer) while other clients work on the same rows.
 - A partitioned table purged (action delete) or moved to an archive (action move) in
   parallel by three clients killed at random, while the application holds rows ahead of
   the drain: a held row is never deleted; every other approved row deleted once, moved
-  once, and kept whole with the audit.
+  once, and kept whole with the audit. Its revert, drained the same way while the
+  application takes some deleted keys again, puts every other row back exactly once.
 - A partitioned table backfilled, computed from the row (set_expressions) or from a
   join (set_from_query), in parallel by three clients killed at random while the
   application holds rows: a held row is never changed; every other approved row
@@ -159,11 +160,12 @@ def lingering(pg, name, event):
     """Each statement of `event` (UPDATE, DELETE) on table `name`, and so each chunk's,
     lingers before its commit, where most kills land."""
     pg.admin.execute(sql.SQL(
-        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "PERFORM pg_sleep(0.08); RETURN NULL; END $$").format(fn=sql.Identifier(f"{name}_linger")))
     pg.admin.execute(sql.SQL(
-        "CREATE TRIGGER linger AFTER {} ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
-            sql.SQL(event), sql.Identifier(name), sql.Identifier(f"{name}_linger")))
+        "CREATE TRIGGER {} AFTER {} ON {} FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
+            sql.Identifier(f"linger_{event.lower()}"), sql.SQL(event), sql.Identifier(name),
+            sql.Identifier(f"{name}_linger")))
 
 
 def record_status_changes(pg, name):
@@ -428,6 +430,56 @@ def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_
     gone = "deleted by the job" if action == "delete" else "moved to the archive"
     assert states == Counter({gone: len(deletes), "skipped": len(skipped_ids)}), SEED
     checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (job,)).fetchall()
+    assert checks and all(ok for _, ok in checks), checks
+
+    # the revert, drained the same way while the application takes some of the deleted
+    # keys again: every other deleted row put back exactly once, as it was (a move's
+    # taken out of the archive), a taken key never overwritten
+    inserted = sql.Identifier(f"{name}_inserts")
+    pg.admin.execute(sql.SQL("CREATE TABLE {} (id bigint, state text)").format(inserted))
+    pg.admin.execute(sql.SQL(
+        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {c} VALUES (NEW.id, NEW.state); RETURN NULL; END $$").format(
+            fn=sql.Identifier(f"{name}_count_inserts"), c=inserted))
+    pg.admin.execute(sql.SQL(
+        "CREATE TRIGGER inserted AFTER INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
+            t, sql.Identifier(f"{name}_count_inserts")))
+    lingering(pg, name, "INSERT")
+    back = tag("unpurge_job")
+    r = pg.admin.execute("SELECT items FROM etc_batch.register_revert(%s, %s)", (job, back)).fetchone()
+    assert r == (len(deletes),)
+    taken, stop = [], threading.Event()
+
+    def application():
+        conn = pg.direct()
+        while not stop.is_set():
+            i = rng.choice(sorted(deletes))
+            if conn.execute(sql.SQL("INSERT INTO {} (at, id, state, body) VALUES (%s, %s, 'new', '{{}}') "
+                                    "ON CONFLICT DO NOTHING").format(t), (before[i][0], i)).rowcount:
+                taken.append(i)
+            time.sleep(0.05)
+
+    app = threading.Thread(target=application, daemon=True)
+    app.start()
+    try:
+        drain_while_killed(pg, back, rng)
+    finally:
+        stop.set()
+        app.join(30)
+    restored = Counter(r[0] for r in pg.admin.execute(
+        sql.SQL("SELECT id FROM {} WHERE state <> 'new'").format(inserted)))
+    assert taken and set(restored.values()) == {1}, SEED
+    assert set(restored) == set(deletes) - set(taken), SEED
+    rows = {r[1]: r for r in pg.admin.execute(sql.SQL("SELECT at, id, state, body FROM {}").format(t))}
+    assert all(rows[i] == before[i] for i in restored), SEED
+    assert all(rows[i][2] == "new" for i in taken), SEED
+    if action == "move":
+        archived = Counter(r[0] for r in pg.admin.execute(sql.SQL("SELECT id FROM {}").format(archive)))
+        assert archived == Counter(set(taken)), SEED
+    states = Counter(r[0] for r in pg.admin.execute(
+        "SELECT state FROM etc_batch.job_report(%s)", (back,)))
+    assert states == Counter({"matching": len(restored), "skipped": len(set(taken))}), SEED
+    checks = pg.admin.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)", (back,)).fetchall()
     assert checks and all(ok for _, ok in checks), checks
 
 
