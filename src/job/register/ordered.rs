@@ -175,10 +175,13 @@ impl SqlOrder<'_> {
             };
             format!(
                 "SELECT {} AS item_key, {} AS revision, {guards} AS guards, \
-                 pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank, t IS NULL AS names_no_row\n  \
+                 pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank, t.{} IS NULL AS names_no_row\n  \
                  FROM {source}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
                 self.canonical("s.k"),
                 if by_digest { s.guard_now() } else { "s.r".to_string() },
+                // a column of the key, never NULL in a row the join found: not the whole
+                // row, which every row sorted would carry
+                quote_identifier(&s.key.columns()[0]),
                 t.sql_name,
                 joins.join(" AND "),
             )

@@ -95,7 +95,10 @@ impl Drainer {
         let target = def.target()?;
         let constants = Constants::new(def.set_values.as_ref(), &def.expect)
             .with_item_values(&def.set_from_items);
-        let bounds = target.bounds_chunks();
+        // a plan shared by every chunk probes the key's index once per item; the key
+        // range bounds only a chunk planned for its own items, which may read it whole
+        let bounds =
+            target.bounds_chunks() && planning(def.chunk_size) == query::Planning::ForTheValues;
         let kind = KindOfChange::of(&def);
         let change_sql = kind.chunk_sql(&def, &target, &constants, bounds);
         Ok(Drainer {
