@@ -56,7 +56,7 @@ BEGIN
     DROP FUNCTION etc_batch.revert_preview(text, regprocedure);
     CREATE FUNCTION etc_batch.revert_preview(job_id text, inverse regprocedure DEFAULT NULL)
     RETURNS TABLE (items integer, drifted integer, gone integer, another_tenant integer,
-                   set_back jsonb, set_back_per_item text[], expected jsonb, inverse text)
+                   taken integer, set_back jsonb, set_back_per_item text[], expected jsonb, inverse text)
     VOLATILE PARALLEL UNSAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'revert_preview_wrapper';
     FOREACH g IN ARRAY COALESCE(grantees, '{}') LOOP
@@ -69,7 +69,7 @@ RETURNS TABLE ("position" integer, item_key text, state text)
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'revert_preview_left_out_wrapper';
 COMMENT ON FUNCTION etc_batch.revert_preview(text, regprocedure) IS
-    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted, are gone or are another tenant''s since (their keys from revert_preview_left_out), which columns go back to which values (set_back) or each to its row''s own value recorded before the change (set_back_per_item), and what every row must still hold (expected).';
+    'What register_revert would register, registering nothing: how many committed items it would set back, how many drifted, are gone or are another tenant''s since (for a revert of a delete or a move: how many keys a row has taken again), their keys from revert_preview_left_out, which columns go back to which values (set_back) or each to its row''s own value recorded before the change (set_back_per_item), and what every row must still hold (expected).';
 REVOKE ALL ON FUNCTION etc_batch.revert_preview(text, regprocedure) FROM PUBLIC;
 COMMENT ON FUNCTION etc_batch.revert_preview_left_out(text, regprocedure) IS
     'The committed items of a job that register_revert would leave out now, one row each in their order in the job: position, key, and whether its row drifted, is gone or its key names another tenant''s row.';

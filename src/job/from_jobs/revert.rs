@@ -50,6 +50,8 @@ pub struct Preview {
     pub drifted: i32,
     pub gone: i32,
     pub another_tenant: i32,
+    /// For a revert of a job that deleted its rows: those whose key a row has again.
+    pub taken: i32,
     pub set_back: Option<Value>,
     /// The columns set back to each row's own value, recorded before the change.
     pub set_back_per_item: Vec<String>,
@@ -67,6 +69,7 @@ pub fn preview(job_id: &str, inverse: Option<pg_sys::Oid>) -> Result<Preview> {
         drifted: found.count(LeftOutBecause::Drifted),
         gone: found.count(LeftOutBecause::Gone),
         another_tenant: found.count(LeftOutBecause::AnotherTenant),
+        taken: found.count(LeftOutBecause::Taken),
         set_back: terms.set_back.map(object),
         set_back_per_item: terms.from_items,
         expected: object(terms.expect),

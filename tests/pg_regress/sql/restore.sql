@@ -29,7 +29,7 @@ SELECT count(*) AS left_in_table FROM sessions;
 -- the application takes one deleted key again before the revert: that row is left out
 INSERT INTO sessions (id, user_name, last_seen)
 VALUES ('00000000-0000-0000-0000-000000000004', 'someone else', '2026-06-01');
-SELECT items, drifted, gone FROM etc_batch.revert_preview('purge');
+SELECT items, drifted, gone, taken FROM etc_batch.revert_preview('purge');
 SELECT * FROM etc_batch.revert_preview_left_out('purge');
 SELECT * FROM etc_batch.register_revert('purge', 'purge-back');
 SELECT job_id, action, guard, status FROM etc_batch.job WHERE job_id LIKE 'purge%' ORDER BY job_id;
