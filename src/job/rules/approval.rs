@@ -59,7 +59,12 @@ impl Guards {
             out.push('"');
             out.push_str(column);
             out.push_str("\": ");
-            out.push_str(value);
+            if value.starts_with('{') {
+                // a nested flat object, put in order the same way
+                out.push_str(Guards::read(value).canonical());
+            } else {
+                out.push_str(value);
+            }
         }
         out.push('}');
         Guards(out)
@@ -109,8 +114,21 @@ impl FromIterator<(String, Value)> for Guards {
 /// The entries of a JSON object in text whose every key and value is already in its
 /// canonical spelling, as raw slices of `text`: keys without escapes, and values that
 /// are strings without escapes, integers without leading zeros (not -0), true, false
-/// or null. None for any other text, which is read the long way.
+/// or null, or (`nested`) an object of such values, as the values recorded before a
+/// change are kept (change/item_values.rs). None for any other text, which is read the
+/// long way.
 pub fn flat_entries(text: &str) -> Option<Vec<(&str, &str)>> {
+    let (entries, end) = object_at(text, 0, true)?;
+    let rest = &text.as_bytes()[end..];
+    rest.iter()
+        .all(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        .then_some(entries)
+}
+
+/// The flat object (flat_entries) that begins at `start` in `text`, after any spaces:
+/// its entries, and where it ends, past its closing brace. `nested`: whether a value may
+/// be a flat object itself (one level).
+fn object_at(text: &str, start: usize, nested: bool) -> Option<(Vec<(&str, &str)>, usize)> {
     let b = text.as_bytes();
     let skip_space = |at: &mut usize| {
         while *at < b.len() && matches!(b[*at], b' ' | b'\t' | b'\n' | b'\r') {
@@ -127,7 +145,7 @@ pub fn flat_entries(text: &str) -> Option<Vec<(&str, &str)>> {
         (!inside.iter().any(|&c| c == b'\\' || c < 0x20)).then_some(end + 1)
     };
     let mut entries = Vec::new();
-    let mut at = 0;
+    let mut at = start;
     skip_space(&mut at);
     if b.get(at) != Some(&b'{') {
         return None;
@@ -152,6 +170,7 @@ pub fn flat_entries(text: &str) -> Option<Vec<(&str, &str)>> {
             b't' if text[at..].starts_with("true") => at += 4,
             b'f' if text[at..].starts_with("false") => at += 5,
             b'n' if text[at..].starts_with("null") => at += 4,
+            b'{' if nested => at = object_at(text, at, false)?.1,
             b'-' | b'0'..=b'9' => {
                 let negative = b[at] == b'-';
                 let digits = at + usize::from(negative);
@@ -176,9 +195,7 @@ pub fn flat_entries(text: &str) -> Option<Vec<(&str, &str)>> {
             _ => return None,
         }
     }
-    at += 1;
-    skip_space(&mut at);
-    (at == b.len()).then_some(entries)
+    Some((entries, at + 1))
 }
 
 impl Shape {
@@ -1065,6 +1082,13 @@ mod tests {
             r#"{"b": 1, "a": "x", "ab": -12, "A": true, "c": false, "d": null}"#,
             r#"{ "qty" :3 ,"name":"ä ü"}"#,
             r#"{"qty": 0}"#,
+            // the values recorded before a change, one object deep
+            r#"{"region": "eu", "": {"region": null}}"#,
+            r#"{"": {"b": 2, "a": "x"}, "z": 1}"#,
+            r#"{"": {}, "a": 1}"#,
+            r#"{"": {"a": 1, "a": 2}}"#,
+            r#"{"": {"b": 2.0}, "z": 1}"#,
+            r#"{"x": {"y": {"z": 1}}}"#,
             // read the long way: not flat, or not in canonical spelling
             r#"{"qty": -0}"#,
             r#"{"qty": 2.0, "n": 1e2}"#,
@@ -1093,6 +1117,12 @@ mod tests {
         );
         assert!(flat_entries(r#"{"qty": 2, "name": "x"}"#).is_some());
         assert!(flat_entries(r#"{"qty": 2.5}"#).is_none());
+        assert!(flat_entries(r#"{"": {"region": null}, "region": "eu"}"#).is_some());
+        assert!(flat_entries(r#"{"x": {"y": {"z": 1}}}"#).is_none());
+        assert_eq!(
+            Guards::read(r#"{"region": "eu", "": {"b": 2, "a": null}}"#).canonical(),
+            r#"{"": {"a": null, "b": 2}, "region": "eu"}"#
+        );
     }
 
     use serde_json::json;
