@@ -129,31 +129,43 @@ def by_month(pg, name):
                 sql.Literal(f"2026-0{month}-01 00:00+00"), sql.Literal(f"2026-0{month + 1}-01 00:00+00")))
 
 
+def application(pg, act, pause=0.02):
+    """Starts the application: on a connection of its own, `act(conn)` every `pause`
+    seconds until stopped, each id it returns (None: nothing done) kept. Returns the ids,
+    and what stops it."""
+    done, stop = [], threading.Event()
+
+    def work():
+        conn = pg.direct()
+        while not stop.is_set():
+            i = act(conn)
+            if i is not None:
+                done.append(i)
+            time.sleep(pause)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+
+    def stopped():
+        stop.set()
+        thread.join(30)
+
+    return done, stopped
+
+
 def application_holding(pg, t, rng, unchanged=None):
     """Starts the application on table `t`: it holds approved events (every id not a
     multiple of 3, from 'old' to 'held'), one at random every 20 ms, until stopped; with
     `unchanged(id)`, an SQL condition and its parameters, only events it holds. Returns
     the ids held, and what stops it."""
-    held, stop = [], threading.Event()
+    def hold(conn):
+        i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
+        extra, params = unchanged(i) if unchanged else (sql.SQL(""), ())
+        held = conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old'{}")
+                            .format(t, extra), (i, *params)).rowcount
+        return i if held else None
 
-    def application():
-        conn = pg.direct()
-        while not stop.is_set():
-            i = rng.choice([i for i in range(1, 3001) if i % 3 != 0])
-            extra, params = unchanged(i) if unchanged else (sql.SQL(""), ())
-            if conn.execute(sql.SQL("UPDATE {} SET state = 'held' WHERE id = %s AND state = 'old'{}")
-                            .format(t, extra), (i, *params)).rowcount:
-                held.append(i)
-            time.sleep(0.02)
-
-    app = threading.Thread(target=application, daemon=True)
-    app.start()
-
-    def stopped():
-        stop.set()
-        app.join(30)
-
-    return held, stopped
+    return application(pg, hold)
 
 
 def lingering(pg, name, event):
@@ -448,24 +460,17 @@ def test_a_partitioned_table_purged_in_parallel_while_the_application_works_and_
     back = tag("unpurge_job")
     r = pg.admin.execute("SELECT items FROM etc_batch.register_revert(%s, %s)", (job, back)).fetchone()
     assert r == (len(deletes),)
-    taken, stop = [], threading.Event()
+    def take(conn):
+        i = rng.choice(sorted(deletes))
+        inserted = conn.execute(sql.SQL("INSERT INTO {} (at, id, state, body) VALUES (%s, %s, 'new', '{{}}') "
+                                        "ON CONFLICT DO NOTHING").format(t), (before[i][0], i)).rowcount
+        return i if inserted else None
 
-    def application():
-        conn = pg.direct()
-        while not stop.is_set():
-            i = rng.choice(sorted(deletes))
-            if conn.execute(sql.SQL("INSERT INTO {} (at, id, state, body) VALUES (%s, %s, 'new', '{{}}') "
-                                    "ON CONFLICT DO NOTHING").format(t), (before[i][0], i)).rowcount:
-                taken.append(i)
-            time.sleep(0.05)
-
-    app = threading.Thread(target=application, daemon=True)
-    app.start()
+    taken, stopped = application(pg, take, pause=0.05)
     try:
         drain_while_killed(pg, back, rng)
     finally:
-        stop.set()
-        app.join(30)
+        stopped()
     restored = Counter(r[0] for r in pg.admin.execute(
         sql.SQL("SELECT id FROM {} WHERE state <> 'new'").format(inserted)))
     assert taken and set(restored.values()) == {1}, SEED

@@ -50,20 +50,21 @@ pub(crate) fn check(target: &Target, archive: Option<pg_sys::Oid>) -> Result<Act
 /// What the revert of a job that deleted (or moved to `archive`) its rows does: put
 /// them back, as a restore, guarded by every column of the row.
 pub(crate) fn of_deleted(archive: Option<pg_sys::Oid>) -> RevertTerms {
-    RevertTerms {
-        set_back: None,
-        from_items: Vec::new(),
-        inverse: None,
-        expressions: BTreeMap::new(),
-        expect: BTreeMap::new(),
-        strip: Vec::new(),
-        action: Asked::Restore(archive),
-    }
+    undone_by(Asked::Restore(archive))
 }
 
 /// What the revert of a restore does: delete the rows it put back (for a move's, move
 /// them to the archive again), each as the restore left it, keeping them.
 pub(crate) fn reverted(archive: Option<pg_sys::Oid>) -> RevertTerms {
+    undone_by(match archive {
+        Some(archive) => Asked::Move(archive),
+        None => Asked::Delete,
+    })
+}
+
+/// A revert by `action`, which sets nothing and expects nothing of a row but its own
+/// guards, every column of it.
+fn undone_by(action: Asked) -> RevertTerms {
     RevertTerms {
         set_back: None,
         from_items: Vec::new(),
@@ -71,10 +72,7 @@ pub(crate) fn reverted(archive: Option<pg_sys::Oid>) -> RevertTerms {
         expressions: BTreeMap::new(),
         expect: BTreeMap::new(),
         strip: Vec::new(),
-        action: match archive {
-            Some(archive) => Asked::Move(archive),
-            None => Asked::Delete,
-        },
+        action,
     }
 }
 

@@ -25,12 +25,7 @@ pub struct Expected<'a> {
 /// The detail message and the problem record for an item whose row did not match.
 /// `row` is the row as to_jsonb(t) gives it, or None when no row of the tenant has the key.
 pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
-    let at = format!(
-        "Item {} (the {} of {} approved items)",
-        e.key,
-        ordinal(e.position + 1),
-        e.item_count
-    );
+    let at = item_at(e);
     let expected = json!({
         "revision": e.revision,
         "guards": Value::Object(e.guards.clone().into_iter().collect::<Map<_, _>>()),
@@ -79,12 +74,7 @@ pub fn describe(e: &Expected, row: Option<&Value>) -> (String, Value) {
 /// that has its key again (`row`), or, restoring a move, its row no longer in the
 /// archive as it was moved; and the problem, as `describe` gives it.
 pub fn describe_restore(e: &Expected, row: Option<&Value>) -> (String, Value) {
-    let at = format!(
-        "Item {} (the {} of {} approved items)",
-        e.key,
-        ordinal(e.position + 1),
-        e.item_count
-    );
+    let at = item_at(e);
     let detail = match row {
         Some(_) => format!("{at} was to be put back, but a row has its key again."),
         None => format!(
@@ -94,6 +84,16 @@ pub fn describe_restore(e: &Expected, row: Option<&Value>) -> (String, Value) {
     let problem = json!({"position": e.position, "key": e.key,
                          "expected": "no row of its key", "found": row.cloned().unwrap_or(Value::Null)});
     (detail, problem)
+}
+
+/// "Item K (the Nth of M approved items)": where a conflict is.
+fn item_at(e: &Expected) -> String {
+    format!(
+        "Item {} (the {} of {} approved items)",
+        e.key,
+        ordinal(e.position + 1),
+        e.item_count
+    )
 }
 
 /// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ...
