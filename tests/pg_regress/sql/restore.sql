@@ -141,15 +141,21 @@ SELECT * FROM etc_batch.register_revert('gone-for-good', 'gone-for-good-back');
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM etc_batch.register_revert('purge-9', 'purge-9-other');
 \echo :LAST_ERROR_SQLSTATE
-CREATE ROLE restore_reader;
-GRANT USAGE ON SCHEMA etc_batch TO restore_reader;
-GRANT EXECUTE ON FUNCTION etc_batch.register_revert(text, text, integer, boolean, regprocedure) TO restore_reader;
-GRANT SELECT, DELETE ON sessions TO restore_reader;
+-- a role that may delete the rows but not insert them again: it registers and drains a
+-- purge of its own, and may not revert it
+CREATE ROLE regress_restore_clerk;
+GRANT USAGE ON SCHEMA etc_batch TO regress_restore_clerk;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA etc_batch TO regress_restore_clerk;
+GRANT EXECUTE ON ALL PROCEDURES IN SCHEMA etc_batch TO regress_restore_clerk;
+GRANT SELECT, DELETE ON sessions TO regress_restore_clerk;
+SET ROLE regress_restore_clerk;
 SELECT * FROM etc_batch.register_job_from_query('purge-7', NULL, 'sessions',
     $$SELECT id FROM sessions WHERE user_name = 'user 7'$$, 3, NULL,
     tenant_column => NULL, revision_column => NULL, action => 'delete');
 CALL etc_batch.drain_job('purge-7');
-SET ROLE restore_reader;
 SELECT * FROM etc_batch.register_revert('purge-7', 'purge-7-back');
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
+SELECT count(*) AS stored FROM etc_batch.job WHERE job_id = 'purge-7-back';
+DROP OWNED BY regress_restore_clerk;
+DROP ROLE regress_restore_clerk;
