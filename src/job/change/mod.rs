@@ -348,6 +348,13 @@ impl KindOfChange {
         }
     }
 
+    /// Whether the chunk's statement reads the target by its key, joined to the chunk's
+    /// items, and is planned to (run/drainer.rs, `changing`): a restore inserts, and
+    /// reads an archive that may have no index at all.
+    pub(crate) fn reads_the_target_by_key(self) -> bool {
+        self.is_guarded_update() && self != KindOfChange::Restore
+    }
+
     /// Whether the chunk's statement is etc_batch's own guarded UPDATE, planned as a
     /// chunk is best run and bound with the chunk's values; a handler reads the chunk's
     /// items itself, and its own statements are planned as it plans them.

@@ -251,10 +251,14 @@ pub(crate) fn chunk_sql(
     let (found, from, taken) = match archive {
         None => (String::new(), "it".to_string(), String::new()),
         Some(archive) => {
+            // the archive read once for the chunk, joined to its items by their keys (an
+            // index on the archive's key columns lets it probe instead); every copy of a
+            // row locked, one taken out
             (
                 format!(
-                    ",\nfound AS MATERIALIZED (\n  SELECT it.position, f.at FROM it,\n   \
-                     LATERAL (SELECT a.ctid AS at FROM {archive} AS a WHERE {} LIMIT 1 FOR UPDATE OF a) f)",
+                    ",\nlocked AS MATERIALIZED (\n  SELECT it.position, a.ctid AS at FROM it JOIN {archive} AS a ON {}\n   \
+                     FOR UPDATE OF a),\n\
+                     found AS (SELECT l.position, pg_catalog.min(l.at) AS at FROM locked l GROUP BY l.position)",
                     archived_as_item(target)
                 ),
                 "it JOIN found f ON f.position OPERATOR(pg_catalog.=) it.position".to_string(),

@@ -146,7 +146,7 @@ impl Drainer {
     /// whole, once per item. A handler's own statements are planned as it plans them.
     pub(super) fn changing<R>(&self, work: impl FnOnce() -> R) -> R {
         let mut extra = Vec::with_capacity(3 + crate::settings::STABLE_OUTPUT.len());
-        if self.kind.is_guarded_update() {
+        if self.kind.reads_the_target_by_key() {
             // the change reads the target by its key's index, whatever its statistics
             // say; and a plan shared by every chunk, which cannot know how a chunk's
             // items lie in their key range, probes the index once per item, which costs
