@@ -253,12 +253,14 @@ install_packaged() {
 }
 
 # released_tree VERSION: the source tree of released VERSION, from the commit
-# sql/released/SOURCES names, in target/released/VERSION; prints its path.
+# sql/released/SOURCES names, in target/released/VERSION-pgMAJOR; prints its path. A
+# tree of its own for each major: the packages for 17, built in the background, take
+# theirs while the run on 15 builds its own.
 released_tree() {
     local version=$1 commit dir
     commit=$(awk -v v="$version" '$1 == v { print $2 }' "$ROOT/sql/released/SOURCES")
     [ -n "$commit" ] || { echo "sql/released/SOURCES names no commit for etc_batch $version" >&2; return 1; }
-    dir="$ROOT/target/released/$version"
+    dir="$ROOT/target/released/$version-pg${PG_MAJOR:-any}"
     rm -rf "$dir" && mkdir -p "$dir"
     git -C "$ROOT" archive "$commit" | tar -x -C "$dir"
     # The files carry the commit's times: newer times make cargo build them again in the
@@ -270,8 +272,10 @@ released_tree() {
 }
 
 # Where released versions are built: a target directory of their own, since in the
-# current build's, cargo would build them with its features and replace its library.
-released_target() { echo "${CARGO_TARGET_DIR:-$ROOT/target}/released-build"; }
+# current build's, cargo would build them with its features and replace its library;
+# one for each major, since the build for 17 in the background would replace the
+# library the package for 15 is taking.
+released_target() { echo "${CARGO_TARGET_DIR:-$ROOT/target}/released-build-pg${PG_MAJOR:-any}"; }
 
 # install_released VERSION: builds and installs the library and install script of a
 # released version (released_tree), so that a database can be created at that version as
