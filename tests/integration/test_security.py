@@ -1960,7 +1960,7 @@ def test_set_expressions_cannot_smuggle_statements_reads_or_privileges(db, roles
     db.admin.execute(sql.SQL(
         "GRANT EXECUTE ON FUNCTION etc_batch.register_job(text, text, regclass, jsonb, "
         "integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, "
-        "boolean, jsonb, text, regclass, boolean) TO {}").format(c))
+        "boolean, jsonb, text, regclass, boolean, name[]) TO {}").format(c))
     db.admin.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(ident(bills), c))
     db.admin.execute(sql.SQL("GRANT UPDATE (cents, st) ON {} TO {}").format(ident(bills), c))
 
