@@ -106,19 +106,24 @@ fn item_object(target: &Target, row: &str) -> String {
 /// SQL: the archive's row `a` is the row `row` as it was moved: the key's columns equal,
 /// every other column not distinct (a type without equality compared as its text).
 fn archived_as(target: &Target, row: &str) -> String {
+    archive_matches(target, |c| format!("({row}).{}", quote_identifier(&c.name)))
+}
+
+/// SQL: the archive's row `a` holds, column by column, the values `value` reads: the
+/// key's columns equal, every other not distinct (a type without equality compared as
+/// its text).
+fn archive_matches(target: &Target, value: impl Fn(&Column) -> String) -> String {
     let s = &target.shape;
     s.columns
         .in_order()
         .map(|c| {
-            let col = quote_identifier(&c.name);
+            let (col, value) = (quote_identifier(&c.name), value(c));
             if s.key.columns().contains(&c.name) {
-                format!("a.{col} OPERATOR(pg_catalog.=) ({row}).{col}")
+                format!("a.{col} OPERATOR(pg_catalog.=) {value}")
             } else if c.kind == Kind::Other {
-                format!(
-                    "a.{col}::pg_catalog.text IS NOT DISTINCT FROM ({row}).{col}::pg_catalog.text"
-                )
+                format!("a.{col}::pg_catalog.text IS NOT DISTINCT FROM ({value})::pg_catalog.text")
             } else {
-                format!("a.{col} IS NOT DISTINCT FROM ({row}).{col}")
+                format!("a.{col} IS NOT DISTINCT FROM {value}")
             }
         })
         .collect::<Vec<_>>()
@@ -289,22 +294,7 @@ pub(crate) fn chunk_sql(
 /// SQL: the archive's row `a` is item `it`'s row as it was moved (archived_as, with each
 /// value read from the item as the restore inserts it).
 fn archived_as_item(target: &Target) -> String {
-    let s = &target.shape;
-    s.columns
-        .in_order()
-        .map(|c| {
-            let col = quote_identifier(&c.name);
-            let value = restored_value(target, c);
-            if s.key.columns().contains(&c.name) {
-                format!("a.{col} OPERATOR(pg_catalog.=) {value}")
-            } else if c.kind == Kind::Other {
-                format!("a.{col}::pg_catalog.text IS NOT DISTINCT FROM ({value})::pg_catalog.text")
-            } else {
-                format!("a.{col} IS NOT DISTINCT FROM {value}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ")
+    archive_matches(target, |c| restored_value(target, c))
 }
 
 /// The items of a restore's chunk that it could not restore, in position order, with
