@@ -82,7 +82,7 @@ debian_copy() {
 # runs. ETC_BATCH_IN_ROOT tells the programs inside that they are inside.
 debian_run() {
     local dir=$1; shift
-    as_root env ETC_BATCH_IN_ROOT="$dir" unshare --mount --propagation private -- bash -c '
+    as_root env -u PGRX_HOME ETC_BATCH_IN_ROOT="$dir" unshare --mount --propagation private -- bash -c '
         set -e
         root=$1 tree=$2 cwd=$3; shift 3
         mount --rbind /dev "$root/dev"

@@ -37,6 +37,11 @@ else
 fi
 PG_CONFIG="$PG_BIN/pg_config"
 PGRX_VERSION=0.18.0
+# pgrx's list of PostgreSQL installations is this tree's own: cargo pgrx test installs
+# into the pg_config that list names, and a shared ~/.pgrx let one clone's tests install
+# into another clone's PostgreSQL while its clusters ran (a root has its own, see
+# debian_run)
+export PGRX_HOME="$ROOT/target/pgrx-home"
 VENV="$ROOT/target/venv"
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pgbouncer
               postgresql-15-cron postgresql-15-partman sudo python3-venv
@@ -105,7 +110,7 @@ ensure_cargo_pgrx() {
     fi
     # pgrx knows every PostgreSQL there is to build for here: 15, and each one unpacked
     ensure_private_pg15
-    local config="${PGRX_HOME:-$HOME/.pgrx}/config.toml" args=(--pg15 "$PG15_CONFIG") major
+    local config="$PGRX_HOME/config.toml" args=(--pg15 "$PG15_CONFIG") major
     for major in 16 18; do
         [ -x "$ROOT/target/pginstall/$major/bin/pg_config" ] \
             && args+=("--pg$major" "$ROOT/target/pginstall/$major/bin/pg_config")
