@@ -62,8 +62,10 @@ fn signature(handler: pg_sys::Oid) -> Result<String> {
 /// handler called once per item whose row passed, in position order, with the item as
 /// jsonb (its key columns, its revision, the tenant, the guards); it returns the row's
 /// new state, or NULL to refuse the item. An item whose row did not pass is not handed
-/// over: its result is NULL and `passed` false. Returns (position, passed, result as
-/// text, key) per item. $1-$3 as set_values' chunk_sql, then the expectations.
+/// over: `given` is NULL and `passed` false. Returns (position, passed, given: whether
+/// the handler returned a state, key) per item; the state itself is never printed, which
+/// for a handler returning its row as jsonb cost as much as the call. $1-$3 as
+/// set_values' chunk_sql, then the expectations.
 ///
 /// The locks come first, the calls after: the handler is volatile, so PostgreSQL calls
 /// it after the sort, which reads every row of the join and so of `passed` first.
@@ -105,7 +107,7 @@ pub(crate) fn chunk_sql(
          SELECT it.position\n  FROM {name} AS t, {items_sql}\n WHERE {matches}\n   FOR UPDATE OF t)\n\
          SELECT it.position, p.position IS NOT NULL AS passed,\n       \
          CASE WHEN p.position IS NOT NULL THEN {handler}(pg_catalog.jsonb_build_object({fields}) \
-         OPERATOR(pg_catalog.||) it.guards)::pg_catalog.text END AS result, it.item_key\n  \
+         OPERATOR(pg_catalog.||) it.guards) IS NOT NULL END AS given, it.item_key\n  \
          FROM {items_sql}\n  LEFT JOIN passed p ON p.position OPERATOR(pg_catalog.=) it.position\n \
          ORDER BY it.position",
         name = target.sql_name,
@@ -135,17 +137,17 @@ pub(crate) fn guard_after_sql(target: &Target, items: &str, chunk_size: i32) -> 
     ))
 }
 
-/// A handler job's chunk: each item's result, NULL for a refusal (an item whose row
-/// passed its guard and that the handler returned NULL for) or for an item whose row
-/// drifted (left for the drain to skip or stop at); then the guard value of each row
-/// changed, read from the row.
+/// A handler job's chunk: whether each item's handler returned a state; a refusal is an
+/// item whose row passed its guard and that the handler returned NULL for, and an item
+/// whose row drifted is left for the drain to skip or stop at. Then the guard value of
+/// each row changed, read from the row.
 pub(crate) fn run(sql: &ChunkSql, args: &[DatumWithOid], items: usize) -> Result<Ran> {
     query::row_reader! {
-        /// An item's result, as chunk_sql gives it.
+        /// An item's call, as chunk_sql gives it.
         struct Called {
             position: i32 = -1,
             passed: bool = false,
-            result: Option<String>,
+            given: Option<bool>,
         }
     }
     let rows = query::rows(&sql.change, args, 0, Called::read)?;
@@ -154,12 +156,12 @@ pub(crate) fn run(sql: &ChunkSql, args: &[DatumWithOid], items: usize) -> Result
     for Called {
         position,
         passed,
-        result,
+        given,
     } in rows
     {
-        match (passed, result) {
-            (true, Some(_)) => changed.push((position, None)),
-            (true, None) => refused.push(position),
+        match (passed, given) {
+            (true, Some(true)) => changed.push((position, None)),
+            (true, _) => refused.push(position),
             (false, _) => {}
         }
     }
