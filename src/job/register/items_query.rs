@@ -126,7 +126,9 @@ impl ItemsQuery {
     }
 
     /// The items as they come: (key, revision, guards), the key as the text of its one
-    /// column or a JSON array of its columns' texts, for PostgreSQL to order (ordered.rs).
+    /// column or a JSON array of its columns' texts, the guards as jsonb, for PostgreSQL
+    /// to order (ordered.rs): never printed, only to be read back, as they are combined
+    /// with what registration records.
     pub fn rows_sql(&self) -> String {
         let parts: Vec<String> = self
             .key_parts
@@ -141,7 +143,7 @@ impl ItemsQuery {
             ),
         };
         format!(
-            "SELECT {key}, {}, ({})::pg_catalog.text\n  FROM (\n{}\n) q",
+            "SELECT {key}, {}, {}\n  FROM (\n{}\n) q",
             self.revision, self.guards, self.statement,
         )
     }

@@ -56,10 +56,38 @@ impl Recorded {
     }
 }
 
+/// The given items as rows `s(k, r, g)` (SqlOrder::source): the statement, what to bind,
+/// and what `g`, the guards, is.
+struct Source {
+    sql: String,
+    args: Vec<DatumWithOid<'static>>,
+    /// The guards as jsonb (an items query's) rather than as JSON text (a jsonb
+    /// approval's, bound as text): each is read as it comes, never printed and parsed again.
+    jsonb: bool,
+}
+
+impl Source {
+    /// SQL: the guards `s.g` as jsonb.
+    fn guards_jsonb(&self) -> &'static str {
+        match self.jsonb {
+            true => "s.g",
+            false => "s.g::pg_catalog.jsonb",
+        }
+    }
+
+    /// SQL: the guards `s.g` as text.
+    fn guards_text(&self) -> &'static str {
+        match self.jsonb {
+            true => "s.g::pg_catalog.text",
+            false => "s.g",
+        }
+    }
+}
+
 impl SqlOrder<'_> {
     /// The given items as rows `s(k, r, g)`: the key's text as given (a JSON array of its
-    /// columns' texts, for a key of several), the revision, the guards; and what to bind.
-    fn source(&self, given: &Given) -> (String, Vec<DatumWithOid<'static>>) {
+    /// columns' texts, for a key of several), the revision, the guards.
+    fn source(&self, given: &Given) -> Source {
         match given {
             Given::Items(items) => {
                 let keys: Vec<String> = items.iter().map(|i| i.key.text()).collect();
@@ -68,15 +96,20 @@ impl SqlOrder<'_> {
                     .iter()
                     .map(|i| i.guards.canonical().to_string())
                     .collect();
-                (
-                    "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
-                     pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.text[])) \
-                     AS s(k, r, g)"
+                Source {
+                    sql: "ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+                          pg_catalog.unnest($2::pg_catalog.int8[]), \
+                          pg_catalog.unnest($3::pg_catalog.text[])) AS s(k, r, g)"
                         .into(),
-                    vec![keys.into(), revisions.into(), guards.into()],
-                )
+                    args: vec![keys.into(), revisions.into(), guards.into()],
+                    jsonb: false,
+                }
             }
-            Given::Query(query) => (format!("({}) AS s(k, r, g)", query.rows_sql()), Vec::new()),
+            Given::Query(query) => Source {
+                sql: format!("({}) AS s(k, r, g)", query.rows_sql()),
+                args: Vec::new(),
+                jsonb: true,
+            },
         }
     }
 
@@ -132,7 +165,8 @@ impl SqlOrder<'_> {
     pub fn frozen(&self, given: &Given, tenant: Option<&str>) -> Result<ItemCursor> {
         let t = self.target;
         let s = &t.shape;
-        let (source, mut args) = self.source(given);
+        let mut source = self.source(given);
+        let mut args = std::mem::take(&mut source.args);
         let order = self.order_by("s.k");
         let by_digest = s.guard.is_digest();
         let sql = if by_digest || !self.record.is_empty() {
@@ -157,17 +191,25 @@ impl SqlOrder<'_> {
                 _ => format!("t.{}", quote_identifier(c)),
             };
             let guards = if self.record.is_empty() {
-                "s.g".to_string()
+                source.guards_text().to_string()
             } else {
+                // the values recorded first, so that an item's own value of a column
+                // (a guard it names) stands over the row's
+                let recorded = (!self.record.guards.is_empty()).then(|| {
+                    format!(
+                        "pg_catalog.jsonb_build_object({}) OPERATOR(pg_catalog.||) ",
+                        self.record
+                            .guards
+                            .iter()
+                            .map(|c| format!("{}, {}", quote_literal(c), value(c)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                });
                 format!(
-                    "(pg_catalog.jsonb_build_object({}) OPERATOR(pg_catalog.||) \
-                     COALESCE(s.g::pg_catalog.jsonb, '{{}}'){})::pg_catalog.text",
-                    self.record
-                        .guards
-                        .iter()
-                        .map(|c| format!("{}, {}", quote_literal(c), value(c)))
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    "({}COALESCE({}, '{{}}'){})::pg_catalog.text",
+                    recorded.unwrap_or_default(),
+                    source.guards_jsonb(),
                     item_values::recorded_sql(&self.record.set_from_items, value)
                         .map(|before| format!(" OPERATOR(pg_catalog.||) {before}"))
                         .unwrap_or_default()
@@ -176,21 +218,24 @@ impl SqlOrder<'_> {
             format!(
                 "SELECT {} AS item_key, {} AS revision, {guards} AS guards, \
                  pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank, t.{} IS NULL AS names_no_row\n  \
-                 FROM {source}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
+                 FROM {}\n  LEFT JOIN {} AS t ON {}\n ORDER BY {order}",
                 self.canonical("s.k"),
                 if by_digest { s.guard_now() } else { "s.r".to_string() },
                 // a column of the key, never NULL in a row the join found: not the whole
                 // row, which every row sorted would carry
                 quote_identifier(&s.key.columns()[0]),
+                source.sql,
                 t.sql_name,
                 joins.join(" AND "),
             )
         } else {
             format!(
-                "SELECT {} AS item_key, s.r AS revision, s.g AS guards, \
+                "SELECT {} AS item_key, s.r AS revision, {} AS guards, \
                  pg_catalog.dense_rank() OVER (ORDER BY {order}) AS rank, false AS names_no_row\n  \
-                 FROM {source}\n ORDER BY {order}",
+                 FROM {}\n ORDER BY {order}",
                 self.canonical("s.k"),
+                source.guards_text(),
+                source.sql,
             )
         };
         ItemCursor::ranked(&sql, &args, true)
@@ -202,10 +247,13 @@ impl SqlOrder<'_> {
     /// as given (a digest is not taken again: it is not part of the request; nor are the
     /// values recorded before the change, compared on neither side).
     pub fn compared(&self, given: &Given, stored: &JobTables) -> Result<(ItemCursor, ItemCursor)> {
-        let (source, args) = self.source(given);
+        let source = self.source(given);
         let order = self.order_by("u.k");
         let (stored_guards, given_guards) = if self.record.is_empty() {
-            ("i.guards::pg_catalog.text".to_string(), "s.g".to_string())
+            (
+                "i.guards::pg_catalog.text".to_string(),
+                source.guards_text().to_string(),
+            )
         } else {
             let mut stored = self.record.guards.clone();
             if !self.record.set_from_items.is_empty() {
@@ -217,7 +265,8 @@ impl SqlOrder<'_> {
                     text_array_sql(&stored)
                 ),
                 format!(
-                    "(COALESCE(s.g::pg_catalog.jsonb, '{{}}') OPERATOR(pg_catalog.-) {})::pg_catalog.text",
+                    "(COALESCE({}, '{{}}') OPERATOR(pg_catalog.-) {})::pg_catalog.text",
+                    source.guards_jsonb(),
                     text_array_sql(&self.record.guards)
                 ),
             )
@@ -231,15 +280,16 @@ impl SqlOrder<'_> {
                      FROM (SELECT i.item_key, i.revision, {stored_guards}, 0\n\
                              FROM {items} i\n\
                            UNION ALL\n\
-                           SELECT s.k, s.r, {given_guards}, 1 FROM {source}) AS u(k, r, g, side)) r\n \
+                           SELECT s.k, s.r, {given_guards}, 1 FROM {source_sql}) AS u(k, r, g, side)) r\n \
                  WHERE r.side OPERATOR(pg_catalog.=) {which}\n ORDER BY r.rank",
                 canonical = self.canonical("u.k"),
                 items = stored.sql("{items}"),
+                source_sql = source.sql,
             )
         };
         Ok((
-            ItemCursor::ranked(&side(0), &args, true)?,
-            ItemCursor::ranked(&side(1), &args, true)?,
+            ItemCursor::ranked(&side(0), &source.args, true)?,
+            ItemCursor::ranked(&side(1), &source.args, true)?,
         ))
     }
 }
