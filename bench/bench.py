@@ -719,16 +719,21 @@ def markdown(r):
     kd = r.get("kinds")
     if kd:
         lines += [
-            f"**Kinds of change**, {kd['reps']} repetitions, the three back to back in a turning order: "
+            f"**Kinds of change**, {kd['reps']} repetitions, the four back to back in a turning order: "
             f"{kd['rows']:,} old rows of a table of {2 * kd['rows']:,}, deleted, moved, backfilled "
             "(computed, from a join) or handed to a function, by etc_batch (registration from a query "
             "and drain, timed together), by the PL/pgSQL keyset loop a DBA writes with an audit row per "
             "row (what it was: a deleted row's whole content, a changed column's value), and by the same "
             "loop without the audit. Rows per second, median; etc_batch over each, the median of the "
-            "repetitions' own ratios (min to max); WAL bytes per row, median:",
+            "repetitions' own ratios (min to max); WAL bytes per row, median. Beside them the floor "
+            "(bench/change_kinds.py): the least plain SQL that freezes the approved list at "
+            "registration and changes, guarded, and keeps a chunk of it at a time, with nothing else "
+            "etc_batch does; floor over by hand is the most any registration plus drain of a frozen "
+            "list reaches against the loop:",
             "",
-            "| kind | chunk | etc_batch | by hand | bare | over by hand | over bare | WAL etc_batch / by hand / bare |",
-            "|---|---|---|---|---|---|---|---|",
+            "| kind | chunk | etc_batch | by hand | bare | floor | over by hand | over bare | "
+            "floor over by hand | over floor | WAL etc_batch / by hand / bare |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for kind in ("delete", "move", "expressions", "from_query", "handler"):
             for chunk, d in kd.get(kind, {}).items():
@@ -736,9 +741,13 @@ def markdown(r):
                 lines.append(
                     f"| {kind} | {int(chunk):,} | {rate['etc_batch']['median']:,.0f} | "
                     f"{rate['by hand']['median']:,.0f} | {rate['bare']['median']:,.0f} | "
+                    f"{rate['floor']['median']:,.0f} | "
                     f"{d['over_by_hand']['median']:.2f} ({d['over_by_hand']['min']:.2f} to "
                     f"{d['over_by_hand']['max']:.2f}) | {d['over_bare']['median']:.2f} "
                     f"({d['over_bare']['min']:.2f} to {d['over_bare']['max']:.2f}) | "
+                    f"{d['floor_over_by_hand']['median']:.2f} ({d['floor_over_by_hand']['min']:.2f} to "
+                    f"{d['floor_over_by_hand']['max']:.2f}) | {d['over_floor']['median']:.2f} "
+                    f"({d['over_floor']['min']:.2f} to {d['over_floor']['max']:.2f}) | "
                     f"{wal['etc_batch']['median']:,.0f} / {wal['by hand']['median']:,.0f} / "
                     f"{wal['bare']['median']:,.0f} |")
         lines.append("")

@@ -30,15 +30,14 @@ Kinds measured here:
                each, the audit one INSERT a chunk
 A fourth method, measured the same way, is no alternative a DBA would write but a bound:
 
-  floor      the least plain SQL that does what the issue's approval asks of etc_batch:
-             the items query's keys (and, for a backfill from a join, each item's value)
-             frozen at registration into one row per chunk of native arrays, then per
-             chunk one statement that changes the rows of that frozen list still as
-             approved (the guard) and keeps what they were (a deleted or moved row
-             whole, a value before) as one row per chunk, COMMIT. No fingerprint, no checkpoint,
-             no claim, no progress, no conflict report: what etc_batch does on top of it.
-             floor over by hand is therefore the most that registration plus drain can
-             reach against the loop whatever is built on the frozen list.
+  floor      the least plain SQL that keeps etc_batch's promise: the items query's keys
+             (and, for a backfill from a join, each item's value) frozen at registration
+             into one row per chunk of native arrays; then per chunk one statement that
+             changes the rows of that frozen list still as approved (the guard) and keeps
+             what they were (a deleted or moved row whole, a value before) as one row per
+             chunk, COMMIT. No fingerprint, checkpoint, claim, progress or conflict
+             report: what etc_batch does on top of it. Floor over by hand is the most a
+             registration plus drain of a frozen list can reach against the loop.
 
 A ratio is the median of the repetitions' own (etc_batch's rows per second over the
 other's); with it the WAL each writes per row.
@@ -288,11 +287,15 @@ BEGIN
         v_lo := v_keys[1];
         v_hi := v_keys[cardinality(v_keys)];
         IF p_kind = 'delete' THEN
-            WITH d AS (DELETE FROM public.events e WHERE e.id = ANY (v_keys) AND e.id BETWEEN v_lo AND v_hi AND e.status = 'old'
+            WITH d AS (DELETE FROM public.events e
+                        WHERE e.id = ANY (v_keys) AND e.id BETWEEN v_lo AND v_hi
+                          AND e.status = 'old'
                        RETURNING e::text AS was)
             INSERT INTO kinds.kept SELECT v_c, array_agg(was) FROM d;
         ELSIF p_kind = 'move' THEN
-            WITH d AS (DELETE FROM public.events e WHERE e.id = ANY (v_keys) AND e.id BETWEEN v_lo AND v_hi AND e.status = 'old'
+            WITH d AS (DELETE FROM public.events e
+                        WHERE e.id = ANY (v_keys) AND e.id BETWEEN v_lo AND v_hi
+                          AND e.status = 'old'
                        RETURNING e.*, e::text AS was),
                  a AS (INSERT INTO public.events_archive
                               (id, at, status, body, total, total_cents, customer_id, region)
@@ -302,7 +305,8 @@ BEGIN
             WITH u AS (
                 UPDATE public.events e SET total_cents = round(e.total * 100)::bigint
                   FROM (SELECT id, total_cents FROM public.events
-                         WHERE id = ANY (v_keys) AND id BETWEEN v_lo AND v_hi AND status = 'old' FOR UPDATE) old
+                         WHERE id = ANY (v_keys) AND id BETWEEN v_lo AND v_hi
+                           AND status = 'old' FOR UPDATE) old
                  WHERE e.id = old.id AND e.id BETWEEN v_lo AND v_hi
                 RETURNING old.total_cents::text AS was)
             INSERT INTO kinds.kept SELECT v_c, array_agg(was) FROM u;
@@ -320,7 +324,8 @@ BEGIN
         ELSE
             v_before := '{}';
             FOR r IN SELECT id, status FROM public.events
-                      WHERE id = ANY (v_keys) AND id BETWEEN v_lo AND v_hi AND status = 'old' ORDER BY id FOR UPDATE LOOP
+                      WHERE id = ANY (v_keys) AND id BETWEEN v_lo AND v_hi AND status = 'old'
+                      ORDER BY id FOR UPDATE LOOP
                 IF kinds.ship(jsonb_build_object('id', r.id)) IS NULL THEN
                     RAISE EXCEPTION 'ship refused event %', r.id;
                 END IF;
