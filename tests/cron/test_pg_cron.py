@@ -24,19 +24,26 @@ do the tests assert, each on its own case:
                (by the same calls); in the minute, night 2's line again (its failure
                held: nothing runs again) and night 3's (it waits its turn); after it,
                night 2's step retried and the lines run again: both finish
+  how-to       docs/how-to/nightly-chain.md as written (tests/cron/nightly.sql, run
+               with psql in a database shop), its 02:05 schedule then moved to this
+               minute: tonight's run of its three steps, the job it registers drained
 
 And, in the same cluster (PostgreSQL 15, where Debian packages pg_partman too), pg_partman's
 maintenance as a chain's step that commits.
 """
 
 import json
+import subprocess
 import time
 from collections import Counter
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
+
+from support import ROOT, pg_bin
 
 # Bounded wait for the minute's runs: at most one minute boundary plus the runs.
 MAX_WAIT = 75.0
@@ -170,6 +177,24 @@ def _cron_jobs(chain, fails):
     ]
 
 
+HOW_TO = ROOT / "tests" / "cron" / "nightly.sql"
+
+
+def _nightly_how_to(cluster, cron):
+    """docs/how-to/nightly-chain.md's block, run by psql as written in a database shop:
+    the chain and its 02:05 schedule. Its cron job's id and row."""
+    with cluster.connect("postgres") as conn:
+        conn.execute("CREATE DATABASE shop")
+    done = subprocess.run(
+        [str(pg_bin() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(cluster.socket_dir),
+         "-p", str(cluster.port), "-U", "postgres", "-d", "shop", "-f", str(HOW_TO)],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    row = cron.execute("SELECT jobid, schedule, command, database FROM cron.job "
+                       "WHERE jobname = 'etc_batch nightly'").fetchone()
+    return row["jobid"], row
+
+
 def _orphan_a_launch(conn):
     """A launch of job 'relaunch' whose worker and supervisor are terminated after its
     first chunk, as a restart of the server ends them: with etc_batch not preloaded,
@@ -204,6 +229,7 @@ def minute(cron_cluster, cron_timings):
             chain, fails = _setup(setup_conn)
             orphaned = _orphan_a_launch(setup_conn)
         jobs = _cron_jobs(chain, fails)
+        how_to_job, how_to = _nightly_how_to(cron_cluster, cron)
 
         second = cron.execute(
             "SELECT extract(second FROM clock_timestamp())::float8 AS s"
@@ -220,6 +246,10 @@ def minute(cron_cluster, cron_timings):
                     (name, command, cron_cluster.test_db),
                 ).fetchone()["jobid"]
                 scheduled.append(jobid)
+            # the how-to's own schedule, moved from 02:05 to this minute
+            cron.execute("SELECT cron.alter_job(%s, schedule := '* * * * *')", (how_to_job,))
+            scheduled.append(how_to_job)
+            jobs.append(("etc_batch nightly", "how-to", how_to["command"]))
         cron.autocommit = True
         nodes = {
             r["nodename"]
@@ -287,8 +317,9 @@ def minute(cron_cluster, cron_timings):
             by_case.setdefault(case, []).append(r)
             message = (r["return_message"] or "").strip().replace("\n", " | ")
             print(f"  {r['jobname']:<12} pid {r['job_pid']:<7} {r['status']:<9} {message}")
-        yield {"db": db, "runs": by_case, "all_runs": runs, "chain": chain, "fails": fails,
-               "jobs": jobs, "orphaned": orphaned}
+        with cron_cluster.connect("shop", row_factory=dict_row) as shop:
+            yield {"db": db, "runs": by_case, "all_runs": runs, "chain": chain, "fails": fails,
+                   "jobs": jobs, "orphaned": orphaned, "how_to": how_to, "shop": shop}
     finally:
         if scheduled:
             cron.autocommit = True
@@ -556,3 +587,31 @@ def test_last_nights_failure_is_held_and_tonight_waits_its_turn(minute):
     # the failure the retry cleared stays in step_audit
     assert db.execute("SELECT count(*) AS n FROM etc_batch.step_audit WHERE step_id = %s AND outcome = 'failed'",
                       (failed[0]["id"],)).fetchone()["n"] == 1
+
+
+def test_the_nightly_how_to_runs_as_written_from_its_schedule(minute):
+    how_to, shop = minute["how_to"], minute["shop"]
+    assert (how_to["schedule"], how_to["database"], how_to["command"]) == (
+        "5 2 * * *", "shop", "CALL etc_batch.run_chain('nightly')")
+    assert [r["status"] for r in minute["runs"]["how-to"]] == ["succeeded"]
+    runs = shop.execute("SELECT run_key, batch FROM etc_batch.chain_run WHERE chain = 'nightly'").fetchall()
+    assert len(runs) == 1, runs
+    run_key, batch = runs[0]["run_key"], runs[0]["batch"]
+    # tonight is the date in the chain's time zone when pg_cron fired
+    fired = minute["runs"]["how-to"][0]["start_time"]
+    assert run_key == fired.astimezone(ZoneInfo("Europe/Berlin")).date().isoformat()
+    assert batch == f"nightly/{run_key}"
+    assert shop.execute("SELECT steps, done, failed, pending FROM etc_batch.chain_progress "
+                        "WHERE batch = %s", (batch,)).fetchone() == {
+        "steps": 3, "done": 3, "failed": 0, "pending": 0}
+    job = shop.execute("SELECT job_id, status::text, item_count, chunks_committed FROM etc_batch.job").fetchall()
+    # an order placed exactly 7 days before the insert is older than that when the step
+    # reads it
+    old_unpaid = shop.execute(
+        "SELECT count(*) AS n FROM generate_series(1, 500) g WHERE g % 3 = 0 AND g >= 7 * 24").fetchone()["n"]
+    assert job == [{"job_id": f"cancel-unpaid-{run_key}", "status": "done",
+                    "item_count": old_unpaid, "chunks_committed": 1}]
+    assert shop.execute("SELECT status, count(*) AS n FROM orders GROUP BY status ORDER BY status").fetchall() == [
+        {"status": "cancelled", "n": old_unpaid},
+        {"status": "paid", "n": 500 - 500 // 3},
+        {"status": "unpaid", "n": 500 // 3 - old_unpaid}]
