@@ -119,6 +119,21 @@ def test_every_code_quoted_is_in_the_test_that_runs_it(page, line, source, body)
         f"{where}: these lines do not stand, one after another, in {source}:\n" + "\n".join(want))
 
 
+# What only etc_batch.progress_interval = 0 prints: a NOTICE per chunk or step.
+PER_CHUNK = re.compile(r'^NOTICE:  (chunk \d+ of \d+ committed|step \d+ of batch ".*" '
+                       r'(committed|is already done, skipping))')
+
+
+@pytest.mark.parametrize("page, info, source, line, body", shown_output(),
+                         ids=[f"{b[0]}:{b[3]}" for b in shown_output()])
+def test_every_output_shown_was_printed_at_the_default_settings(page, info, source, line, body):
+    """What a DBA pastes prints what the page shows: a block with a NOTICE per chunk or
+    step must show the SET that asks for them."""
+    if any(PER_CHUNK.match(l) for l in body):
+        assert any("progress_interval" in l for l in body), (
+            f"{page}:{line}: printed at etc_batch.progress_interval = 0, not the default")
+
+
 def test_there_are_examples_to_check():
     # a documentation whose examples all lost their markers would pass the test above
     assert len(shown_output()) >= 15
@@ -303,7 +318,6 @@ def test_everything_of_etc_batch_is_documented(catalog):
 
 # -- the benchmark ---------------------------------------------------------------------
 
-LATEST = ROOT / "bench" / "results" / "latest.md"
 QUOTED = re.compile(r"^<!-- quoted whole: (\S+) -->$", re.M)
 
 
@@ -318,14 +332,3 @@ def test_the_benchmark_page_quotes_the_latest_results_whole():
         assert page.count(start) == 1 and page.count(end) == 1, name
         quoted = page.split(start, 1)[1].split(end, 1)[0]
         assert quoted.strip() == (ROOT / name).read_text().strip(), name
-
-
-def test_the_readme_shows_the_latest_targets():
-    """README's "How fast" table is the Targets table of bench/results/latest.md."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## How fast", 1)[1].split("\n## ", 1)[0]
-    rows = [l for l in section.splitlines() if l.startswith("| ") and not l.startswith("| target")]
-    latest = LATEST.read_text()
-    targets = latest.split("**Targets**", 1)[1]
-    expected = [l for l in targets.splitlines() if l.startswith("| ") and not l.startswith("| target")]
-    assert rows and rows == expected

@@ -5,6 +5,7 @@ job stays pending and verifies clean, and once the ballast is gone the next call
 every item exactly once. The same with etc_batch's own tables of the job on that disk.
 """
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -63,13 +64,14 @@ def test_target_table_on_a_disk_that_fills_mid_drain(disk_db, parallel):
     # whole pages, so that the write that fails writes nothing
     disk_db.disk.fill(296 * 1024)
     if not parallel:
-        # as psql shows it (docs/faults.md quotes this file); the file's path, which
-        # holds OIDs, as ...
+        # as psql shows it at the default etc_batch.progress_interval (docs/faults.md
+        # quotes this file); the file's path, which holds OIDs, as ...
         shown = subprocess.run(
             [str(pg_bin() / "psql"), "-X", "-e", "-h", str(disk_db.cluster.socket_dir),
              "-p", str(disk_db.cluster.port), "-U", "postgres", "-d", disk_db.name,
              "-c", "CALL etc_batch.drain_job('fill_target')"],
-            capture_output=True, text=True, timeout=60)
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PGOPTIONS": "-c etc_batch.progress_interval=1s"})
         said = re.sub(r'"pg_tblspc/[^"]*"', '"pg_tblspc/..."', shown.stdout + shown.stderr)
         assert said == (Path(__file__).parent / "expected" / "disk_full.out").read_text()
     with pytest.raises(errors.DiskFull) as raised:

@@ -1,7 +1,6 @@
 -- docs/how-to/backfill-purge-move.md: a computed backfill, a backfill from a join, a
 -- purge and an archive move, each an approved job drained a chunk at a time. At the
 -- default settings.
-SET etc_batch.progress_interval = '1s';
 \set SHOW_CONTEXT never
 CREATE EXTENSION etc_batch;
 CREATE TABLE customers (id bigint PRIMARY KEY, country text NOT NULL);

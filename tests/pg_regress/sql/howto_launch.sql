@@ -1,6 +1,5 @@
 -- docs/how-to/launch-and-forget.md: a job launched, the client gone, the server
 -- finishing it. At the default settings.
-SET etc_batch.progress_interval = '1s';
 \set SHOW_CONTEXT never
 CREATE EXTENSION etc_batch;
 CREATE TABLE orders (id bigint PRIMARY KEY, total numeric NOT NULL, total_cents bigint);
@@ -14,7 +13,6 @@ SELECT * FROM etc_batch.register_job_from_query('cents', NULL, 'orders',
 SELECT launch_id, workers FROM etc_batch.launch_job('cents', workers => 2);
 \connect
 -- A new session, later: the launch and its workers.
-SET etc_batch.progress_interval = '1s';
 DO $$ BEGIN
     WHILE EXISTS (SELECT FROM etc_batch.launch_run WHERE ended_at IS NULL)
           OR (SELECT status FROM etc_batch.launch WHERE launch_id = 1) = 'running' LOOP

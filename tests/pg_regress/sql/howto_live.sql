@@ -1,7 +1,6 @@
 -- docs/how-to/live-primary.md: a job paced on a primary that serves an application:
 -- rows per second, replicas, WAL archiving, a VACUUM, windows, a critical signal that
 -- pauses it, and a pause by hand. At the default settings.
-SET etc_batch.progress_interval = '1s';
 \set SHOW_CONTEXT never
 CREATE EXTENSION etc_batch;
 CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL);

@@ -1,6 +1,5 @@
 -- docs/how-to/undo-a-job.md: a job registered so that it can be undone, and undone.
 -- At the default settings.
-SET etc_batch.progress_interval = '1s';
 \set SHOW_CONTEXT never
 CREATE EXTENSION etc_batch;
 CREATE TABLE prices (sku text PRIMARY KEY, price numeric NOT NULL);

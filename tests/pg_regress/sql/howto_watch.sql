@@ -1,7 +1,6 @@
 -- docs/how-to/watch-a-job.md: a job at work in a launched worker, watched from a
 -- session of its own. The worker is held by the job's throttle_query, so that what
 -- the page shows is a job in the middle of its work. At the default settings.
-SET etc_batch.progress_interval = '1s';
 \set SHOW_CONTEXT never
 CREATE EXTENSION etc_batch;
 CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL);

@@ -1,8 +1,5 @@
 -- The README's quick start, as a DBA pastes it into psql on a fresh database. The
 -- README quotes this file and tests/pg_regress/expected/quickstart.out.
--- The default of etc_batch.progress_interval, which the test clusters set to 0 (a
--- NOTICE per chunk): what a DBA sees is what the default prints.
-SET etc_batch.progress_interval = '1s';
 
 CREATE EXTENSION etc_batch;
 

@@ -1,8 +1,5 @@
 -- The examples of docs/reference.md, one or more per entry, in the page's order, as a DBA
 -- pastes them into psql on a fresh database. The page quotes this file's output.
--- The default of etc_batch.progress_interval, which the test clusters set to 0: what a
--- DBA sees is what the default prints.
-SET etc_batch.progress_interval = '1s';
 \set SHOW_CONTEXT never
 CREATE EXTENSION etc_batch;
 CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, total numeric NOT NULL);

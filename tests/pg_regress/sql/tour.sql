@@ -1,5 +1,5 @@
--- The README's five minutes, as a DBA meets etc_batch: a chain and a job. The README
--- quotes tests/pg_regress/expected/tour.out, so what it shows is what ran.
+-- docs/tour.md, as a DBA meets etc_batch: a chain and a job. The page quotes this file
+-- and tests/pg_regress/expected/tour.out, so what it shows is what ran.
 CREATE EXTENSION etc_batch;
 \set SHOW_CONTEXT never
 
