@@ -65,8 +65,10 @@ impl SessionLock {
         let tag = tag(space, id);
         // SAFETY: a session lock in the user lock method, as pg_advisory_lock takes it
         let got = unsafe { pg_sys::LockAcquire(&tag, mode, true, skip) };
-        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL)
-            .then_some(SessionLock { tag, mode })
+        // `then`, not `then_some`: a SessionLock made for a lock not granted would be
+        // dropped at once, releasing a lock this session does not hold (a WARNING "you
+        // don't own a lock of type ExclusiveLock" wherever two runners met)
+        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then_some(SessionLock { tag, mode })
     }
 
     /// Waits until the session holding the exclusive lock of `id` lets it go.

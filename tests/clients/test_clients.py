@@ -1416,6 +1416,55 @@ def _call_error(conn, statement, params):
     return None
 
 
+def test_two_runners_at_a_step_that_commits_run_it_once_and_warn_of_nothing(pg, tables):
+    """Two callers of the same chain meet at a step that commits: the one that finds the
+    step's session lock taken waits for it, then skips the step as done. Neither is told
+    anything but the chain's own NOTICEs: a lock not granted was once released all the
+    same ("you don't own a lock of type ExclusiveLock")."""
+    proc = tag("slow_commit")
+    pg.admin.execute(sql.SQL(
+        """CREATE PROCEDURE {proc}(batch text) LANGUAGE plpgsql AS $$
+           BEGIN
+             INSERT INTO side (batch, step) VALUES (batch, 1);
+             COMMIT;
+             PERFORM pg_sleep(0.5);
+             INSERT INTO side (batch, step) VALUES (batch, 2);
+             COMMIT;
+           END $$""").format(proc=sql.Identifier(proc)))
+    batch = tag("met")
+    first = pg.admin.execute("SELECT etc_batch.add_step(%s, %s, commits => true)",
+                             (batch, f"CALL {proc}('{batch}')")).fetchone()[0]
+    pg.admin.execute("SELECT etc_batch.add_step(%s, %s)",
+                     (batch, f"INSERT INTO side (batch, step) VALUES ('{batch}', 3)"))
+    runners = [pg.direct() for _ in range(2)]
+    heard = [Notices(r) for r in runners]
+    for r in runners:
+        r.execute("SET client_min_messages = 'notice'")
+    done = {}
+    threads = [threading.Thread(target=lambda k=k, r=r: done.update({k: _call_error(
+        r, "CALL etc_batch.exec_batch_from_id(%s)", (first,))}), daemon=True)
+        for k, r in enumerate(runners)]
+    threads[0].start()
+    # the second comes while the first is inside the step's procedure
+    wait_until(lambda: pg.admin.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 3 AND granted "
+        "AND objid = %s::bigint::oid", (first,)).fetchone() == (1,), "the first runner in the step")
+    threads[1].start()
+    for t in threads:
+        t.join(WAIT)
+        assert not t.is_alive()
+    assert done == {0: None, 1: None}
+    assert set(statuses(pg, batch).values()) == {"done"}
+    assert side_counts(pg, batch) == Counter({1: 1, 2: 1, 3: 1})
+    outcomes = pg.admin.execute(
+        "SELECT outcome::text, count(*) FROM etc_batch.step_audit WHERE step_id = %s GROUP BY 1 ORDER BY 1",
+        (first,)).fetchall()
+    assert outcomes == [("done", 1), ("skipped", 1)], outcomes
+    said = heard[0].messages + heard[1].messages
+    assert not [m for m in said if "own a lock" in m], said
+    assert [m for m in heard[1].messages if "skipped" in m or "already done" in m], heard[1].messages
+
+
 def test_a_step_that_deadlocks_on_purpose_succeeds_on_its_second_attempt(pg, tables):
     """Step (max_attempts => 2) updates row 1 then row 2 of a table while another session
     holds row 2 and then asks for row 1: the step, whose deadlock check runs first, is
