@@ -68,7 +68,7 @@ impl SessionLock {
         // `then`, not `then_some`: a SessionLock made for a lock not granted would be
         // dropped at once, releasing a lock this session does not hold (a WARNING "you
         // don't own a lock of type ExclusiveLock" wherever two runners met)
-        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then_some(SessionLock { tag, mode })
+        (got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL).then(|| SessionLock { tag, mode })
     }
 
     /// Waits until the session holding the exclusive lock of `id` lets it go.

@@ -1418,16 +1418,17 @@ def _call_error(conn, statement, params):
 
 def test_two_runners_at_a_step_that_commits_run_it_once_and_warn_of_nothing(pg, tables):
     """Two callers of the same chain meet at a step that commits: the one that finds the
-    step's session lock taken waits for it, then skips the step as done. Neither is told
-    anything but the chain's own NOTICEs: a lock not granted was once released all the
-    same ("you don't own a lock of type ExclusiveLock")."""
+    step's session lock taken waits for it (longer than deadlock_timeout, 1 s), then
+    skips the step as done. Neither is told anything but the chain's own NOTICEs: a lock
+    not granted was once released all the same, drawing "you don't own a lock of type
+    ExclusiveLock"; and no step lock is left held once the calls are over."""
     proc = tag("slow_commit")
     pg.admin.execute(sql.SQL(
         """CREATE PROCEDURE {proc}(batch text) LANGUAGE plpgsql AS $$
            BEGIN
              INSERT INTO side (batch, step) VALUES (batch, 1);
              COMMIT;
-             PERFORM pg_sleep(0.5);
+             PERFORM pg_sleep(1.5);
              INSERT INTO side (batch, step) VALUES (batch, 2);
              COMMIT;
            END $$""").format(proc=sql.Identifier(proc)))
@@ -1463,6 +1464,9 @@ def test_two_runners_at_a_step_that_commits_run_it_once_and_warn_of_nothing(pg, 
     said = heard[0].messages + heard[1].messages
     assert not [m for m in said if "own a lock" in m], said
     assert [m for m in heard[1].messages if "skipped" in m or "already done" in m], heard[1].messages
+    assert pg.admin.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 3 "
+        "AND objid = %s::bigint::oid", (first,)).fetchone() == (0,)
 
 
 def test_a_step_that_deadlocks_on_purpose_succeeds_on_its_second_attempt(pg, tables):
