@@ -33,6 +33,7 @@ maintenance as a chain's step that commits.
 """
 
 import json
+import re
 import subprocess
 import time
 from collections import Counter
@@ -178,6 +179,7 @@ def _cron_jobs(chain, fails):
 
 
 HOW_TO = ROOT / "tests" / "cron" / "nightly.sql"
+LOOK = ROOT / "tests" / "cron" / "nightly_look.sql"
 
 
 def _nightly_how_to(cluster, cron):
@@ -319,7 +321,8 @@ def minute(cron_cluster, cron_timings):
             print(f"  {r['jobname']:<12} pid {r['job_pid']:<7} {r['status']:<9} {message}")
         with cron_cluster.connect("shop", row_factory=dict_row) as shop:
             yield {"db": db, "runs": by_case, "all_runs": runs, "chain": chain, "fails": fails,
-                   "jobs": jobs, "orphaned": orphaned, "how_to": how_to, "shop": shop}
+                   "jobs": jobs, "orphaned": orphaned, "how_to": how_to, "shop": shop,
+                   "socket_dir": cron_cluster.socket_dir, "port": cron_cluster.port}
     finally:
         if scheduled:
             cron.autocommit = True
@@ -611,6 +614,15 @@ def test_the_nightly_how_to_runs_as_written_from_its_schedule(minute):
         "SELECT count(*) AS n FROM generate_series(1, 500) g WHERE g % 3 = 0 AND g >= 7 * 24").fetchone()["n"]
     assert job == [{"job_id": f"cancel-unpaid-{run_key}", "status": "done",
                     "item_count": old_unpaid, "chunks_committed": 1}]
+    # the how-to's queries that look at a night, as written
+    looked = subprocess.run(
+        [str(pg_bin() / "psql"), "-X", "-v", "ON_ERROR_STOP=1", "-h", str(minute["socket_dir"]),
+         "-p", str(minute["port"]), "-U", "postgres", "-d", "shop", "-f", str(LOOK)],
+        capture_output=True, text=True, timeout=60)
+    assert looked.returncode == 0, looked.stderr
+    assert re.search(rf"{re.escape(batch)} \|\s+3 \|\s+3 \|\s+0 \|\s+0 \|", looked.stdout), looked.stdout
+    assert re.search(rf"cancel-unpaid-{run_key} \| done\s+\|\s+{old_unpaid} \|\s+{old_unpaid}",
+                     looked.stdout), looked.stdout
     assert shop.execute("SELECT status, count(*) AS n FROM orders GROUP BY status ORDER BY status").fetchall() == [
         {"status": "cancelled", "n": old_unpaid},
         {"status": "paid", "n": 500 - 500 // 3},

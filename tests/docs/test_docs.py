@@ -134,6 +134,31 @@ def test_every_output_shown_was_printed_at_the_default_settings(page, info, sour
             f"{page}:{line}: printed at etc_batch.progress_interval = 0, not the default")
 
 
+NOT_RUN = re.compile(r"^<!-- not run: .{10,} -->$")
+
+
+def sql_blocks():
+    """(page, line, the line above) of every ```sql block that is no signature."""
+    out = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() == "```sql":
+                k = i - 1
+                while k >= 0 and not lines[k].strip():
+                    k -= 1
+                out.append((page.relative_to(ROOT), i + 1, lines[k] if k >= 0 else ""))
+    return out
+
+
+@pytest.mark.parametrize("page, line, above", sql_blocks(), ids=[f"{b[0]}:{b[1]}" for b in sql_blocks()])
+def test_every_sql_example_is_run_by_a_test_or_says_why_not(page, line, above):
+    """A DBA pastes what a page shows: every block of SQL is quoted from a test that runs
+    it (`<!-- code: ... -->`), or says why no test runs it as written."""
+    assert CODE.match(above) or NOT_RUN.match(above), (
+        f"{page}:{line}: a ```sql block needs <!-- code: <test file> --> or <!-- not run: why --> above it")
+
+
 def test_there_are_examples_to_check():
     # a documentation whose examples all lost their markers would pass the test above
     assert len(shown_output()) >= 15

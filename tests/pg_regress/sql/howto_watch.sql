@@ -23,6 +23,13 @@ DO $$ BEGIN
     END LOOP;
 END $$;
 
+-- The page's query, as written (its rates and times differ from run to run: not shown).
+\o /dev/null
+SELECT job_id, status, committed, approved, percent, items_per_second,
+       estimated_finish, drainers, waiting, failure_message
+  FROM etc_batch.job_progress
+ WHERE status NOT IN ('done', 'reverted', 'continued', 'aborted');
+\o
 -- Every job not finished, and what it does now:
 SELECT job_id, status, committed, approved, percent, drainers, waiting
   FROM etc_batch.job_progress
