@@ -84,6 +84,33 @@ def test_every_output_shown_was_printed_by_a_test(page, info, source, line, body
     )
 
 
+def setup_of(expected):
+    """The test file that makes what an expected output shows: a pg_regress file, an
+    isolation spec, or the pytest file that compares its output with it."""
+    path = Path(expected)
+    if path.parts[:2] == ("tests", "pg_regress"):
+        return f"tests/pg_regress/sql/{path.stem}.sql"
+    if path.parts[:2] == ("tests", "isolation"):
+        return f"tests/isolation/specs/{path.stem}.spec"
+    suite = ROOT / path.parts[0] / path.parts[1]
+    named = sorted(f for f in suite.glob("test_*.py") if path.name in f.read_text())
+    assert len(named) == 1, f"{expected}: compared by {named}"
+    return str(named[0].relative_to(ROOT))
+
+
+@pytest.mark.parametrize("page, info, source, line, body", shown_output(),
+                         ids=[f"{b[0]}:{b[3]}" for b in shown_output()])
+def test_every_output_shown_names_the_file_with_its_setup(page, info, source, line, body):
+    """An example is self-contained: the tables and rows it works on are in the test file
+    that ran it, which the page names next to it (just above or just below)."""
+    if not source:
+        return
+    lines = (ROOT / page).read_text().splitlines()
+    start, end = line - 1, line - 1 + len(body)
+    near = "\n".join(lines[max(0, start - 14):start] + lines[end:end + 4])
+    assert setup_of(source) in near, f"{page}:{line}: name {setup_of(source)} next to the example"
+
+
 CODE = re.compile(r"^<!-- code: (\S+) -->$")
 
 
