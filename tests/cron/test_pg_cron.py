@@ -44,7 +44,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from support import ROOT, pg_bin
+from support import ROOT
 
 # Bounded wait for the minute's runs: at most one minute boundary plus the runs.
 MAX_WAIT = 75.0
@@ -184,11 +184,12 @@ LOOK = ROOT / "tests" / "cron" / "nightly_look.sql"
 
 def _nightly_how_to(cluster, cron):
     """docs/how-to/nightly-chain.md's block, run by psql as written in a database shop:
-    the chain and its 02:05 schedule. Its cron job's id and row."""
+    the chain and its 02:05 schedule. Its cron job's id and row. The psql on PATH, as
+    tests/clients runs it (on 17 the server's own runs only inside its Debian root)."""
     with cluster.connect("postgres") as conn:
         conn.execute("CREATE DATABASE shop")
     done = subprocess.run(
-        [str(pg_bin() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(cluster.socket_dir),
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(cluster.socket_dir),
          "-p", str(cluster.port), "-U", "postgres", "-d", "shop", "-f", str(HOW_TO)],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -616,7 +617,7 @@ def test_the_nightly_how_to_runs_as_written_from_its_schedule(minute):
                     "item_count": old_unpaid, "chunks_committed": 1}]
     # the how-to's queries that look at a night, as written
     looked = subprocess.run(
-        [str(pg_bin() / "psql"), "-X", "-v", "ON_ERROR_STOP=1", "-h", str(minute["socket_dir"]),
+        ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-h", str(minute["socket_dir"]),
          "-p", str(minute["port"]), "-U", "postgres", "-d", "shop", "-f", str(LOOK)],
         capture_output=True, text=True, timeout=60)
     assert looked.returncode == 0, looked.stderr
