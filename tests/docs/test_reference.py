@@ -177,3 +177,15 @@ def test_every_setting_says_what_pg_settings_says(catalog):
         else:
             kind = vartype + {"ms": ", milliseconds", "s": ", seconds", None: ""}[unit]
         assert first == f"{kind}, default `{boot_val}`, context `{context}`", name
+
+
+def test_the_routines_public_keeps_are_the_ones_named(catalog):
+    text = PAGE.read_text().split("\n## ", 1)[0]
+    sentence = re.search(r"PUBLIC\s+keeps (.*?)\.\n", text, re.S)
+    assert sentence, "the introduction names what PUBLIC keeps"
+    named = set(re.findall(r"`(\w+)`", sentence.group(1)))
+    public = {r[0] for r in catalog.execute(
+        "SELECT p.proname FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'etc_batch'::regnamespace"
+        "   AND pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')"
+        "   AND p.prorettype <> 'pg_catalog.trigger'::regtype").fetchall()}
+    assert named == public
