@@ -215,12 +215,30 @@ ensure_deps() {
     ensure_cargo_pgrx
 }
 
-# cargo pgrx install writes the library over the old file, in place: a running backend
-# that has it loaded dies of SIGBUS. Moved aside first, the old file lives on for them.
-set_library_aside() {
-    local lib
-    lib=$(pg_path "$(in_pg "$PG_CONFIG" --pkglibdir)")/etc_batch.so
-    if [ -f "$lib" ]; then as_root mv -f "$lib" "$lib.replaced"; fi
+# place_tree FROM TO: every file under FROM put at the same path under TO, each by a
+# rename of a copy beside it. A file written in place would kill the running backends that
+# have it loaded (SIGBUS); a file moved aside first would be missing, for a moment, to the
+# backends that start then (another test's cluster runs on the same installation). A
+# rename leaves the old file to those that loaded it, and never a moment without one.
+place_tree() {
+    local from=$1 to=$2 file dest
+    while IFS= read -r -d '' file; do
+        dest="$to${file#"$from"}"
+        as_root mkdir -p "$(dirname "$dest")"
+        as_root cp "$file" "$dest.placing"
+        as_root chmod 644 "$dest.placing"
+        as_root mv -f "$dest.placing" "$dest"
+    done < <(find "$from" -type f -print0)
+}
+
+# stage_and_place [ARGS...]: cargo pgrx package ARGS, run in the current directory, into a
+# staging directory of this major's, then every file it made placed (place_tree) where
+# the PostgreSQL under test looks for it.
+stage_and_place() {
+    local stage="${CARGO_TARGET_DIR:-$ROOT/target}/install-stage-pg$PG_MAJOR"
+    rm -rf "$stage" && mkdir -p "$stage"
+    in_pg cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$stage" "$@" >/dev/null
+    place_tree "$stage" "$(pg_path "")"
 }
 
 # install_extension [FEATURES]: the release build, as users install it; with FEATURES
@@ -228,9 +246,7 @@ set_library_aside() {
 install_extension() {
     local features=${1:-}
     log "building and installing etc_batch${features:+ with $features}"
-    set_library_aside
-    (cd "$ROOT" && in_pg cargo pgrx install --release --pg-config "$PG_CONFIG" \
-        ${features:+--features "$features"} >/dev/null)
+    (cd "$ROOT" && stage_and_place ${features:+--features "$features"})
     # The install scripts of released versions, frozen, so that a database can be created
     # at an older version and updated (cargo pgrx install copies the update scripts only).
     local share
@@ -253,8 +269,7 @@ install_packaged() {
     tree="$ROOT/target/packages/build/postgresql-15-etc-batch_$version/deb"
     [ -d "$tree/usr" ] || { echo "no package was built for 15: run scripts/package 15" >&2; return 1; }
     log "installing the files of postgresql-15-etc-batch $version"
-    set_library_aside
-    cp -R "$tree/usr/." "$PG15_HOME/usr/"
+    place_tree "$tree/usr" "$PG15_HOME/usr"
 }
 
 # released_tree VERSION: the source tree of released VERSION, from the commit
@@ -289,9 +304,7 @@ install_released() {
     local dir
     dir=$(released_tree "$1")
     log "building and installing etc_batch $1"
-    set_library_aside
-    (cd "$dir" && CARGO_TARGET_DIR=$(released_target) \
-        in_pg cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+    (cd "$dir" && CARGO_TARGET_DIR=$(released_target) stage_and_place)
 }
 
 # port_free PORT: fails, saying which program holds it, when something on this machine
