@@ -7,6 +7,8 @@ Drains: 100,000 pending orders of one tenant among 100,000 of another, approved 
 list, cancelled chunk by chunk with an audit row per order and a checkpoint per chunk:
   A  CALL etc_batch.drain_job, the approval registered from a query (timed separately)
   J  the same, the approval registered as a jsonb list the client sends (timed separately)
+  T  A with its transactions sized by time: pace_job's transaction_time of 200 ms, as
+     many chunks per COMMIT as fit it
   S  A with every signal of pace_job set and none tripping (replica lag, archive backlog,
      a VACUUM of the table, a window of the whole week, a throttle and a critical query)
   B  PL/pgSQL, the seed's way: one UPDATE ... RETURNING and one audit INSERT per item
@@ -60,9 +62,10 @@ sys.path.insert(0, str(HERE))
 from common import commit, connect, lsn, machine, summary, wal_since  # noqa: E402
 
 CHUNKS = (10, 100, 1000)
-METHODS = ("A", "J", "S", "R", "B", "C", "D", "E", "F")
+METHODS = ("A", "T", "J", "S", "R", "B", "C", "D", "E", "F")
 NAMES = {
     "A": "etc_batch.drain_job",
+    "T": "etc_batch.drain_job, transaction_time 200 ms",
     "J": "etc_batch.drain_job, approved as jsonb",
     "S": "etc_batch.drain_job, every signal set, none tripping",
     "R": "etc_batch.drain_job, values before the change recorded (record_before)",
@@ -155,7 +158,7 @@ class Bench:
             c.execute(f"SET synchronous_commit = {sync_commit}")
             job = f"{method}-{chunk}-{time.monotonic_ns()}"
             extra = {}
-            if method in REGISTERING or method in ("S", "R"):
+            if method in REGISTERING or method in ("S", "R", "T"):
                 history = history_bytes(c)
                 if method == "J":
                     # the list as a client sends it, put together before the clock starts
@@ -164,7 +167,7 @@ class Bench:
                             "SELECT id, revision, qty FROM orders WHERE tenant = 'A'")])
                 since = lsn(c)
                 t = time.perf_counter()
-                if method in ("A", "S"):
+                if method in ("A", "S", "T"):
                     c.execute(
                         "SELECT etc_batch.register_job_from_query(%s, 'A', 'orders', "
                         "$$SELECT id, revision, qty FROM orders WHERE tenant = 'A'$$, %s, "
@@ -188,6 +191,8 @@ class Bench:
                     )
                 extra["register_s"] = time.perf_counter() - t
                 extra["register_wal"] = wal_since(c, since)
+                if method == "T":
+                    c.execute("SELECT etc_batch.pace_job(%s, transaction_time => '200ms')", (job,))
                 if method == "S":
                     # what a careful DBA sets for a drain on a busy primary; none trips here
                     c.execute(
@@ -423,6 +428,12 @@ TARGETS = [
     ("A ≥ 1.0 × C at chunk 10", lambda r: r["ratios"]["on"]["10"]["C"]["median"], 1.0, "≥"),
     ("A ≥ 1.0 × C at chunk 100", lambda r: r["ratios"]["on"]["100"]["C"]["median"], 1.0, "≥"),
     ("A ≥ 1.0 × C at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["C"]["median"], 1.0, "≥"),
+    ("T (transaction_time 200 ms) ≥ 2.0 × C at chunk 10",
+     lambda r: r["by_time"]["on"]["10"]["over_c"]["median"], 2.0, "≥"),
+    ("T (transaction_time 200 ms) ≥ 3.0 × A at chunk 10",
+     lambda r: r["by_time"]["on"]["10"]["over_a"]["median"], 3.0, "≥"),
+    ("T (transaction_time 200 ms) ≥ 1.5 × C at chunk 100",
+     lambda r: r["by_time"]["on"]["100"]["over_c"]["median"], 1.5, "≥"),
     ("A ≥ 1.5 × B at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["B"]["median"], 1.5, "≥"),
     ("A ≥ 1.2 × B at chunk 10", lambda r: r["ratios"]["on"]["10"]["B"]["median"], 1.2, "≥"),
     ("A ≥ 0.85 × E at chunk 1,000", lambda r: r["ratios"]["on"]["1000"]["E"]["median"], 0.85, "≥"),
@@ -535,6 +546,20 @@ def markdown(r):
                     x = ratios[str(k)][other]
                     cells.append(f"{x['median']:.2f}" + (f" ({x['min']:.2f} to {x['max']:.2f})" if len(x["runs"]) > 1 else ""))
                 lines.append(f"| A / {other} | " + " | ".join(cells) + " |")
+            lines.append("")
+        by_time = r.get("by_time", {}).get(sync)
+        if by_time:
+            def spread(x):
+                return f"{x['median']:.2f}" + (
+                    f" ({x['min']:.2f} to {x['max']:.2f})" if len(x["runs"]) > 1 else "")
+            lines += ["Transactions sized by time: T's rows per second (pace_job's transaction_time "
+                      "200 ms, as many chunks per COMMIT as fit it) over C's and over A's (one chunk "
+                      "per transaction), the median of the repetitions' own ratios (min to max):", "",
+                      "| ratio | " + " | ".join(f"chunk {k:,}" for k in CHUNKS) + " |",
+                      "|---|" + "---|" * len(CHUNKS),
+                      "| T / C | " + " | ".join(spread(by_time[str(k)]["over_c"]) for k in CHUNKS) + " |"]
+            if "over_a" in by_time[str(CHUNKS[0])]:
+                lines.append("| T / A | " + " | ".join(spread(by_time[str(k)]["over_a"]) for k in CHUNKS) + " |")
             lines.append("")
         signals = r.get("signals_over_a", {}).get(sync)
         if signals:
@@ -888,6 +913,13 @@ def main():
         if "J" in methods and "C" in methods:
             result.setdefault("j_over_c", {})[sync] = {
                 k: paired(ms["J"], ms["C"]) for k, ms in runs.items()}
+        if "T" in methods and "C" in methods:
+            # transactions sized by time, over the hand-written loop and over one chunk
+            # per transaction
+            result.setdefault("by_time", {})[sync] = {
+                k: {"over_c": paired(ms["T"], ms["C"]),
+                    **({"over_a": paired(ms["T"], ms["A"])} if "A" in ms else {})}
+                for k, ms in runs.items()}
         if "S" in methods and "A" in methods:
             result.setdefault("signals_over_a", {})[sync] = {
                 k: paired(ms["S"], ms["A"]) for k, ms in runs.items()}

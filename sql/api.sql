@@ -83,9 +83,9 @@ COMMENT ON FUNCTION etc_batch.resume_job(text) IS
     'Lets a paused job go on from its checkpoint.';
 REVOKE ALL ON FUNCTION etc_batch.abort_job(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.pause_job(text) FROM PUBLIC;
-COMMENT ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text) IS
-    'Sets a job''s whole pace: rows per second for all its drainers together, the signals they wait for (replica lag, WAL archive backlog, a VACUUM of the table, windows, a throttle query) and those that pause the job (pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query); what a call does not name has no limit afterwards, and pace_job(job_id) clears it all. Not part of the approval.';
-REVOKE ALL ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text) FROM PUBLIC;
+COMMENT ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text, interval) IS
+    'Sets a job''s whole pace: rows per second for all its drainers together, the signals they wait for (replica lag, WAL archive backlog, a VACUUM of the table, windows, a throttle query) and those that pause the job (pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query), and how long a drain''s transaction may take (transaction_time: as many chunks as fit commit together); what a call does not name has no limit afterwards, and pace_job(job_id) clears it all. Not part of the approval.';
+REVOKE ALL ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION etc_batch.resume_job(text) FROM PUBLIC;
 
 -- Leases

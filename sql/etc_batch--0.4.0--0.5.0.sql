@@ -93,6 +93,16 @@ ALTER TABLE etc_batch.batch_log ADD COLUMN last_detail text;
 COMMENT ON COLUMN etc_batch.batch_log.last_detail IS
     'The DETAIL of the step''s last error, beside its message (last_error) and SQLSTATE (last_sqlstate): a step run by a worker connected as its author raises its error to the caller from these.';
 
+-- Transactions sized by time: pace_job's transaction_time (as many chunks as fit it
+-- commit together, src/job/run/group.rs), and how many a sequential job's last
+-- transaction committed (a parallel job's chunk rows tell it by their txid); both shown
+-- by job_progress.
+ALTER TABLE etc_batch.job_pace
+    ADD COLUMN transaction_time interval CHECK (transaction_time > '0' AND transaction_time <= '1 hour');
+COMMENT ON TABLE etc_batch.job_pace IS
+    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query. transaction_time sizes each transaction of a drain: as many consecutive chunks as fit it commit together.';
+ALTER TABLE etc_batch.job ADD COLUMN chunks_per_transaction integer;
+
 -- job_progress: an estimated finish that counts the pace's rate and the waits for the
 -- windows to open, the rate of the clock beside the rate at work, and the job's number
 -- last (an event names the job by it, src/events.rs, and a role that may see the job
@@ -116,6 +126,7 @@ WITH p AS (
            CASE WHEN j.parallel THEN c.first_commit ELSE j.started_at END AS first_commit,
            CASE WHEN j.parallel THEN c.last_commit ELSE j.last_commit_at END AS last_commit,
            CASE WHEN j.parallel THEN c.worked ELSE j.seconds_at_work END AS worked,
+           CASE WHEN j.parallel THEN g.chunks ELSE j.chunks_per_transaction END AS per_transaction,
            d.pids
       FROM etc_batch.job j
       LEFT JOIN LATERAL (
@@ -134,6 +145,15 @@ WITH p AS (
                                         c.committed_at OPERATOR(pg_catalog.-) interval '1 hour')) AS worked
                       FROM etc_batch.job_chunk c
                      WHERE j.parallel AND c.job_id OPERATOR(pg_catalog.=) j.job_id AND c.committed) c) c ON true
+      -- a parallel job's last transaction: the chunks committed with its last chunk
+      LEFT JOIN LATERAL (
+            SELECT NULLIF(pg_catalog.count(*), 0)::pg_catalog.int4 AS chunks
+              FROM etc_batch.job_chunk t
+             WHERE j.parallel AND t.job_id OPERATOR(pg_catalog.=) j.job_id AND t.committed
+               AND t.txid OPERATOR(pg_catalog.=) (
+                   SELECT l.txid FROM etc_batch.job_chunk l
+                    WHERE l.job_id OPERATOR(pg_catalog.=) j.job_id AND l.committed
+                    ORDER BY l.committed_at DESC LIMIT 1)) g ON true
       LEFT JOIN LATERAL (
             SELECT pg_catalog.array_agg(x.pid ORDER BY x.pid) AS pids
               FROM pg_catalog.pg_locks x
@@ -208,7 +228,11 @@ SELECT p.job_id, p.status,
                      COALESCE(p.finished_at, pg_catalog.now()) OPERATOR(pg_catalog.-) p.first_commit))::pg_catalog.numeric, 1)
        END AS items_per_second_elapsed,
        -- the number an event names the job by (src/events.rs), for a role that may see it
-       p.job_number
+       p.job_number,
+       -- pace_job's target for a drain's transactions, and how many chunks the last one
+       -- committed together (1 without a target)
+       c.transaction_time,
+       p.per_transaction AS chunks_per_transaction
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
@@ -236,7 +260,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by; its pace''s transaction_time, and how many chunks its last transaction committed together (chunks_per_transaction).';
 
 -- doctor() says what a job whose drainers wait for their pace waits for, as a row that
 -- is no warning. As in sql/doctor.sql:
@@ -616,8 +640,8 @@ REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
 -- expression over the row's own columns, kept in job.set_expressions as PostgreSQL
 -- prints them back: src/job/change/set_expressions.rs), what to do to each row (action),
 -- a move's archive, whether a delete keeps its rows (keep_deleted) and the columns set
--- to each item's own value (set_from_query): made again, with the EXECUTE grants they
--- had.
+-- to each item's own value (set_from_query); pace_job takes transaction_time: made
+-- again, with the EXECUTE grants they had.
 DO $remake$
 DECLARE
     old regprocedure;
@@ -628,7 +652,9 @@ DECLARE
         ['etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
          'etc_batch.register_job(text, text, regclass, jsonb, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[])'],
         ['etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean)',
-         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[])']];
+         'etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[])'],
+        ['etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text)',
+         'etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text, interval)']];
     grants text[] := '{}';
 BEGIN
     FOR i IN 1 .. array_length(signatures, 1) LOOP
@@ -674,6 +700,19 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'register_job_from_query_wrapper';
 COMMENT ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) IS
     'Freezes the rows of a SELECT, run once as the registering role in one snapshot, as the approved items of a job; otherwise as register_job.';
 REVOKE ALL ON FUNCTION etc_batch.register_job_from_query(text, text, regclass, text, integer, jsonb, jsonb, name, name, name, regprocedure, boolean, name[], text, text, boolean, jsonb, text, regclass, boolean, name[]) FROM PUBLIC;
+
+CREATE FUNCTION etc_batch.pace_job(
+    job_id text, rows_per_second integer DEFAULT NULL, max_replica_lag_bytes bigint DEFAULT NULL,
+    max_archive_backlog integer DEFAULT NULL, yield_to_vacuum boolean DEFAULT false,
+    windows text[] DEFAULT NULL, time_zone text DEFAULT NULL, throttle_query text DEFAULT NULL,
+    pause_above_replica_lag_bytes bigint DEFAULT NULL, pause_above_archive_backlog integer DEFAULT NULL,
+    critical_query text DEFAULT NULL, transaction_time interval DEFAULT NULL)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'pace_job_wrapper';
+COMMENT ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text, interval) IS
+    'Sets a job''s whole pace: rows per second for all its drainers together, the signals they wait for (replica lag, WAL archive backlog, a VACUUM of the table, windows, a throttle query) and those that pause the job (pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query), and how long a drain''s transaction may take (transaction_time: as many chunks as fit commit together); what a call does not name has no limit afterwards, and pace_job(job_id) clears it all. Not part of the approval.';
+REVOKE ALL ON FUNCTION etc_batch.pace_job(text, integer, bigint, integer, boolean, text[], text, text, bigint, integer, text, interval) FROM PUBLIC;
 $ddl$;
     FOREACH grant_sql IN ARRAY grants LOOP
         EXECUTE grant_sql;

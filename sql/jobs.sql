@@ -64,6 +64,9 @@ CREATE TABLE etc_batch.job (
                                  CHECK (action IN ('update', 'delete', 'move', 'restore')),
     archive          text,
     keep_deleted     boolean     NOT NULL DEFAULT true,
+    -- a sequential job's last transaction: how many chunks it committed together (pace_job's
+    -- transaction_time); NULL: none yet. A parallel job's chunk rows tell it by their txid.
+    chunks_per_transaction integer,
     CONSTRAINT job_archive_check CHECK (action = 'restore' OR (action = 'move') = (archive IS NOT NULL))
 );
 

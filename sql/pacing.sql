@@ -36,11 +36,13 @@ CREATE TABLE etc_batch.job_pace (
     -- the critical ones: the job is paused, with the reason in job_pause
     pause_above_replica_lag_bytes bigint  CHECK (pause_above_replica_lag_bytes >= 0),
     pause_above_archive_backlog   integer CHECK (pause_above_archive_backlog >= 0),
-    critical_query        text
+    critical_query        text,
+    -- how long one transaction of a drain may take: as many chunks as fit go in one
+    transaction_time      interval    CHECK (transaction_time > '0' AND transaction_time <= '1 hour')
 );
 
 COMMENT ON TABLE etc_batch.job_pace IS
-    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query.';
+    'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query. transaction_time sizes each transaction of a drain: as many consecutive chunks as fit it commit together.';
 
 CREATE TABLE etc_batch.job_wait (
     job_id     text   NOT NULL,

@@ -18,6 +18,7 @@ WITH p AS (
            CASE WHEN j.parallel THEN c.first_commit ELSE j.started_at END AS first_commit,
            CASE WHEN j.parallel THEN c.last_commit ELSE j.last_commit_at END AS last_commit,
            CASE WHEN j.parallel THEN c.worked ELSE j.seconds_at_work END AS worked,
+           CASE WHEN j.parallel THEN g.chunks ELSE j.chunks_per_transaction END AS per_transaction,
            d.pids
       FROM etc_batch.job j
       LEFT JOIN LATERAL (
@@ -36,6 +37,15 @@ WITH p AS (
                                         c.committed_at OPERATOR(pg_catalog.-) interval '1 hour')) AS worked
                       FROM etc_batch.job_chunk c
                      WHERE j.parallel AND c.job_id OPERATOR(pg_catalog.=) j.job_id AND c.committed) c) c ON true
+      -- a parallel job's last transaction: the chunks committed with its last chunk
+      LEFT JOIN LATERAL (
+            SELECT NULLIF(pg_catalog.count(*), 0)::pg_catalog.int4 AS chunks
+              FROM etc_batch.job_chunk t
+             WHERE j.parallel AND t.job_id OPERATOR(pg_catalog.=) j.job_id AND t.committed
+               AND t.txid OPERATOR(pg_catalog.=) (
+                   SELECT l.txid FROM etc_batch.job_chunk l
+                    WHERE l.job_id OPERATOR(pg_catalog.=) j.job_id AND l.committed
+                    ORDER BY l.committed_at DESC LIMIT 1)) g ON true
       LEFT JOIN LATERAL (
             SELECT pg_catalog.array_agg(x.pid ORDER BY x.pid) AS pids
               FROM pg_catalog.pg_locks x
@@ -110,7 +120,11 @@ SELECT p.job_id, p.status,
                      COALESCE(p.finished_at, pg_catalog.now()) OPERATOR(pg_catalog.-) p.first_commit))::pg_catalog.numeric, 1)
        END AS items_per_second_elapsed,
        -- the number an event names the job by (src/events.rs), for a role that may see it
-       p.job_number
+       p.job_number,
+       -- pace_job's target for a drain's transactions, and how many chunks the last one
+       -- committed together (1 without a target)
+       c.transaction_time,
+       p.per_transaction AS chunks_per_transaction
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
@@ -138,7 +152,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by.';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by; its pace''s transaction_time, and how many chunks its last transaction committed together (chunks_per_transaction).';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (

@@ -386,8 +386,9 @@ fn pause_job(job_id: Option<String>) {
 /// together), the signals of the system its drainers wait for (replica lag, WAL archive
 /// backlog, a VACUUM of its table, its windows, a throttle query) and those that pause it
 /// (pause_above_*, critical_query). What a call does not name has no limit afterwards;
-/// pace_job(job_id) clears it all. Read by every drainer at its next chunk, the signals
-/// at most once per etc_batch.signal_interval.
+/// pace_job(job_id) clears it all. transaction_time sizes the drains' transactions: as
+/// many chunks as fit go in one. Read by every drainer at its next transaction, the
+/// signals at most once per etc_batch.signal_interval.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn pace_job(
@@ -402,6 +403,7 @@ fn pace_job(
     pause_above_replica_lag_bytes: default!(Option<i64>, "NULL"),
     pause_above_archive_backlog: default!(Option<i32>, "NULL"),
     critical_query: default!(Option<String>, "NULL"),
+    transaction_time: default!(Option<pgrx::datum::Interval>, "NULL"),
 ) {
     crate::standby::refuse_writes("etc_batch.pace_job").or_raise();
     let job_id = required(job_id, "job_id").or_raise();
@@ -418,6 +420,10 @@ fn pace_job(
             pause_above_replica_lag_bytes,
             pause_above_archive_backlog,
             critical_query,
+            transaction_time: transaction_time
+                .map(pace::transaction_time)
+                .transpose()
+                .or_raise(),
         },
     )
     .or_raise()

@@ -220,9 +220,10 @@ SELECT i.position, i.item_key
 pub const PACE_JOB: &str = "\
 INSERT INTO etc_batch.job_pace (job_id, rows_per_second, max_replica_lag_bytes, set_at, set_by,
        max_archive_backlog, yield_to_vacuum, windows, time_zone, throttle_query,
-       pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query)
+       pause_above_replica_lag_bytes, pause_above_archive_backlog, critical_query,
+       transaction_time)
 VALUES ($1, $2, $3, pg_catalog.now(), $4::pg_catalog.oid::pg_catalog.regrole,
-        $5, $6, $7, $8, $9, $10, $11, $12)
+        $5, $6, $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT (job_id) DO UPDATE
    SET rows_per_second = EXCLUDED.rows_per_second,
        max_replica_lag_bytes = EXCLUDED.max_replica_lag_bytes,
@@ -233,7 +234,8 @@ ON CONFLICT (job_id) DO UPDATE
        throttle_query = EXCLUDED.throttle_query,
        pause_above_replica_lag_bytes = EXCLUDED.pause_above_replica_lag_bytes,
        pause_above_archive_backlog = EXCLUDED.pause_above_archive_backlog,
-       critical_query = EXCLUDED.critical_query";
+       critical_query = EXCLUDED.critical_query,
+       transaction_time = EXCLUDED.transaction_time";
 
 /// A VACUUM at work on table $1 or one of its partitions, in this database: its pid.
 /// (pg_partition_tree has no rows for a table that is not partitioned.)

@@ -1315,12 +1315,14 @@ def slow_chunks(db, orders, label, seconds):
     ).format(fn=fn).as_string(db.admin))
 
 
-def test_eight_drainers_killed_at_random_drain_a_parallel_job_exactly_once(db):
+@pytest.mark.parametrize("transaction_time", [None, "150ms"], ids=["chunk_per_transaction", "by_time"])
+def test_eight_drainers_killed_at_random_drain_a_parallel_job_exactly_once(db, transaction_time):
     """8 drainers over one parallel job of 3,000 items in chunks of 10, a random one
     terminated (pg_terminate_backend) every few tens of milliseconds and started again,
     until the job is done: each chunk committed once, by one transaction, every item
     changed and audited exactly once, verify_job clean; no drainer ever waited for a
-    chunk another held."""
+    chunk another held. With a transaction_time, each drainer commits the chunks it
+    claims several at a time, and a kill takes all of them back."""
     universe = range(1, 3601)
     keys = pick_keys(21, 3000, universe)
     orders = Orders(db, "par8", a_ids=universe, b_ids=range(1, 300))
@@ -1328,7 +1330,10 @@ def test_eight_drainers_killed_at_random_drain_a_parallel_job_exactly_once(db):
     registered = register(db.connect(), job, orders.name, shuffled(orders.items(keys), 3),
                           parallel=True)
     assert registered["chunks"] == 300
-    slow_chunks(db, orders, "par8", 0.01)
+    if transaction_time is not None:
+        db.admin.execute("SELECT etc_batch.pace_job(%s, transaction_time => %s::interval)",
+                         (job, transaction_time))
+    slow_chunks(db, orders, f"par8_{transaction_time is None}", 0.01)
 
     done = threading.Event()
     failures = []
@@ -1376,6 +1381,11 @@ def test_eight_drainers_killed_at_random_drain_a_parallel_job_exactly_once(db):
     # several drainers committed chunks, and the calls' counts add up to at most the
     # chunks (a killed call's chunks are counted by no result)
     assert sum(r["committed_chunks"] for r in results) <= 300
+    shared = Counter(txid for txid, _ in audit_by_chunk(db, job).values())
+    if transaction_time is None:
+        assert max(shared.values()) == 1
+    else:
+        assert max(shared.values()) > 1, shared
 
 
 def test_parallel_drainers_share_the_chunks_without_waiting(db):

@@ -45,9 +45,19 @@ pub struct Pace {
     pub pause_above_replica_lag_bytes: Option<i64>,
     pub pause_above_archive_backlog: Option<i32>,
     pub critical_query: Option<String>,
+    /// How long one transaction of a drain may take: as many chunks as fit go in one
+    /// (job/run/group.rs). Not under a rate, whose slots are a chunk's each.
+    pub transaction_time: Option<Duration>,
 }
 
 impl Pace {
+    /// The time a drain's transaction is sized to, if any: none under rows_per_second,
+    /// whose slots are taken one chunk at a time, between transactions.
+    pub fn transaction_target(&self) -> Option<Duration> {
+        self.transaction_time
+            .filter(|_| self.rows_per_second.is_none())
+    }
+
     /// Whether any signal is set, besides the rate, which is a slot per chunk.
     pub fn has_signals(&self) -> bool {
         // read before every chunk: no copy of the pace's texts
@@ -214,6 +224,12 @@ pub fn set(job_id: &str, mut pace: Pace) -> Result<()> {
     }
     let by = current_user();
     let def = crate::job::lifecycle::acted_on(job_id, "pace")?;
+    if pace.transaction_time.is_some() && pace.rows_per_second.is_some() {
+        return Err(BatchError::invalid_because(
+            "transaction_time with rows_per_second",
+            "Under a rate each chunk takes its own slot, one transaction each: give one or the other.",
+        ));
+    }
     for (what, text) in [
         ("throttle_query", &pace.throttle_query),
         ("critical_query", &pace.critical_query),
@@ -243,9 +259,27 @@ pub fn set(job_id: &str, mut pace: Pace) -> Result<()> {
                 pace.pause_above_replica_lag_bytes.into(),
                 pace.pause_above_archive_backlog.into(),
                 pace.critical_query.clone().into(),
+                pace.transaction_time
+                    .and_then(|t| pgrx::datum::Interval::try_from(t).ok())
+                    .into(),
             ],
         )
     })
+}
+
+/// The longest transaction_time pace_job takes: a transaction holds its row locks that
+/// long.
+const LONGEST_TRANSACTION_TIME: Duration = Duration::from_secs(3600);
+
+/// pace_job's transaction_time, as a duration: above zero, an hour at most.
+pub fn transaction_time(interval: pgrx::datum::Interval) -> Result<Duration> {
+    match Duration::try_from(interval) {
+        Ok(time) if !time.is_zero() && time <= LONGEST_TRANSACTION_TIME => Ok(time),
+        _ => Err(BatchError::invalid_because(
+            "transaction_time is out of range",
+            "Give the time a transaction may take, above 0 and at most an hour (for example '200ms'), or NULL for one chunk per transaction.",
+        )),
+    }
 }
 
 /// The pace of job `job_id`, read by its primary key. Run as the owner.
@@ -263,6 +297,9 @@ pub fn of(job_id: &str) -> Result<Pace> {
                 pause_above_replica_lag_bytes: row.get::<i64>("pause_above_replica_lag_bytes")?,
                 pause_above_archive_backlog: row.get::<i32>("pause_above_archive_backlog")?,
                 critical_query: row.get::<String>("critical_query")?,
+                transaction_time: row
+                    .get::<pgrx::datum::Interval>("transaction_time")?
+                    .and_then(|t| Duration::try_from(t).ok()),
             })
         })
     })?;

@@ -141,6 +141,108 @@ pub fn open(job_id: &str, tables: &JobTables, halt: &dyn Halt) -> Result<Opening
     Ok(OpenChunk::checkpoint(progress, items, locked.at).map_or(Opening::Done, Opening::Open))
 }
 
+/// The checkpoint of a sequential job moved past the chunks of the open transaction,
+/// when they share it (job/run/group.rs), and not yet written: the job's row stays
+/// locked from the first chunk's `open` to the transaction's end, so nobody else moves
+/// it meanwhile, and it is written once (`write`) before the COMMIT. Writing it after
+/// every chunk would leave one dead version of the row per chunk in the transaction,
+/// each a step more for the next lookup of the row.
+pub struct Unwritten {
+    /// The locked version of the job's row.
+    at: Tid,
+    /// The checkpoint as the transaction found it, and past its last chunk now.
+    from: i32,
+    to: i32,
+    item_count: i32,
+    chunk_size: i32,
+    chunks: i32,
+    /// When the drainer's work towards the first chunk began, and the chunks' own
+    /// seconds added up.
+    since: TimestampWithTimeZone,
+    seconds: f64,
+}
+
+impl Unwritten {
+    /// The first chunk of the transaction, `range`, closed at `at`.
+    pub fn first(
+        at: Tid,
+        range: &Range<i32>,
+        progress: Progress,
+        since: TimestampWithTimeZone,
+        seconds: f64,
+    ) -> Unwritten {
+        Unwritten {
+            at,
+            from: range.start,
+            to: range.end,
+            item_count: progress.item_count,
+            chunk_size: progress.chunk_size,
+            chunks: 1,
+            since,
+            seconds,
+        }
+    }
+
+    /// The next chunk of the transaction, `range`, closed.
+    pub fn add(&mut self, range: &Range<i32>, seconds: f64) {
+        debug_assert_eq!(range.start, self.to);
+        self.to = range.end;
+        self.chunks += 1;
+        self.seconds += seconds;
+    }
+
+    /// Whether the job is done with the chunks so far.
+    pub fn done(&self) -> bool {
+        self.to == self.item_count
+    }
+
+    fn progress(&self) -> Progress {
+        Progress {
+            next_index: self.to,
+            item_count: self.item_count,
+            chunk_size: self.chunk_size,
+        }
+    }
+}
+
+/// The next chunk of a sequential job in a transaction that has chunks before it
+/// (`Unwritten`): the job's row is locked since the first of them and was checked then,
+/// and the audit rows past the checkpoint it found are this transaction's own; only the
+/// job's pause or `halt` and the chunk's items are read. Run as the owner.
+pub fn open_next(
+    job_id: &str,
+    tables: &JobTables,
+    held: &Unwritten,
+    halt: &dyn Halt,
+) -> Result<Opening> {
+    if let Some(paused) = held_back(job_id, halt)? {
+        return Ok(Opening::Paused(paused));
+    }
+    let progress = held.progress();
+    let Some(range) = progress.next_chunk() else {
+        return Ok(Opening::Done);
+    };
+    let items = match chunk_items(tables, &range)? {
+        Ok(items) => items,
+        Err(reason) => return Ok(Opening::Untrusted(reason)),
+    };
+    Ok(OpenChunk::checkpoint(progress, items, held.at).map_or(Opening::Done, Opening::Open))
+}
+
+/// Writes the checkpoint moved past the transaction's chunks (`Unwritten`), as
+/// `advance` does for one chunk. Returns the job's status after it. Run as the owner.
+pub fn write(job_id: &str, tables: &JobTables, held: Unwritten) -> Result<JobStatus> {
+    advance(
+        job_id,
+        tables,
+        held.at,
+        &(held.from..held.to),
+        held.chunks,
+        held.since,
+        held.seconds,
+    )
+}
+
 /// After the chunk `range` was rolled back: the job's row locked again, and whether the
 /// checkpoint is still where the chunk began. Run as the owner.
 pub fn recheck(job_id: &str, tables: &JobTables, range: &Range<i32>) -> Result<Recheck> {
@@ -232,16 +334,18 @@ pub fn short_list(range: &Range<i32>, found: usize) -> String {
     )
 }
 
-/// Moves the checkpoint of the locked job past the chunk `range`, with its new seal,
-/// once the chunk's audit rows are written, and adds the time at work on it: from
-/// `since` (when its drainer's work towards it began) or the commit before it, whichever
-/// is later, to now; and the chunk's own `seconds`, from its opening to its checkpoint, to
-/// the job's chunk_seconds. Returns the job's status after it.
+/// Moves the checkpoint of the locked job past `range`, the positions of the `chunks`
+/// chunks of this transaction, with its new seal, once their audit rows are written,
+/// and adds the time at work on them: from `since` (when its drainer's work towards the
+/// first began) or the commit before it, whichever is later, to now; and the chunks' own
+/// `seconds`, from opening to checkpoint, to the job's chunk_seconds. Returns the job's
+/// status after it.
 pub fn advance(
     job_id: &str,
     tables: &JobTables,
     at: Tid,
     range: &Range<i32>,
+    chunks: i32,
     since: TimestampWithTimeZone,
     seconds: f64,
 ) -> Result<JobStatus> {
@@ -254,7 +358,8 @@ pub fn advance(
             if next_index != range.start {
                 return Err(BatchError::Internal("the checkpoint did not move".into()));
             }
-            let chunks = row.get::<i32>("chunks_committed")?.unwrap_or(0) + 1;
+            let in_transaction = chunks;
+            let chunks = row.get::<i32>("chunks_committed")?.unwrap_or(0) + chunks;
             let done = range.end == row.get::<i32>("item_count")?.unwrap_or(-1);
             let status = if done {
                 JobStatus::Done
@@ -279,6 +384,7 @@ pub fn advance(
                 ("finished_at", done.then_some(now)),
                 ("seconds_at_work", worked.into_datum()),
                 ("chunk_seconds", chunk_seconds.into_datum()),
+                ("chunks_per_transaction", in_transaction.into_datum()),
             ];
             Ok((set, status))
         })

@@ -6,12 +6,14 @@
 //! nothing at all.
 
 /// The points, in the order a chunk reaches them: after its change, after its audit
-/// rows and checkpoint (written one after the other, nothing between them), after its
-/// COMMIT.
+/// rows and checkpoint (written one after the other, nothing between them), between it
+/// and the next chunk of its transaction (a job whose transactions are sized by time,
+/// group.rs), after its COMMIT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Point {
     AfterChange,
     AfterCheckpoint,
+    BetweenChunks,
     AfterCommit,
 }
 
@@ -20,6 +22,7 @@ impl Point {
         match self {
             Point::AfterChange => "after_change",
             Point::AfterCheckpoint => "after_checkpoint",
+            Point::BetweenChunks => "between_chunks",
             Point::AfterCommit => "after_commit",
         }
     }
@@ -38,7 +41,7 @@ mod points {
         GucRegistry::define_string_guc(
             c"etc_batch.crash_at",
             c"Test aid: terminate the backend at this point of a job's chunk.",
-            c"One of after_change, after_checkpoint (the audit rows are written with it), after_commit. Empty (the default) does nothing.",
+            c"One of after_change, after_checkpoint (the audit rows are written with it), between_chunks (of one transaction, under a transaction_time), after_commit. Empty (the default) does nothing.",
             &CRASH_AT,
             GucContext::Suset,
             GucFlags::NO_SHOW_ALL,

@@ -29,9 +29,10 @@
 //! explained after its rollback (mismatch.rs); what the caller is told (notices.rs).
 
 use super::drainer::{caught, Change, Drainer};
-use super::ending::Round;
 pub use super::ending::{AtWindowClose, Drained, Ended};
-use super::notices::committed_notice;
+use super::ending::{Committed, Round};
+use super::group::Group;
+use super::notices::chunks_named;
 use super::pace_wait::BeforeChunk;
 use crate::error::{BatchError, Result};
 use crate::halt::Halt;
@@ -95,88 +96,123 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
     let mut all_held = false;
     // the failed attempts of the chunk being tried, for transient errors
     let mut failed_attempts = 0;
+    // the chunks done in the open transaction, when the job's transactions are sized by
+    // time (group.rs): told once they commit
+    let mut group: Group<Committed> = Group::default();
     while !finished
         && !all_held
         && matches!(drained.ended, Ended::Job(_))
         && max_chunks.is_none_or(|max| drained.chunks < max)
     {
-        // the pace: wait, holding nothing, until the next chunk may go
-        match job.wait_for_pace(tx, at_window_close, halt)? {
-            BeforeChunk::Go => {}
-            BeforeChunk::Paused(paused) => {
-                if let Some(paused) = paused {
-                    paused.notice(
-                        &format!("job \"{job_id}\""),
-                        &format!("etc_batch.resume_job({})", quote_literal(job_id)),
-                    );
+        // the pace: wait, holding nothing, until the next transaction may go
+        if !group.is_open() {
+            match job.wait_for_pace(tx, at_window_close, halt)? {
+                BeforeChunk::Go => {}
+                BeforeChunk::Paused(paused) => {
+                    if let Some(paused) = paused {
+                        paused.notice(
+                            &format!("job \"{job_id}\""),
+                            &format!("etc_batch.resume_job({})", quote_literal(job_id)),
+                        );
+                    }
+                    drained.ended = Ended::Paused;
+                    continue;
                 }
-                drained.ended = Ended::Paused;
-                continue;
-            }
-            BeforeChunk::OutsideWindows { opens_in } => {
-                ereport!(
-                    NOTICE,
-                    PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-                    format!("job \"{job_id}\" is outside its windows; this call stops here"),
-                    format!(
-                        "Its next window opens in {}. pace_job sets the windows.",
-                        crate::job::rules::window::human_minutes(opens_in)
-                    )
-                );
-                drained.ended = Ended::OutsideWindows(JobStatus::Pending);
-                continue;
+                BeforeChunk::OutsideWindows { opens_in } => {
+                    ereport!(
+                        NOTICE,
+                        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+                        format!("job \"{job_id}\" is outside its windows; this call stops here"),
+                        format!(
+                            "Its next window opens in {}. pace_job sets the windows.",
+                            crate::job::rules::window::human_minutes(opens_in)
+                        )
+                    );
+                    drained.ended = Ended::OutsideWindows(JobStatus::Pending);
+                    continue;
+                }
             }
         }
-        let round = tx.item(|_| job.next_chunk(&mut audit, halt))?;
+        let began = std::time::Instant::now();
+        group.chunk_begins(began, job.transaction_time);
+        let shared = group.shared();
+        let round = tx.item(|_| job.next_chunk(&mut audit, halt, shared))?;
         if !matches!(round, Round::Transient { .. }) {
             failed_attempts = 0;
         }
+        if group.is_open() && !round.keeps_the_transaction() {
+            // the group rolls back whole; its chunks and this one run one per
+            // transaction next, so that whatever this was meets its chunk alone
+            if round.broke_the_transaction() {
+                tx.rollback_after_error();
+            } else {
+                tx.rollback();
+            }
+            let undone = group.rolled_back();
+            job.order.rolled_back();
+            debug1!(
+                "etc_batch: job \"{job_id}\": a transaction of {undone} chunk(s) and one more rolled back; they run one per transaction"
+            );
+            continue;
+        }
         match round {
-            Round::Committed {
-                number,
-                total,
-                items,
-                skipped,
-                first_key,
-                last_key,
-                last,
-            } => {
+            Round::Committed(chunk) => {
+                let now = std::time::Instant::now();
+                let last = chunk.last;
+                group.chunk_done(chunk, began, now);
+                // what the next chunk's work counts from (job.seconds_at_work)
+                job.at_work_since = clock_timestamp();
+                let room = !last
+                    && group.has_room(now)
+                    && max_chunks.is_none_or(|max| drained.chunks + (group.len() as i32) < max);
+                if room {
+                    crash::reached(Point::BetweenChunks);
+                    continue;
+                }
+                if !ready_to_commit(tx, &mut job, &mut group) {
+                    continue;
+                }
                 tx.commit();
+                let chunks = group.committed();
                 if crate::txn::last_commit_unconfirmed() {
                     return Err(BatchError::SyncWaitCanceled {
-                        what: format!("chunk {number} of job \"{job_id}\""),
+                        what: chunks_named(&chunks, job_id),
                         again: format!("etc_batch.drain_job({})", quote_literal(job_id)),
                     });
                 }
                 crash::reached(Point::AfterCommit);
                 job.at_work_since = clock_timestamp();
-                // only now: a client told of a chunk finds it committed, whatever happens
-                // to the server next
-                if teller.tells_each() {
-                    committed_notice(number, total, items, skipped, &first_key, &last_key);
-                }
-                drained.chunks += 1;
-                drained.items += items;
-                drained.skipped += skipped as i64;
-                drained.first_key.get_or_insert(first_key);
-                drained.last_key = Some(last_key);
-                finished = last;
-                if !finished && teller.due(std::time::Instant::now()) {
-                    drained.progress_notice(job_id, number, total, &teller);
+                if let Some((number, total, last)) = drained.tell(chunks, &teller) {
+                    finished = last;
+                    if !finished && teller.due(std::time::Instant::now()) {
+                        drained.progress_notice(job_id, number, total, &teller);
+                    }
                 }
             }
             Round::Finished => {
+                if !ready_to_commit(tx, &mut job, &mut group) {
+                    continue;
+                }
                 tx.commit();
+                drained.tell(group.committed(), &teller);
                 finished = true;
             }
             Round::AllHeld => {
+                if !ready_to_commit(tx, &mut job, &mut group) {
+                    continue;
+                }
                 // a chunk held only to look is let go
                 tx.commit();
+                drained.tell(group.committed(), &teller);
                 all_held = true;
             }
             Round::Paused(paused) => {
+                if !ready_to_commit(tx, &mut job, &mut group) {
+                    continue;
+                }
                 // nothing done: the job's lock goes with this transaction
                 tx.commit();
+                drained.tell(group.committed(), &teller);
                 paused.notice(
                     &format!("job \"{job_id}\""),
                     &format!("etc_batch.resume_job({})", quote_literal(job_id)),
@@ -185,6 +221,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
             }
             Round::Mismatch { range, known } => {
                 tx.rollback();
+                group.transaction_ended();
                 let stopped = tx.item(|_| job.after_mismatch(&range, known))?;
                 tx.commit();
                 if let Some(error) = stopped {
@@ -193,6 +230,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
             }
             Round::Transient { number, failure } => {
                 tx.rollback_after_error();
+                group.transaction_ended();
                 failed_attempts += 1;
                 job.retry(tx, number, failure, failed_attempts)?;
             }
@@ -202,6 +240,7 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
             }
             Round::Failed { number, failure } => {
                 tx.rollback_after_error();
+                group.transaction_ended();
                 tx.item(|_| job.record_failure(number, &failure))?;
                 tx.commit();
                 job.raise_rolled_back(failure, number);
@@ -245,11 +284,55 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
     Ok(drained)
 }
 
+/// Before the COMMIT of the open transaction: what its chunks left to be written once
+/// (a sequential job's checkpoint, group.rs) written. False when that failed (a full
+/// disk under etc_batch's own tables): the transaction is rolled back then, and its
+/// chunks run again one per transaction, where the failure meets a chunk alone.
+fn ready_to_commit<T: Transactions>(
+    tx: &mut T,
+    job: &mut Drainer,
+    group: &mut Group<Committed>,
+) -> bool {
+    if !group.is_open() {
+        return true;
+    }
+    let written = tx.item(|_| {
+        caught(|| {
+            let Drainer {
+                order,
+                def,
+                bookkeeper,
+                ..
+            } = job;
+            as_role(*bookkeeper, || order.write(def))
+        })
+    });
+    match written {
+        Ok(()) => true,
+        Err(failure) => {
+            tx.rollback_after_error();
+            let undone = group.rolled_back();
+            job.order.rolled_back();
+            debug1!(
+                "etc_batch: job \"{}\": the checkpoint of {undone} chunk(s) could not be written ({}); they run one per transaction",
+                job.id(),
+                failure.message
+            );
+            false
+        }
+    }
+}
+
 impl Drainer {
     /// One chunk, in the current transaction: opened (the fence checked, its records
     /// locked and checked), changed, its audit rows written and the chunk closed; unless
     /// the job's pause or `halt` holds it back.
-    fn next_chunk(&mut self, audit: &mut AuditWriter, halt: &dyn Halt) -> Result<Round> {
+    fn next_chunk(
+        &mut self,
+        audit: &mut AuditWriter,
+        halt: &dyn Halt,
+        shared: bool,
+    ) -> Result<Round> {
         // the chunk's own duration, for job_chunk_seconds (the metrics)
         let opened = std::time::Instant::now();
         if let Some(fence) = &self.fence {
@@ -318,21 +401,29 @@ impl Drainer {
         // 4-5. audit and checkpoint. The chunk's audit rows and its mark may fail too (a
         // full disk under etc_batch's own tables): the change rolls back with them, and
         // the caller is told so, as for a change that failed.
+        let Drainer {
+            order,
+            def,
+            bookkeeper,
+            at_work_since,
+            ..
+        } = self;
         let closed = caught(|| {
-            self.owner(|| {
+            as_role(*bookkeeper, || {
                 audit.write(&ChunkAudit {
-                    job_id: self.id(),
+                    job_id: &def.job_id,
                     chunk: chunk.number,
                     range: chunk.range.clone(),
                     changed: &changed,
                     skipped: &skipped,
                     kept: &kept,
                 })?;
-                self.order.close(
-                    &self.def,
+                order.close(
+                    def,
                     &chunk,
-                    self.at_work_since,
+                    *at_work_since,
                     opened.elapsed().as_secs_f64(),
+                    shared,
                 )
             })
         });
@@ -358,7 +449,7 @@ impl Drainer {
         if last {
             self.tell_done();
         }
-        Ok(Round::Committed {
+        Ok(Round::Committed(Committed {
             number: chunk.number,
             total: chunk.total,
             items: chunk.range.len() as i64,
@@ -366,7 +457,7 @@ impl Drainer {
             first_key: chunk.first_key,
             last_key: chunk.last_key,
             last,
-        })
+        }))
     }
 
     /// Every chunk of a parallel job is committed: the job is done, once its chunk rows

@@ -68,6 +68,9 @@ pub(super) struct Drainer {
     pub(super) at_work_since: TimestampWithTimeZone,
     pub(super) bookkeeper: pg_sys::Oid,
     pub(super) signals: SignalsRead,
+    /// How long the job's transactions may take, as its pace said before the
+    /// transaction: as many chunks as fit go in one (group.rs). None: one chunk each.
+    pub(super) transaction_time: Option<std::time::Duration>,
     /// Who called drain_job: the job's SQL runs restricted when it is not the registrant.
     pub(super) caller: pg_sys::Oid,
 }
@@ -119,6 +122,7 @@ impl Drainer {
             fence,
             bookkeeper,
             signals: SignalsRead::default(),
+            transaction_time: None,
             caller: crate::roles::current_user(),
         })
     }

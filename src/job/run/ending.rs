@@ -65,20 +65,42 @@ pub enum AtWindowClose {
     Wait,
 }
 
+impl Round {
+    /// Whether the round leaves its transaction to be committed as it is: a chunk done,
+    /// or nothing to do (the job done, every chunk held by others, a pause). A group of
+    /// chunks before it commits with it; any other round rolls the group back (group.rs).
+    pub(super) fn keeps_the_transaction(&self) -> bool {
+        matches!(
+            self,
+            Round::Committed(_) | Round::Finished | Round::AllHeld | Round::Paused(_)
+        )
+    }
+
+    /// Whether an error was raised and caught in the round: its transaction is broken,
+    /// and only a rollback may follow.
+    pub(super) fn broke_the_transaction(&self) -> bool {
+        matches!(self, Round::Transient { .. } | Round::Failed { .. })
+    }
+}
+
+/// A chunk done in the open transaction: what its caller is told once it commits.
+pub(super) struct Committed {
+    pub number: i32,
+    pub total: i32,
+    pub items: i64,
+    /// Of those, the items left unchanged for their rows had drifted (on_drift skip).
+    pub skipped: usize,
+    pub first_key: String,
+    pub last_key: String,
+    /// The job is done with it.
+    pub last: bool,
+}
+
 /// What one round of the loop came to, for the loop to end its transaction.
 pub(super) enum Round {
-    /// A chunk's change, audit rows and mark are written: commit, then tell the caller.
-    Committed {
-        number: i32,
-        total: i32,
-        items: i64,
-        /// Of those, the items left unchanged for their rows had drifted (on_drift skip).
-        skipped: usize,
-        first_key: String,
-        last_key: String,
-        /// The job is done with it.
-        last: bool,
-    },
+    /// A chunk's change, audit rows and mark are written: commit (with the chunks before
+    /// it in its transaction, group.rs), then tell the caller.
+    Committed(Committed),
     /// Nothing left to do: the job is done. Commit (what the round wrote says so).
     Finished,
     /// Every chunk of a parallel job not yet committed is held by other drainers: this

@@ -6,6 +6,7 @@
 //! - `drainer`    one job's statements and roles, built once per call, and its change.
 //! - `ending`     how a drain ends, and what each round of its loop comes to.
 //! - `pace_wait`  the wait before a chunk, until the pace lets it go.
+//! - `group`      chunks committed together, as many as fit the job's transaction_time.
 //! - `retry`      a chunk that failed with a transient error, tried again.
 //! - `mismatch`   a chunk that changed fewer rows than it has items, explained.
 //! - `notices`    what a drain tells its caller.
@@ -27,6 +28,7 @@ pub mod crash;
 pub mod drain;
 mod drainer;
 pub mod ending;
+mod group;
 mod mismatch;
 mod notices;
 pub(crate) mod order;

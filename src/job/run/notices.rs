@@ -1,11 +1,36 @@
 //! What a drain tells its caller: each chunk as it commits, where the call stands at
 //! most once per etc_batch.progress_interval, and how it ended (progress_notices.rs).
 
-use super::ending::{Drained, Ended};
+use super::ending::{Committed, Drained, Ended};
 use crate::progress_notices::{self as told, Teller};
 use pgrx::prelude::*;
 
 impl Drained {
+    /// The chunks of a transaction that committed, counted and told in the order they
+    /// ran (each one at etc_batch.progress_interval 0). Returns the last one's number,
+    /// the job's chunks and whether the job is done with it.
+    pub(super) fn tell(
+        &mut self,
+        chunks: Vec<Committed>,
+        teller: &Teller,
+    ) -> Option<(i32, i32, bool)> {
+        let mut last = None;
+        for chunk in chunks {
+            // only now: a client told of a chunk finds it committed, whatever happens
+            // to the server next
+            if teller.tells_each() {
+                committed_notice(&chunk);
+            }
+            self.chunks += 1;
+            self.items += chunk.items;
+            self.skipped += chunk.skipped as i64;
+            self.first_key.get_or_insert(chunk.first_key);
+            self.last_key = Some(chunk.last_key);
+            last = Some((chunk.number, chunk.total, chunk.last));
+        }
+        last
+    }
+
     /// Where a call stands, at most once per etc_batch.progress_interval.
     pub(super) fn progress_notice(&self, job_id: &str, number: i32, total: i32, teller: &Teller) {
         let elapsed = teller.elapsed(std::time::Instant::now());
@@ -48,21 +73,38 @@ impl Drained {
 }
 
 /// The NOTICE of a committed chunk, at etc_batch.progress_interval 0.
-pub(super) fn committed_notice(
-    number: i32,
-    total: i32,
-    items: i64,
-    skipped: usize,
-    first_key: &str,
-    last_key: &str,
-) {
+fn committed_notice(chunk: &Committed) {
+    let Committed {
+        number,
+        total,
+        items,
+        skipped,
+        first_key,
+        last_key,
+        ..
+    } = chunk;
     notice!(
         "chunk {number} of {total} committed: {items} item{}, keys {first_key} to {last_key}{}",
-        if items == 1 { "" } else { "s" },
-        if skipped == 0 {
+        if *items == 1 { "" } else { "s" },
+        if *skipped == 0 {
             String::new()
         } else {
             format!(", {skipped} of them skipped (their rows had drifted)")
         },
     );
+}
+
+/// The chunks of one transaction, as an error names them: "chunk 7 of job "x"", or
+/// "chunks 7 to 9 of job "x"".
+pub(super) fn chunks_named(chunks: &[Committed], job_id: &str) -> String {
+    match (chunks.first(), chunks.last()) {
+        (Some(first), Some(last)) if first.number != last.number => {
+            format!(
+                "chunks {} to {} of job \"{job_id}\"",
+                first.number, last.number
+            )
+        }
+        (Some(only), _) => format!("chunk {} of job \"{job_id}\"", only.number),
+        _ => format!("job \"{job_id}\""),
+    }
 }

@@ -71,6 +71,7 @@ impl Drainer {
                     Ok((pace, due, signal, Ok(slot)))
                 })
             })?;
+            self.transaction_time = pace.transaction_target();
             if due {
                 self.signals.read_at = Some(now);
                 self.signals.pace = pace.clone();
