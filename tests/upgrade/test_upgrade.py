@@ -532,7 +532,10 @@ ADDED = {
     "0.5.0": {"batch_log": {"last_detail": None},
               # every job from before updates its rows, to values it was given
               "job": {"set_expressions": None, "action": "update", "archive": None,
-                      "keep_deleted": True}},
+                      "keep_deleted": True,
+                      # how many chunks its last transaction committed: not known of a
+                      # job drained before
+                      "chunks_per_transaction": None}},
 }
 
 # columns a version renamed or retyped: their new name, and what the old value becomes
