@@ -721,3 +721,7 @@ END
 $remake$;
 COMMENT ON FUNCTION etc_batch.job_report(text) IS
     'Every approved item of a job: unprocessed, skipped, or committed and now matching, drifted or missing (for a job that deletes its rows: deleted by the job, or moved to the archive). Shown to the role that registered the job (and its members) and to readers of etc_batch.job.';
+
+-- add_step looked for a paused step of its batch by reading every step of the batch:
+-- adding many steps to one batch took time that grew with the square of their number
+CREATE INDEX batch_log_paused ON etc_batch.batch_log (batch) WHERE paused_at IS NOT NULL;
