@@ -147,9 +147,7 @@ def test_a_lock_timeout_inside_a_transaction_runs_its_chunks_one_by_one(db):
     drainer = db.connect()
     drainer.execute("SET etc_batch.chunk_lock_timeout = '100ms'")
     drainer.execute("SET etc_batch.transient_attempts = 100")
-    drainer.execute("SET client_min_messages = debug1")
-    told = []
-    drainer.add_notice_handler(lambda d: told.append(d.message_primary or ""))
+    told = debug_notices(drainer)
     outcome = {}
 
     def run():
@@ -185,6 +183,15 @@ def test_a_lock_timeout_inside_a_transaction_runs_its_chunks_one_by_one(db):
     assert verified(db, job)
 
 
+def debug_notices(conn):
+    """conn's messages down to DEBUG1, where a rolled-back transaction of chunks is told;
+    returns the list they are kept in."""
+    conn.execute("SET client_min_messages = debug1")
+    told = []
+    conn.add_notice_handler(lambda d: told.append(d.message_primary or ""))
+    return told
+
+
 def drift(orders, key):
     """The application changes the row of `key` after the approval: its revision moves."""
     orders.execute("UPDATE {t} SET revision = revision + 1, qty = qty + 100 "
@@ -196,9 +203,7 @@ def test_a_drifted_row_inside_a_transaction_stops_the_job_at_its_chunk(db):
     pace(db.connect(), job, "10s")
     drift(orders, keys[25])
     conn = db.connect()
-    conn.execute("SET client_min_messages = debug1")
-    told = []
-    conn.add_notice_handler(lambda d: told.append(d.message_primary or ""))
+    told = debug_notices(conn)
     with pytest.raises(errors.IntegrityConstraintViolation) as conflict:
         drain(conn, job)
     assert str(keys[25]) in (conflict.value.diag.message_detail or ""), conflict.value.diag
@@ -226,9 +231,7 @@ def test_a_drifted_row_inside_a_transaction_is_skipped_under_on_drift_skip(db):
     pace(db.connect(), job, "10s")
     drift(orders, keys[25])
     conn = db.connect()
-    conn.execute("SET client_min_messages = debug1")
-    told = []
-    conn.add_notice_handler(lambda d: told.append(d.message_primary or ""))
+    told = debug_notices(conn)
     result = drain(conn, job)
     assert (result["committed_chunks"], result["committed_items"], result["status"]) == (4, 35, "done")
     # a skip is the chunk's own business: nothing rolled back, one transaction

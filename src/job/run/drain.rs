@@ -160,20 +160,18 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
                 let now = std::time::Instant::now();
                 let last = chunk.last;
                 group.chunk_done(chunk, began, now);
-                // what the next chunk's work counts from (job.seconds_at_work)
-                job.at_work_since = clock_timestamp();
                 let room = !last
                     && group.has_room(now)
                     && max_chunks.is_none_or(|max| drained.chunks + (group.len() as i32) < max);
                 if room {
+                    // what the next chunk's work counts from (job.seconds_at_work)
+                    job.at_work_since = clock_timestamp();
                     crash::reached(Point::BetweenChunks);
                     continue;
                 }
-                if !ready_to_commit(tx, &mut job, &mut group) {
+                let Some(chunks) = commit(tx, &mut job, &mut group) else {
                     continue;
-                }
-                tx.commit();
-                let chunks = group.committed();
+                };
                 if crate::txn::last_commit_unconfirmed() {
                     return Err(BatchError::SyncWaitCanceled {
                         what: chunks_named(&chunks, job_id),
@@ -189,35 +187,25 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
                     }
                 }
             }
-            Round::Finished => {
-                if !ready_to_commit(tx, &mut job, &mut group) {
+            // nothing more to do in the transaction (a chunk held only to look is let go,
+            // a paused job's lock goes with it): the chunks done before it commit
+            Round::Finished | Round::AllHeld | Round::Paused(_) => {
+                let Some(chunks) = commit(tx, &mut job, &mut group) else {
                     continue;
+                };
+                drained.tell(chunks, &teller);
+                match round {
+                    Round::Finished => finished = true,
+                    Round::AllHeld => all_held = true,
+                    Round::Paused(paused) => {
+                        paused.notice(
+                            &format!("job \"{job_id}\""),
+                            &format!("etc_batch.resume_job({})", quote_literal(job_id)),
+                        );
+                        drained.ended = Ended::Paused;
+                    }
+                    _ => unreachable!("the rounds of this arm"),
                 }
-                tx.commit();
-                drained.tell(group.committed(), &teller);
-                finished = true;
-            }
-            Round::AllHeld => {
-                if !ready_to_commit(tx, &mut job, &mut group) {
-                    continue;
-                }
-                // a chunk held only to look is let go
-                tx.commit();
-                drained.tell(group.committed(), &teller);
-                all_held = true;
-            }
-            Round::Paused(paused) => {
-                if !ready_to_commit(tx, &mut job, &mut group) {
-                    continue;
-                }
-                // nothing done: the job's lock goes with this transaction
-                tx.commit();
-                drained.tell(group.committed(), &teller);
-                paused.notice(
-                    &format!("job \"{job_id}\""),
-                    &format!("etc_batch.resume_job({})", quote_literal(job_id)),
-                );
-                drained.ended = Ended::Paused;
             }
             Round::Mismatch { range, known } => {
                 tx.rollback();
@@ -284,18 +272,30 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
     Ok(drained)
 }
 
-/// Before the COMMIT of the open transaction: what its chunks left to be written once
-/// (a sequential job's checkpoint, group.rs) written. False when that failed (a full
-/// disk under etc_batch's own tables): the transaction is rolled back then, and its
-/// chunks run again one per transaction, where the failure meets a chunk alone.
-fn ready_to_commit<T: Transactions>(
+/// Commits the open transaction, with what its chunks left to be written once (a
+/// sequential job's checkpoint, group.rs) written first; returns the chunks it committed,
+/// to be told. None when that write failed (a full disk under etc_batch's own tables):
+/// the transaction is rolled back then, and its chunks run again one per transaction,
+/// where the failure meets a chunk alone.
+fn commit<T: Transactions>(
+    tx: &mut T,
+    job: &mut Drainer,
+    group: &mut Group<Committed>,
+) -> Option<Vec<Committed>> {
+    if group.is_open() && !write_shared(tx, job, group) {
+        return None;
+    }
+    tx.commit();
+    Some(group.committed())
+}
+
+/// What the open transaction's chunks left to be written once, written; false (and the
+/// transaction rolled back) when that failed.
+fn write_shared<T: Transactions>(
     tx: &mut T,
     job: &mut Drainer,
     group: &mut Group<Committed>,
 ) -> bool {
-    if !group.is_open() {
-        return true;
-    }
     let written = tx.item(|_| {
         caught(|| {
             let Drainer {
