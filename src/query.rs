@@ -539,6 +539,28 @@ pub fn run(sql: &str, args: &[DatumWithOid]) -> Result<()> {
     rows(sql, args, 0, |_| Ok(())).map(|_| ())
 }
 
+/// Runs SQL text as written (one statement or several, no parameters), planned for this
+/// one run and never cached: a chain step's command. Unlike pgrx's `Spi::run`, it asks
+/// for no transaction id first (see the top of this file): a step that only reads, or
+/// calls a function that writes nothing, costs its subtransaction no xid.
+pub fn run_text(sql: &str) -> Result<()> {
+    let text = CString::new(sql)
+        .map_err(|_| BatchError::Internal("a statement contains a zero byte".into()))?;
+    // SAFETY: a plain atomic SPI connection, finished before returning; an error raised
+    // by PostgreSQL unwinds through pgrx's guard, and the (sub)transaction's abort pops
+    // the connection.
+    let rc = unsafe {
+        pg_sys::SPI_connect();
+        let rc = pg_sys::SPI_execute(text.as_ptr(), false, 0);
+        pg_sys::SPI_finish();
+        rc
+    };
+    // a statement SPI refuses (COMMIT, COPY to the client) comes back as a code
+    pgrx::spi::Spi::check_status(rc)
+        .map(|_| ())
+        .map_err(BatchError::from)
+}
+
 /// A column of a statement's result, as `describe` finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultColumn {

@@ -23,7 +23,12 @@ pub const STABLE_OUTPUT: &[(&CStr, &str)] = &[
 pub fn with<R>(settings: &[(&CStr, &str)], work: impl FnOnce() -> R) -> R {
     let level = unsafe { pg_sys::NewGUCNestLevel() };
     for (name, value) in settings {
-        set(name, value, pg_sys::GucAction::GUC_ACTION_SAVE);
+        // One that holds the value already is left as it is: setting search_path throws
+        // away the schemas looked up for it, which the next statement looks up again.
+        // The level undoes what `work` sets either way.
+        if !holds(name, value) {
+            set(name, value, pg_sys::GucAction::GUC_ACTION_SAVE);
+        }
     }
     let result = work();
     unsafe { pg_sys::AtEOXact_GUC(false, level) };
@@ -55,6 +60,15 @@ pub fn current(name: &CStr) -> Option<String> {
     unsafe {
         let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
         (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
+    }
+}
+
+/// Whether setting `name` reads `value` now, as `current` would give it.
+fn holds(name: &CStr, value: &str) -> bool {
+    // SAFETY: as in current; the string is compared before anything can change it.
+    unsafe {
+        let now = pg_sys::GetConfigOption(name.as_ptr(), true, false);
+        !now.is_null() && CStr::from_ptr(now).to_bytes() == value.as_bytes()
     }
 }
 

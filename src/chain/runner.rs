@@ -843,7 +843,7 @@ impl Runner<'_> {
 /// Runs a step's command, in its author's context (see as_author: settings the command
 /// changes end with it).
 fn run_command(command: &str, deferrable: bool) {
-    Spi::run(command).map_err(BatchError::from).or_raise();
+    query::run_text(command).or_raise();
     // Deferred constraints are checked now, inside the step's subtransaction, so that a
     // violation is the step's failure rather than an error of the COMMIT after it. In a
     // database without deferrable constraints or triggers there is nothing to check.

@@ -719,6 +719,42 @@ def test_settings_changed_by_a_step_do_not_reach_the_callers_session(db):
     assert db.side_counts(batch) == {3: 1}
 
 
+def test_a_search_path_set_by_a_step_ends_with_it(db):
+    # The steps keep the search_path of the session that added them, which is the
+    # caller's here: the runner leaves a setting that already holds its value as it is,
+    # and what a step sets must end with the step all the same.
+    batch = db.new_batch("search_path")
+    path = db.admin.execute("SHOW search_path").fetchone()
+    path = path["search_path"] if isinstance(path, dict) else path[0]
+    ids = db.add_steps(
+        batch,
+        [
+            "SET search_path = pg_catalog",
+            f"INSERT INTO public.side_effect(batch, step) SELECT {db.lit(batch)}, 2 "
+            f"WHERE current_setting('search_path') = {db.lit(path)}",
+        ],
+    )
+    conn = db.connect()
+    assert conn.execute("SHOW search_path").fetchone() == (path,)
+    db.call(ids[0], conn=conn)
+    assert conn.execute("SHOW search_path").fetchone() == (path,)
+    assert db.side_counts(batch) == {2: 1}
+
+
+def test_a_step_that_only_reads_takes_no_transaction_id_of_its_own(db):
+    # One transaction id per step, its transaction's, taken by the lock on the step's
+    # row: the subtransaction the command runs in asks for none unless it writes.
+    batch = db.new_batch("xids")
+    ids = db.add_steps(batch, ["SELECT 1", "SELECT count(*) FROM pg_class", "SELECT 1"])
+    conn = db.connect()
+    next_xid = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+    before = conn.execute(next_xid).fetchone()[0]
+    db.call(ids[0], conn=conn)
+    after = conn.execute(next_xid).fetchone()[0]
+    assert after - before == 3
+    assert db.steps(batch)[ids[2]]["status"] == "done"
+
+
 # 10. etc_batch's own writes --------------------------------------------------------------
 
 

@@ -485,6 +485,40 @@ def test_seed_scenario_conflict_keeps_committed_chunks_and_reports_drift(db):
 CRASH_POINTS = ["after_change", "after_checkpoint", "after_commit"]
 
 
+def test_dense_and_sparse_chunks_change_each_row_once_and_see_drift(db):
+    # Chunks under 200 items share a plan made once: one that reads the chunk's key range
+    # when its items are most of the keys in it, one that probes the key's index once
+    # per item when they are not (test_a_large_chunk_reads_its_dense_range_once_...
+    # shows the plans). Either way every approved row changes once, with its audit, and
+    # a row that no longer matches its approval is a conflict.
+    universe = range(1, 701)
+    orders = Orders(db, "dense", a_ids=universe, b_ids=universe)
+    dense_keys = list(range(1, 201))
+    sparse_keys = list(range(301, 701, 4))
+    conn = db.connect()
+    dense_job, sparse_job = db.new_batch("dense"), db.new_batch("sparse")
+    register(conn, dense_job, orders.name, orders.items(dense_keys), chunk_size=100)
+    register(conn, sparse_job, orders.name, orders.items(sparse_keys), chunk_size=100)
+    # another operator changes key 150, the 50th item of the dense job's second chunk
+    orders.execute(
+        "UPDATE {t} SET qty = qty + 1, revision = revision + 1 WHERE tenant = 'A' AND id = 150")
+
+    assert drain(conn, dense_job, 1) == committed(dense_keys[:100], 1, "pending")
+    with pytest.raises(errors.IntegrityConstraintViolation) as conflict:
+        drain(conn, dense_job)
+    assert "150" in (conflict.value.diag.message_detail or ""), conflict.value.diag
+    j = job_row(db, dense_job)
+    assert (j["status"], j["next_index"], j["chunks_committed"]) == ("conflict", 100, 1)
+    assert j["problem"]["key"] == "150"
+    assert drain(conn, sparse_job) == committed(sparse_keys, 1, "done")
+
+    assert_changed_once(orders, dense_keys[:100] + sparse_keys)
+    assert_untouched(orders, dense_keys[100:149] + dense_keys[150:])
+    assert_others_untouched(orders, dense_keys[:100] + sparse_keys + [150])
+    assert audit_count_by_key(db, dense_job) == Counter(keys_text(dense_keys[:100]))
+    assert audit_count_by_key(db, sparse_job) == Counter(keys_text(sparse_keys))
+
+
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_backend_dying_mid_chunk_leaves_chunk_whole_or_absent(db, point):
     started = postmaster_start(db)
@@ -1499,7 +1533,9 @@ def test_a_large_chunk_reads_its_dense_range_once_and_probes_scattered_items(db)
     """A chunk of 200 items or more is planned for its own items and key range: where
     its items are the rows of its range, the range is read once and joined; where they
     are scattered among other rows, the key's index is probed once per item. A smaller
-    chunk shares one plan, which probes."""
+    chunk shares a plan made once: of the key's range, joined, when its items are at
+    least four fifths of the keys in it (a key of one integer column); else one that
+    probes."""
     admin = db.admin
     admin.execute(
         "CREATE TABLE plan_rows (id int PRIMARY KEY, revision int NOT NULL DEFAULT 1, "
@@ -1512,6 +1548,7 @@ def test_a_large_chunk_reads_its_dense_range_once_and_probes_scattered_items(db)
         "dense": ("id <= 2000", 500),
         "scattered": ("id > 3000 AND id % 200 = 0", 500),
         "small": ("id > 2000 AND id <= 2400", 100),
+        "small scattered": ("id > 2400 AND id % 200 = 100", 100),
     }
     plans = {}
     for name, (where, chunk) in jobs.items():
@@ -1530,6 +1567,8 @@ def test_a_large_chunk_reads_its_dense_range_once_and_probes_scattered_items(db)
         total = admin.execute(f"SELECT count(*) FROM plan_rows WHERE {where}").fetchone()["count"]
         assert count == total, (name, count, total)
     assert len(plans["dense"]) == 4 and len(plans["scattered"]) == 3 and len(plans["small"]) == 4
+    assert len(plans["small scattered"]) == 15
     assert all("Nested Loop" not in p and "Join" in p for p in plans["dense"]), plans["dense"]
     assert all("Nested Loop" in p for p in plans["scattered"]), plans["scattered"]
-    assert all("Nested Loop" in p for p in plans["small"]), plans["small"]
+    assert all("Nested Loop" not in p and "Join" in p for p in plans["small"]), plans["small"]
+    assert all("Nested Loop" in p for p in plans["small scattered"]), plans["small scattered"]

@@ -66,6 +66,17 @@ impl JobKey {
         })
     }
 
+    /// Whether the key is one column of an integer type: then how many keys lie between
+    /// a chunk's first and last is their difference.
+    pub fn is_one_integer(&self, columns: &Columns) -> bool {
+        match self.columns.as_slice() {
+            [one] => columns
+                .get(one)
+                .is_some_and(|c| matches!(c.kind, Kind::Int { .. })),
+            _ => false,
+        }
+    }
+
     /// Whether a chunk's rows of the target lie between its first and last key, as the
     /// key's index orders them: then the chunk's statement bounds its scan by them. True
     /// unless a column of the key is text under a collation of the operating system's,

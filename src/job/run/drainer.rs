@@ -30,6 +30,27 @@ use serde_json::Value;
 /// would cost more than it saves. Measured in bench/run (docs/benchmark.md, "0.4.0: the compact layout").
 const PLANNED_FOR_ITS_ITEMS_FROM: i32 = 200;
 
+/// A chunk under PLANNED_FOR_ITS_ITEMS_FROM whose items are at least this share of the
+/// keys between its first and last (a key of one integer column) reads that range once,
+/// in a plan of its own also made once, joined with its items by a hash, instead of
+/// probing the key's index once per item: most of the rows the range holds are the
+/// chunk's own, and one descent of the index and a walk along it cost less than one
+/// descent per item. Sparser chunks probe, which never reads a row it does not change.
+const DENSE_CHUNK: (u128, u128) = (4, 5);
+
+/// Whether a chunk of `items` items from key `first` to key `last` is dense enough to read
+/// its key range once (DENSE_CHUNK): both keys integers, `items` at least four fifths of
+/// the keys from one to the other.
+fn dense(first: &str, last: &str, items: usize) -> bool {
+    match (first.parse::<i64>(), last.parse::<i64>()) {
+        (Ok(first), Ok(last)) if last >= first => {
+            let keys = (last as i128 - first as i128) as u128 + 1;
+            keys * DENSE_CHUNK.0 <= items as u128 * DENSE_CHUNK.1
+        }
+        _ => false,
+    }
+}
+
 /// How the change of a job of `chunk_size` is planned.
 fn planning(chunk_size: i32) -> query::Planning {
     if chunk_size >= PLANNED_FOR_ITS_ITEMS_FROM {
@@ -50,6 +71,10 @@ pub(super) struct Drainer {
     /// The lease this drainer works under, checked again in every chunk's transaction.
     pub(super) fence: Option<Fence>,
     pub(super) change_sql: ChunkSql,
+    /// For a chunk planned once whose items are dense in their key range (`dense`): the
+    /// change bounded by the chunk's first and last key, its plan made once too. None:
+    /// every chunk runs change_sql.
+    pub(super) dense_sql: Option<ChunkSql>,
     pub(super) mismatch_sql: String,
     pub(super) item_sql: String,
     pub(super) items_in_range_sql: String,
@@ -104,10 +129,16 @@ impl Drainer {
             target.bounds_chunks() && planning(def.chunk_size) == query::Planning::ForTheValues;
         let kind = KindOfChange::of(&def);
         let change_sql = kind.chunk_sql(&def, &target, &constants, bounds);
+        let dense_sql = (planning(def.chunk_size) == query::Planning::Generic
+            && kind.reads_the_target_by_key()
+            && target.bounds_chunks()
+            && target.shape.key.is_one_integer(&target.shape.columns))
+        .then(|| kind.chunk_sql(&def, &target, &constants, true));
         Ok(Drainer {
             activity: Activity::begin(),
             kind,
             change_sql,
+            dense_sql,
             mismatch_sql: kind.mismatches_sql(&def, &target, &constants),
             item_sql: def.tables.sql(sql::ITEM),
             items_in_range_sql: def.tables.sql(sql::ITEMS_IN_RANGE),
@@ -148,15 +179,19 @@ impl Drainer {
     /// best run, one probe of the target's key per item (or one range of it), whatever
     /// the target's statistics say: a table never analyzed can look small enough to scan
     /// whole, once per item. A handler's own statements are planned as it plans them.
-    pub(super) fn changing<R>(&self, work: impl FnOnce() -> R) -> R {
+    /// `dense`: the change is dense_sql, which reads the chunk's key range once.
+    pub(super) fn changing<R>(&self, dense: bool, work: impl FnOnce() -> R) -> R {
         let mut extra = Vec::with_capacity(3 + crate::settings::STABLE_OUTPUT.len());
         if self.kind.reads_the_target_by_key() {
             // the change reads the target by its key's index, whatever its statistics
             // say; and a plan shared by every chunk, which cannot know how a chunk's
             // items lie in their key range, probes the index once per item, which costs
-            // the same however scattered they are (see PLANNED_FOR_ITS_ITEMS_FROM)
+            // the same however scattered they are (see PLANNED_FOR_ITS_ITEMS_FROM),
+            // unless it is the plan for dense chunks, which reads the range (DENSE_CHUNK)
             extra.push((c"enable_seqscan", "off"));
-            if self.planning == query::Planning::Generic {
+            if dense {
+                extra.push((c"enable_nestloop", "off"));
+            } else if self.planning == query::Planning::Generic {
                 extra.push((c"enable_hashjoin", "off"));
                 extra.push((c"enable_mergejoin", "off"));
             }
@@ -201,24 +236,26 @@ impl Drainer {
             self.def.tenant_value().into(),
         ];
         args.extend(self.constants.iter().map(query::Opaque::arg));
+        let dense_sql = self
+            .dense_sql
+            .as_ref()
+            .filter(|_| dense(&chunk.first_key, &chunk.last_key, range.len()));
+        let sql = dense_sql.unwrap_or(&self.change_sql);
         if self.kind.is_guarded_update() {
-            if self.bounds {
+            if self.bounds || dense_sql.is_some() {
                 args.push(chunk.first_key.as_str().into());
                 args.push(chunk.last_key.as_str().into());
             }
             args.extend(chunk.items.args());
         }
         match caught(|| {
-            self.changing(|| {
-                self.kind
-                    .run(&self.change_sql, &args, self.planning, range.len())
+            self.changing(dense_sql.is_some(), || {
+                self.kind.run(sql, &args, self.planning, range.len())
             })
         }) {
             Ok(ran) => Ok(Change::Ran(ran)),
             Err(mut failure) => {
-                failure.raised = failure
-                    .raised
-                    .map(|r| r.without_statement(&self.change_sql.change));
+                failure.raised = failure.raised.map(|r| r.without_statement(&sql.change));
                 Ok(if crate::retries::is_transient(failure.packed_code()) {
                     Change::Transient(failure)
                 } else {
@@ -341,4 +378,32 @@ pub(super) fn caught<T>(work: impl FnOnce() -> Result<T>) -> std::result::Result
 pub(super) struct SignalsRead {
     pub(super) read_at: Option<std::time::Instant>,
     pub(super) pace: crate::job::pace::Pace,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense;
+
+    #[test]
+    fn a_chunk_is_dense_when_its_items_are_four_fifths_of_its_keys() {
+        // every key from 1 to 100
+        assert!(dense("1", "100", 100));
+        // 80 items over 100 keys: dense; 79: not
+        assert!(dense("1", "100", 80));
+        assert!(!dense("1", "100", 79));
+        assert!(dense("-50", "49", 100));
+        assert!(dense("7", "7", 1));
+        // one in four keys
+        assert!(!dense("301", "697", 100));
+    }
+
+    #[test]
+    fn keys_that_are_not_integers_or_not_in_order_are_never_dense() {
+        assert!(!dense("a", "z", 26));
+        assert!(!dense("1.5", "2", 1));
+        assert!(!dense("100", "1", 100));
+        assert!(!dense("", "", 0));
+        // the widest range of bigint keys does not overflow
+        assert!(!dense(&i64::MIN.to_string(), &i64::MAX.to_string(), 100));
+    }
 }
