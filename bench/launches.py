@@ -109,6 +109,31 @@ def workers(db, orders, chunk, n):
         return orders / float(seconds), (first - returned).total_seconds()
 
 
+def at_sizes(db, sizes, reps, chunk=100, n=2):
+    """n launched workers against n client sessions on one parallel job at `chunk`, at
+    each number of orders in `sizes`: a launch's fixed start and end weigh most on a
+    small job."""
+    out = {}
+    for orders in sizes:
+        runs = {"sessions": [], "workers": []}
+        for rep in range(reps):
+            for kind in (("sessions", "workers") if rep % 2 == 0 else ("workers", "sessions")):
+                if kind == "sessions":
+                    runs["sessions"].append(sessions(db, orders, chunk, n))
+                else:
+                    runs["workers"].append(workers(db, orders, chunk, n)[0])
+            print(f"launches at {orders:,} orders rep={rep + 1}: sessions {runs['sessions'][-1]:,.0f}, "
+                  f"workers {runs['workers'][-1]:,.0f} rows/s", flush=True)
+        out[str(orders)] = {
+            "chunk": chunk, "drainers": n, "reps": reps,
+            "sessions": summary(runs["sessions"]), "workers": summary(runs["workers"]),
+            "ratio": summary([w / s for w, s in zip(runs["workers"], runs["sessions"])]),
+        }
+    with connect(db) as c:
+        c.execute("DROP TABLE IF EXISTS launch_orders")
+    return out
+
+
 def measure(db, orders, reps):
     out = {"orders": orders, "reps": reps, "ratios": {}, "sessions": {}, "workers": {}}
     latencies = []
