@@ -301,11 +301,13 @@ SELECT pg_describe_object(m.classid, m.objid, 0) AS object,
                                WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
                              (SELECT string_agg(pg_get_constraintdef(k.oid), ', ' ORDER BY k.conname)
                                 FROM pg_constraint k WHERE k.conrelid = c.oid),
-                             (SELECT string_agg(pg_get_indexdef(i.indexrelid), ', ' ORDER BY 1)
+                             (SELECT string_agg(pg_get_indexdef(i.indexrelid), ', '
+                                                ORDER BY pg_get_indexdef(i.indexrelid))
                                 FROM pg_index i WHERE i.indrelid = c.oid),
                              (SELECT string_agg(pg_get_triggerdef(t.oid), ', ' ORDER BY t.tgname)
                                 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal),
-                             (SELECT string_agg(p.polname || ' ' || pg_get_expr(p.polqual, p.polrelid), ', ')
+                             (SELECT string_agg(p.polname || ' ' || pg_get_expr(p.polqual, p.polrelid), ', '
+                                                ORDER BY p.polname)
                                 FROM pg_policy p WHERE p.polrelid = c.oid))
               FROM pg_class c WHERE c.oid = m.objid)
          WHEN m.classid = 'pg_type'::regclass THEN
