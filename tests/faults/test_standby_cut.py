@@ -131,8 +131,17 @@ def cancel_in_syncrep(primary, name, bouncer=None):
     (drain.pid,) = conn.execute(
         "SELECT drainer_pids FROM etc_batch.job_progress WHERE job_id = 'synced'").fetchone()[0]
     primary.link().cut()
-    wait_until(lambda: conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
-                                    (drain.pid,)).fetchone() == ("SyncRep",), "the drainer waiting in SyncRep")
+
+    def in_syncrep():
+        return conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                            (drain.pid,)).fetchone() == ("SyncRep",)
+
+    wait_until(in_syncrep, "the drainer waiting in SyncRep")
+    # a wait seen at once may be one whose reply from the standby was already on its way
+    # when the link was cut (it ends, and the next chunk commits); a second later the wait
+    # is the cut's
+    time.sleep(1)
+    wait_until(in_syncrep, "the drainer waiting in SyncRep")
     # the chunk's own commit waits: it holds the target's lock until the commit returns
     assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND relation = 'accounts'::regclass",
                         (drain.pid,)).fetchone() == (1,)
