@@ -193,7 +193,14 @@ pub fn drain<T: Transactions>(tx: &mut T, job_id: &str, options: Options) -> Res
                 let Some(chunks) = commit(tx, &mut job, &mut group) else {
                     continue;
                 };
+                // the chunks a parallel drainer found held may have been its own, in the
+                // transaction just committed: it looks again, and finds the job's last
+                // chunks committed (the job is done) or other drainers' (it ends then)
+                let own_were_held = matches!(round, Round::AllHeld) && !chunks.is_empty();
                 drained.tell(chunks, &teller);
+                if own_were_held {
+                    continue;
+                }
                 match round {
                     Round::Finished => finished = true,
                     Round::AllHeld => all_held = true,
