@@ -109,21 +109,32 @@ def workers(db, orders, chunk, n):
         return orders / float(seconds), (first - returned).total_seconds()
 
 
+def paired(db, orders, chunk, n, reps, latencies=None):
+    """Rows per second of n sessions and of n launched workers on the same job, `reps`
+    times back to back in an order that turns; each launch's time to its first chunk is
+    appended to `latencies` when given."""
+    runs = {"sessions": [], "workers": []}
+    for rep in range(reps):
+        for kind in (("sessions", "workers") if rep % 2 == 0 else ("workers", "sessions")):
+            if kind == "sessions":
+                runs["sessions"].append(sessions(db, orders, chunk, n))
+            else:
+                rate, latency = workers(db, orders, chunk, n)
+                runs["workers"].append(rate)
+                if latencies is not None:
+                    latencies.append(latency)
+        print(f"launches {orders:,} orders chunk={chunk} n={n} rep={rep + 1}: sessions "
+              f"{runs['sessions'][-1]:,.0f}, workers {runs['workers'][-1]:,.0f} rows/s", flush=True)
+    return runs
+
+
 def at_sizes(db, sizes, reps, chunk=100, n=2):
     """n launched workers against n client sessions on one parallel job at `chunk`, at
     each number of orders in `sizes`: a launch's fixed start and end weigh most on a
     small job."""
     out = {}
     for orders in sizes:
-        runs = {"sessions": [], "workers": []}
-        for rep in range(reps):
-            for kind in (("sessions", "workers") if rep % 2 == 0 else ("workers", "sessions")):
-                if kind == "sessions":
-                    runs["sessions"].append(sessions(db, orders, chunk, n))
-                else:
-                    runs["workers"].append(workers(db, orders, chunk, n)[0])
-            print(f"launches at {orders:,} orders rep={rep + 1}: sessions {runs['sessions'][-1]:,.0f}, "
-                  f"workers {runs['workers'][-1]:,.0f} rows/s", flush=True)
+        runs = paired(db, orders, chunk, n, reps)
         out[str(orders)] = {
             "chunk": chunk, "drainers": n, "reps": reps,
             "sessions": summary(runs["sessions"]), "workers": summary(runs["workers"]),
@@ -139,17 +150,7 @@ def measure(db, orders, reps):
     latencies = []
     for chunk in CHUNKS:
         for n in DRAINERS:
-            runs = {"sessions": [], "workers": []}
-            for rep in range(reps):
-                for kind in (("sessions", "workers") if rep % 2 == 0 else ("workers", "sessions")):
-                    if kind == "sessions":
-                        runs["sessions"].append(sessions(db, orders, chunk, n))
-                    else:
-                        rate, latency = workers(db, orders, chunk, n)
-                        runs["workers"].append(rate)
-                        latencies.append(latency)
-                print(f"launches chunk={chunk} n={n} rep={rep + 1}: sessions {runs['sessions'][-1]:,.0f}, "
-                      f"workers {runs['workers'][-1]:,.0f} rows/s", flush=True)
+            runs = paired(db, orders, chunk, n, reps, latencies)
             key = f"{chunk}/{n}"
             out["sessions"][key] = summary(runs["sessions"])
             out["workers"][key] = summary(runs["workers"])
