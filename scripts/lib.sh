@@ -46,7 +46,8 @@ VENV="$ROOT/target/venv"
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 clang libclang-dev pgbouncer
               postgresql-15-cron postgresql-15-partman sudo python3-venv
               libpostgresql-jdbc-java openjdk-17-jdk-headless nodejs
-              debootstrap dpkg-dev lintian)
+              debootstrap dpkg-dev lintian
+              liblz4-dev libzstd-dev libkrb5-dev libpq-dev)
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -207,6 +208,43 @@ ensure_node() {
         mkdir -p "$dir"
         cp "$ROOT/tests/drivers/node/package.json" "$ROOT/tests/drivers/node/package-lock.json" "$dir/"
         (cd "$dir" && npm ci --no-audit --no-fund --silent)
+    fi
+}
+
+# Citus for tests/citus and bench/run citus: built from the source ../shared/citus holds
+# (Citus is in no archive this project reaches) against the private copy of PostgreSQL 15,
+# once per machine, into target/citus/stage-<version>; then placed into the private copy,
+# again whenever ensure_private_pg15 makes the copy anew. Never into the system's.
+CITUS_SOURCE=${ETC_BATCH_CITUS_SOURCE:-$ROOT/../shared/citus}
+CITUS_VERSION=13.2.2
+ensure_citus() {
+    [ "$PG_MAJOR" = 15 ] || { echo "Citus is built here for PostgreSQL 15 only" >&2; return 1; }
+    ensure_private_pg15
+    local lib="$PG15_HOME/usr/lib/postgresql/15/lib/citus.so"
+    local stage="$ROOT/target/citus/stage-$CITUS_VERSION" build="$ROOT/target/citus/build"
+    if [ ! -f "$stage.built" ]; then
+        [ -f "$CITUS_SOURCE/citus-$CITUS_VERSION.tar.gz" ] \
+            || { echo "no Citus source in $CITUS_SOURCE (ETC_BATCH_CITUS_SOURCE)" >&2; return 1; }
+        log "building Citus $CITUS_VERSION against the private PostgreSQL 15 (about 6 minutes, once)"
+        rm -rf "$build" "$stage" "$stage.built" && mkdir -p "$build"
+        tar xzf "$CITUS_SOURCE/citus-$CITUS_VERSION.tar.gz" -C "$build"
+        local src
+        src=$(ls -d "$build"/citus-*)
+        # Debian's 15.20 exports have_createdb_privilege, which 13.2.2 declares static
+        if grep -q have_createdb_privilege "$PG15_HOME/usr/include/postgresql/15/server/commands/dbcommands.h"; then
+            (cd "$src" && patch -p1 -s < "$CITUS_SOURCE/pg15.20-have_createdb_privilege.patch")
+        fi
+        # its build includes libpq-fe.h through the include directory pg_config names
+        cp -a /usr/include/postgresql/*.h /usr/include/postgresql/libpq "$PG15_HOME/usr/include/postgresql/"
+        (cd "$src" && ./configure -q PG_CONFIG="$PG15_CONFIG" --without-libcurl >"$build/configure.log" 2>&1 \
+            && make -s -j"$(nproc)" >"$build/make.log" 2>&1 \
+            && make -s install DESTDIR="$stage" >>"$build/make.log" 2>&1) \
+            || { tail -40 "$build/configure.log" "$build/make.log" >&2; return 1; }
+        touch "$stage.built"
+    fi
+    if [ ! -f "$lib" ] || ! cmp -s "$lib" "$stage$lib"; then
+        place_tree "$stage" ""
+        chmod -R a+rX "$PG15_HOME"
     fi
 }
 

@@ -7,6 +7,7 @@
 //! - `change`     the kinds of change, one module each: what registration checks, the
 //!   statement a chunk runs, how the change is reverted.
 //! - `definition` a registered job, as drain and the reports read it.
+//! - `distributed` targets Citus distributes: items frozen by shard, chunks sent to theirs.
 //! - `lifecycle`  the checks every routine acting on a job makes: may this role act on
 //!   it, its drainers held and its status locked, the refusal by status.
 //! - `register`   register_job and register_job_from_query: checked, frozen, partitioned.
@@ -18,6 +19,7 @@
 
 pub(crate) mod change;
 pub mod definition;
+pub mod distributed;
 pub mod from_jobs;
 pub(crate) mod lifecycle;
 pub mod pace;

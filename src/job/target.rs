@@ -8,6 +8,7 @@
 
 use super::sql::{COLUMNS, PRIMARY_KEY, RELATION, UNIQUE_KEY};
 use crate::error::{BatchError, Result};
+use crate::job::distributed::{distribution_column, Distributed};
 use crate::job::rules::columns::{scalar_text, Column, Columns, HashBy, Kind};
 use crate::job::rules::guard::Guard;
 use crate::job::rules::key::JobKey;
@@ -30,6 +31,8 @@ pub struct Target {
     /// The table as regclass prints it, for messages and fingerprints.
     pub display: String,
     pub shape: Shape,
+    /// How Citus distributes it, when it distributes it by a column.
+    pub distributed: Option<Distributed>,
 }
 
 query::row_reader! {
@@ -164,10 +167,15 @@ impl Target {
             guard: guard.clone(),
         };
         shape.check_roles()?;
+        let distributed = match distribution_column(oid)? {
+            Some(column) => Some(Distributed::of(oid, &display, column, &shape)?),
+            None => None,
+        };
         let target = Target {
             sql_name,
             display,
             shape,
+            distributed,
         };
         target.check_unique_key(oid)?;
         Ok(target)
@@ -338,8 +346,10 @@ impl Target {
 
     /// Whether a chunk's statement bounds its scan by the chunk's first and last key
     /// (JobKey::bounds_chunks), which it binds as text after the constants.
+    /// Never on a distributed target, whose chunks lie in shard order: a chunk that ends
+    /// one shard's items and begins the next one's spans no range of keys.
     pub fn bounds_chunks(&self) -> bool {
-        self.shape.key.bounds_chunks(&self.shape.columns)
+        self.distributed.is_none() && self.shape.key.bounds_chunks(&self.shape.columns)
     }
 
     /// The items of a chunk that no longer match their rows, in position order, as the

@@ -83,6 +83,8 @@ impl CallLoop {
     /// Disconnects SPI after the last commit.
     pub fn finish(mut self) {
         self.finished = true;
+        // the loop's last transaction, which the CALL (or the worker) commits
+        super::citus::in_two_phases();
         // SAFETY: our connection is the top of the SPI stack (see commit).
         unsafe {
             pg_sys::SPI_finish();
@@ -110,6 +112,7 @@ impl Transactions for CallLoop {
     }
 
     fn commit(&mut self) {
+        super::citus::in_two_phases();
         // SAFETY: we are connected non-atomically (begin), and every nested atomic
         // connection opened by pgrx's Spi has been finished again by the time control
         // comes back here, so SPI_commit sees our own connection on top.

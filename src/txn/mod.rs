@@ -13,6 +13,7 @@
 //! included), so the only cleanup owed here is on the success path.
 
 mod call;
+mod citus;
 mod failure;
 mod sync_wait;
 pub mod worker;

@@ -26,18 +26,12 @@ pub(crate) fn refuse_values(action: &str, set_values: Option<&Value>) -> Result<
     Ok(())
 }
 
-/// SQL: the row `t` as the audit keeps it: its row type's text form, which the row
-/// type's input reads back column by column, every type included; NULL when not kept.
-pub(crate) fn kept_row(keep: bool) -> &'static str {
-    if keep {
-        "t::pg_catalog.text"
-    } else {
-        "NULL::pg_catalog.text"
-    }
-}
-
 /// The guarded DELETE of one chunk, one statement, run as the registering role; its
-/// parameters as set_values' chunk_sql (no values to set).
+/// parameters as set_values' chunk_sql (no values to set). A row kept is printed from
+/// what the DELETE returned, after it, as a move prints it: Citus sends a distributed
+/// table's DELETE to its workers with its RETURNING list, where it allows no function
+/// that is not immutable, and a row's text form (which the row type's input reads back
+/// column by column, every type included) is only stable.
 pub(crate) fn chunk_sql(
     target: &Target,
     guard_columns: &[String],
@@ -46,10 +40,19 @@ pub(crate) fn chunk_sql(
     keep: bool,
 ) -> String {
     let (items, conditions) = guarded_rows(target, guard_columns, constants, key_bounds);
+    if !keep {
+        return format!(
+            "DELETE FROM {} AS t\n USING {items}\n WHERE {conditions}\n\
+             RETURNING it.position, NULL::pg_catalog.int8 AS guard_now, NULL::pg_catalog.text AS kept",
+            target.sql_name,
+        );
+    }
     format!(
-        "DELETE FROM {} AS t\n USING {items}\n WHERE {conditions}\n\
-         RETURNING it.position, NULL::pg_catalog.int8 AS guard_now, {} AS kept",
+        "WITH deleted AS (\n\
+         DELETE FROM {} AS t\n USING {items}\n WHERE {conditions}\n\
+         RETURNING it.position, t AS deleted_row)\n\
+         SELECT d.position, NULL::pg_catalog.int8 AS guard_now, d.deleted_row::pg_catalog.text AS kept\n  \
+         FROM deleted d",
         target.sql_name,
-        kept_row(keep),
     )
 }

@@ -530,7 +530,8 @@ impl RevertTerms {
 
 /// The chunk's approved items bound from its arrays, and what a row `t` of the target
 /// must hold to be changed: the FROM item and the WHERE of every guarded, set-based chunk
-/// statement (set_values' chunk_sql says which parameters they read).
+/// statement (set_values' chunk_sql says which parameters they read; on a target Citus
+/// distributes by a column of the key, the chunk's values of that column come last).
 pub(crate) fn guarded_rows(
     target: &Target,
     guard_columns: &[String],
@@ -544,6 +545,15 @@ pub(crate) fn guarded_rows(
         conditions.push_str("\n     AND ");
         conditions.push_str(&s.key.between(constants.after(), &s.columns));
         arrays += 2;
+    }
+    // on a distributed target, the chunk's distribution values after its arrays
+    if let Some(prunes) = target
+        .distributed
+        .as_ref()
+        .and_then(|d| d.prunes(s, arrays + 3))
+    {
+        conditions.push_str("\n     AND ");
+        conditions.push_str(&prunes);
     }
     (Target::bound_items(arrays), conditions)
 }

@@ -138,12 +138,15 @@ impl Source {
     }
 
     /// The statements that order the items in PostgreSQL, where it orders them: a key
-    /// of a type it orders, a digest of the row to take, or values before the change in
-    /// the columns `record` to record.
+    /// of a type it orders, a digest of the row to take, values before the change in
+    /// the columns `record` to record, or a target Citus distributes by a column of the
+    /// key, whose items are frozen by shard.
     fn by_sql<'t>(&self, target: &'t Target, record: &'t Recorded) -> Result<Option<SqlOrder<'t>>> {
         let s = &target.shape;
         let here = matches!(s.key.order(&s.columns)?, KeyOrder::Here(_));
-        Ok((!here || s.guard.is_digest() || !record.is_empty())
+        // a distributed target's items are frozen by shard (distributed.rs)
+        let by_shard = target.distributed.as_ref().is_some_and(|d| d.spans_shards());
+        Ok((!here || s.guard.is_digest() || !record.is_empty() || by_shard)
             .then_some(SqlOrder { target, record }))
     }
 

@@ -1,7 +1,8 @@
 //! Approvals PostgreSQL puts in order: those whose key is of several columns or of a type
 //! this library does not order itself (numeric, dates and times, any type with a btree
-//! order, domains over them), and those guarded by a digest of the row, which only
-//! PostgreSQL can take.
+//! order, domains over them), those guarded by a digest of the row, which only
+//! PostgreSQL can take, and those of a target Citus distributes by a column of the key,
+//! ordered by shard first (job/distributed.rs), which only Citus can tell.
 //!
 //! The items, given as a jsonb list (bound as arrays) or by an items query, are read by
 //! one statement that casts each key's columns to their types, orders them in the types'
@@ -167,7 +168,11 @@ impl SqlOrder<'_> {
         let s = &t.shape;
         let mut source = self.source(given);
         let mut args = std::mem::take(&mut source.args);
-        let order = self.order_by("s.k");
+        // by shard first on a distributed target, so that chunks lie in one shard
+        let order = match t.distributed.as_ref().and_then(|d| d.shard_of(s, "s.k")) {
+            Some(shard) => format!("{shard}, {}", self.order_by("s.k")),
+            None => self.order_by("s.k"),
+        };
         let by_digest = s.guard.is_digest();
         let sql = if by_digest || !self.record.is_empty() {
             let tenant_param = args.len() + 1;

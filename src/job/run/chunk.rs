@@ -5,6 +5,7 @@
 
 use crate::error::Result;
 use crate::halt::Halt;
+use crate::job::distributed::Distributed;
 use crate::job::rules::progress::Progress;
 use crate::own_rows::Tid;
 use crate::pauses::{self, Paused};
@@ -67,6 +68,18 @@ impl ItemArrays {
                 None => DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
             },
         ]
+    }
+
+    /// The distinct values of the distribution column of `d` among the items, as text[]
+    /// (NULL when their keys cannot be read so), bound after the arrays.
+    pub fn distribution_values(&self, d: &Distributed, key_columns: usize) -> DatumWithOid<'static> {
+        // SAFETY: a flat copy of the row's text[] column, alive in the current context
+        let keys = unsafe { <pgrx::Array<&str> as pgrx::FromDatum>::from_datum(self.keys.datum(), false) };
+        let values = keys.and_then(|keys| d.values(keys.iter().map(Option::unwrap_or_default), key_columns));
+        match values {
+            Some(values) => values.into(),
+            None => DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use crate::error::{BatchError, Result};
 use crate::installed;
 use crate::job::change::{self, ChunkSql, KindOfChange, Ran};
 use crate::job::definition::Definition;
+use crate::job::distributed::Distributed;
 use crate::job::lifecycle;
 use crate::job::run::chunk::OpenChunk;
 use crate::job::run::order::Order;
@@ -51,9 +52,11 @@ fn dense(first: &str, last: &str, items: usize) -> bool {
     }
 }
 
-/// How the change of a job of `chunk_size` is planned.
-fn planning(chunk_size: i32) -> query::Planning {
-    if chunk_size >= PLANNED_FOR_ITS_ITEMS_FROM {
+/// How the change of a job of `chunk_size` is planned. On a target Citus distributes
+/// (`distributed`), always for the chunk's values: Citus picks the shards of a statement
+/// when it plans it, and a plan shared by every chunk would send each to every shard.
+fn planning(chunk_size: i32, distributed: bool) -> query::Planning {
+    if chunk_size >= PLANNED_FOR_ITS_ITEMS_FROM || distributed {
         query::Planning::ForTheValues
     } else {
         query::Planning::Generic
@@ -86,6 +89,10 @@ pub(super) struct Drainer {
     pub(super) bounds: bool,
     /// How the change is planned (see `planning`).
     pub(super) planning: query::Planning,
+    /// How Citus distributes the target, when the change binds each chunk's values of
+    /// its distribution column last (distributed.rs, `prunes`); and the key's columns.
+    pub(super) distributed: Option<Distributed>,
+    pub(super) key_columns: usize,
     /// The job's SQL prints rows as text (a digest), the same in every session.
     pub(super) stable_output: bool,
     /// Since when this drainer has been at work on the job, for its next chunk: the
@@ -125,11 +132,11 @@ impl Drainer {
             .with_item_values(&def.set_from_items);
         // a plan shared by every chunk probes the key's index once per item; the key
         // range bounds only a chunk planned for its own items, which may read it whole
-        let bounds =
-            target.bounds_chunks() && planning(def.chunk_size) == query::Planning::ForTheValues;
+        let planned = planning(def.chunk_size, target.distributed.is_some());
+        let bounds = target.bounds_chunks() && planned == query::Planning::ForTheValues;
         let kind = KindOfChange::of(&def);
         let change_sql = kind.chunk_sql(&def, &target, &constants, bounds);
-        let dense_sql = (planning(def.chunk_size) == query::Planning::Generic
+        let dense_sql = (planned == query::Planning::Generic
             && kind.reads_the_target_by_key()
             && target.bounds_chunks()
             && target.shape.key.is_one_integer(&target.shape.columns))
@@ -145,7 +152,12 @@ impl Drainer {
             row_sql: target.current_row_sql(),
             constants: constants.args(&target)?,
             bounds,
-            planning: planning(def.chunk_size),
+            planning: planned,
+            distributed: target
+                .distributed
+                .clone()
+                .filter(|d| d.spans_shards() && kind.reads_the_target_by_key()),
+            key_columns: target.shape.key.columns().len(),
             stable_output: target.shape.reads_rows_as_text() || kind.keeps_rows(&def),
             at_work_since: clock_timestamp(),
             order: Order::of(&def),
@@ -247,6 +259,9 @@ impl Drainer {
                 args.push(chunk.last_key.as_str().into());
             }
             args.extend(chunk.items.args());
+            if let Some(d) = &self.distributed {
+                args.push(chunk.items.distribution_values(d, self.key_columns));
+            }
         }
         match caught(|| {
             self.changing(dense_sql.is_some(), || {

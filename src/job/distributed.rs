@@ -1,0 +1,191 @@
+//! Targets Citus distributes by the hash of a column: which part of a job's key holds
+//! that column, the order registration freezes the items in (by shard, then by key, so
+//! that a chunk's items lie in one shard), and the values a chunk's statement binds so
+//! that Citus sends it to the shards of its items only.
+//!
+//! A chunk of items in one shard is a statement on one worker, whose transaction Citus
+//! commits there with etc_batch's audit and checkpoint on the coordinator, in one
+//! two-phase commit. A chunk of keys in key order lies in every shard: its statement
+//! runs on every worker, each a participant of the commit.
+//!
+//! Citus is found by its catalog, pg_dist_partition, whose absence means no table is
+//! distributed: nothing here is called on a database without Citus but that lookup.
+//! Reference tables and Citus's local tables are not distributed by a column: jobs on
+//! them run as on any table.
+
+use crate::error::{BatchError, Result};
+use crate::job::rules::shape::Shape;
+use crate::query;
+use pgrx::pg_sys;
+use pgrx::spi::quote_identifier;
+
+/// Whether Citus's catalog exists in this database.
+const CITUS_CATALOG: &str =
+    "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL";
+
+/// The column a table is distributed by the hash of, if it is. $1 the table.
+const DISTRIBUTION_COLUMN: &str = "\
+SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)::pg_catalog.text
+  FROM pg_catalog.pg_dist_partition p
+ WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1
+   AND p.partmethod OPERATOR(pg_catalog.=) 'h'";
+
+/// A target distributed by the hash of `column`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Distributed {
+    pub table: pg_sys::Oid,
+    pub column: String,
+    /// Where each item's value of the column is.
+    pub by: ValueIn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueIn {
+    /// Part `i` of the key: items of one key lie in one shard, items of a job in many.
+    Key(usize),
+    /// The tenant column: every item of the job lies in the tenant's one shard, and the
+    /// statement's tenant condition already says which.
+    Tenant,
+}
+
+/// The column `table` is distributed by, when Citus distributes it by hash.
+pub fn distribution_column(table: pg_sys::Oid) -> Result<Option<String>> {
+    if query::one::<bool>(CITUS_CATALOG, &[])? != Some(true) {
+        return Ok(None);
+    }
+    query::one::<String>(DISTRIBUTION_COLUMN, &[table.into()])
+}
+
+impl Distributed {
+    /// How a target of `shape`, distributed by `column`, places a job's items. Every
+    /// unique index of a distributed table includes its distribution column, so a key
+    /// that names one row (with its tenant) names it too; refused here all the same,
+    /// saying why, before the unique-key check would say less.
+    pub fn of(table: pg_sys::Oid, display: &str, column: String, shape: &Shape) -> Result<Self> {
+        let by = if let Some(i) = shape.key.columns().iter().position(|c| *c == column) {
+            ValueIn::Key(i)
+        } else if shape.tenant_column.as_deref() == Some(column.as_str()) {
+            ValueIn::Tenant
+        } else {
+            return Err(BatchError::invalid_because(
+                format!(
+                    "target \"{display}\" is distributed by column \"{column}\", which is not in the job's key ({})",
+                    shape.key.columns().join(", ")
+                ),
+                "Citus places each row by its distribution column: a job finds each item's rows, and chunks them by shard, by that column's value in the item's key (or the tenant column).",
+            ));
+        };
+        Ok(Distributed {
+            table,
+            column,
+            by,
+        })
+    }
+
+    /// SQL: the shard of the item whose key text is `k` (a registration's order puts it
+    /// first), or None when every item of the job lies in one shard.
+    pub fn shard_of(&self, shape: &Shape, k: &str) -> Option<String> {
+        let ValueIn::Key(i) = self.by else {
+            return None;
+        };
+        let column = &shape.columns[&self.column];
+        Some(format!(
+            "pg_catalog.get_shard_id_for_distribution_column({}::pg_catalog.oid::pg_catalog.regclass, {})",
+            self.table.to_u32(),
+            shape.key.typed_part(k, i, &column.sql_type)
+        ))
+    }
+
+    /// SQL: the condition that sends a chunk's statement to the shards of its items: the
+    /// row's distribution value is one of those bound as `$param` (text[]; NULL, which
+    /// sends it everywhere, when they could not be read). Citus evaluates the bound
+    /// values before it picks the shards. None: the tenant's condition does it.
+    pub fn prunes(&self, shape: &Shape, param: usize) -> Option<String> {
+        let ValueIn::Key(_) = self.by else {
+            return None;
+        };
+        let column = &shape.columns[&self.column];
+        Some(format!(
+            "(${param}::pg_catalog.text[] IS NULL OR t.{} OPERATOR(pg_catalog.=) ANY (${param}::pg_catalog.text[]::{}[]))",
+            quote_identifier(&self.column),
+            column.sql_type
+        ))
+    }
+
+    /// Whether a job's items lie in many shards: frozen by shard (`shard_of`), each
+    /// chunk binding its distribution values (`prunes`).
+    pub fn spans_shards(&self) -> bool {
+        matches!(self.by, ValueIn::Key(_))
+    }
+
+    /// The distinct distribution values of a chunk's items, from their keys as the
+    /// frozen list keeps them (`key_count` columns: a JSON array of texts when more than
+    /// one), for `prunes`. None when a key cannot be read so.
+    pub fn values<'k>(&self, keys: impl Iterator<Item = &'k str>, key_count: usize) -> Option<Vec<String>> {
+        let ValueIn::Key(i) = self.by else {
+            return None;
+        };
+        let mut values: Vec<String> = Vec::new();
+        for key in keys {
+            let value = if key_count == 1 {
+                key.to_string()
+            } else {
+                match serde_json::from_str::<serde_json::Value>(key).ok()?.get(i)? {
+                    serde_json::Value::String(s) => s.clone(),
+                    _ => return None,
+                }
+            };
+            // a chunk in one shard holds few values, each often many times in a row
+            if values.last() != Some(&value) && !values.contains(&value) {
+                values.push(value);
+            }
+        }
+        Some(values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn by_key(i: usize) -> Distributed {
+        Distributed {
+            table: pg_sys::Oid::INVALID,
+            column: "customer".into(),
+            by: ValueIn::Key(i),
+        }
+    }
+
+    #[test]
+    fn a_chunk_binds_each_value_of_its_keys_once() {
+        let keys = [r#"["7", "1"]"#, r#"["7", "2"]"#, r#"["9", "1"]"#, r#"["7", "3"]"#];
+        assert_eq!(
+            by_key(0).values(keys.iter().copied(), 2),
+            Some(vec!["7".to_string(), "9".to_string()])
+        );
+        assert_eq!(
+            by_key(1).values(keys.iter().copied(), 2),
+            Some(vec!["1".to_string(), "2".to_string(), "3".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_key_of_one_column_is_its_value() {
+        let keys = ["a b", "c", "a b"];
+        assert_eq!(
+            by_key(0).values(keys.iter().copied(), 1),
+            Some(vec!["a b".to_string(), "c".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_key_that_cannot_be_read_binds_nothing() {
+        assert_eq!(by_key(0).values(["not json"].iter().copied(), 2), None);
+        assert_eq!(by_key(2).values([r#"["1", "2"]"#].iter().copied(), 2), None);
+        let tenant = Distributed {
+            by: ValueIn::Tenant,
+            ..by_key(0)
+        };
+        assert_eq!(tenant.values(["1"].iter().copied(), 1), None);
+    }
+}

@@ -1,0 +1,265 @@
+"""Jobs on a Citus cluster (conftest.py: a coordinator and two workers on loopback):
+each chunk on one shard, committed with its audit and checkpoint in one two-phase
+commit, every item changed exactly once.
+
+Each table counts the updates every row received (`updates`, which the job adds one to
+by set_expressions); the drains run with citus.log_remote_commands, whose NOTICEs say
+which shards each chunk's statement went to and how Citus committed it.
+"""
+
+import re
+import threading
+
+import psycopg
+import pytest
+from conftest import table
+
+ORDERS = ("CREATE TABLE {name} (customer int NOT NULL, id int NOT NULL, status text NOT NULL DEFAULT 'new', "
+          "updates int NOT NULL DEFAULT 0, revision bigint NOT NULL DEFAULT 1, PRIMARY KEY (customer, id))")
+
+
+def orders(citus, name, customers=40, per_customer=50, shard_count=8):
+    return table(citus, name, ORDERS.format(name=name), distribute="customer", shard_count=shard_count,
+                 rows=f"INSERT INTO {name} (customer, id) SELECT c, i FROM generate_series(1, {customers}) c, "
+                      f"generate_series(1, {per_customer}) i")
+
+
+def register(conn, job, target, chunk, items_query=None, **terms):
+    items_query = items_query or f"SELECT customer, id, revision FROM {target}"
+    named = "".join(f", {k} => %({k})s" for k in terms)
+    return conn.execute(
+        "SELECT items, chunks FROM etc_batch.register_job_from_query(%(job)s, NULL, %(target)s::regclass, "
+        "%(q)s, %(chunk)s, '{\"status\": \"done\"}', tenant_column => NULL, "
+        "set_expressions => '{\"updates\": \"updates + 1\"}'" + named + ")",
+        {"job": job, "target": target, "q": items_query, "chunk": chunk, **terms}).fetchone()
+
+
+class RemoteCommands:
+    """A session of the coordinator that logs every command Citus sends to a worker, read
+    back chunk by chunk: the shards each chunk's statement went to, and whether Citus
+    prepared its transaction on the worker (two phases) or committed it in one."""
+
+    def __init__(self, citus):
+        self.conn = citus.connect()
+        self.lines = []
+        self.conn.add_notice_handler(lambda d: self.lines.append(d.message_primary or ""))
+        self.conn.execute("SET citus.log_remote_commands = on")
+        self.conn.execute("SET client_min_messages = log")
+
+    def chunks(self):
+        """For each chunk committed: (the shards its change went to, prepared, committed
+        in one phase)."""
+        chunks, shards, prepared, one_phase = [], set(), 0, 0
+        for line in self.lines:
+            if m := re.match(r"issuing (?:UPDATE|DELETE FROM) public\.\w+_(\d+) ", line):
+                shards.add(int(m.group(1)))
+            elif line.startswith("issuing PREPARE TRANSACTION"):
+                prepared += 1
+            elif line == "issuing COMMIT":
+                one_phase += 1
+            elif re.match(r"chunk \d+ of \d+ committed", line):
+                chunks.append((shards, prepared, one_phase))
+                shards, prepared, one_phase = set(), 0, 0
+        self.lines.clear()
+        return chunks
+
+    def close(self):
+        self.conn.close()
+
+
+def shards_per_chunk(conn, job, target):
+    """How many shards the items of each chunk of the job lie in, in chunk order, as
+    Citus places their keys."""
+    return [r[0] for r in conn.execute(
+        "SELECT count(DISTINCT get_shard_id_for_distribution_column(%s, (i.item_key::jsonb ->> 0)::int)) "
+        "FROM etc_batch.job_item i JOIN etc_batch.job j USING (job_id) WHERE i.job_id = %s "
+        "GROUP BY i.position / j.chunk_size ORDER BY i.position / j.chunk_size", (target, job))]
+
+
+def exactly_once(conn, job, target, rows):
+    """Every row of the target updated once by the job, done, its audit and checkpoint
+    verified."""
+    assert conn.execute(f"SELECT updates, status, count(*) FROM {target} GROUP BY 1, 2").fetchall() == \
+        [(1, "done", rows)]
+    assert conn.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (job,)).fetchone() == ("done",)
+    failed = [r for r in conn.execute("SELECT check_name, ok, detail FROM etc_batch.verify_job(%s)", (job,))
+              if not r[1]]
+    assert failed == []
+    assert conn.execute("SELECT count(*) FROM etc_batch.job_audit WHERE job_id = %s", (job,)).fetchone() == (rows,)
+
+
+def test_chunks_lie_in_one_shard_each_committed_in_two_phases(citus):
+    """Registration orders the items by shard, so that chunks of 50 over customers of 50
+    rows each lie in one shard each; every chunk's UPDATE goes to its one shard, and its
+    transaction is prepared there and committed in two phases with the audit and
+    checkpoint on the coordinator."""
+    with orders(citus, "orders_shard") as t, citus.connect() as conn:
+        assert register(conn, "by-shard", t, 50) == (2000, 40)
+        assert shards_per_chunk(conn, "by-shard", t) == [1] * 40
+        remote = RemoteCommands(citus)
+        try:
+            remote.conn.execute("CALL etc_batch.drain_job('by-shard')")
+            chunks = remote.chunks()
+        finally:
+            remote.close()
+        assert len(chunks) == 40
+        assert [len(shards) for shards, _, _ in chunks] == [1] * 40
+        # one participant, prepared, never committed in one phase
+        assert [(prepared, one_phase) for _, prepared, one_phase in chunks] == [(1, 0)] * 40
+        # each shard's chunks come one after another: 8 runs, one per shard
+        runs = [next(iter(s)) for s, _, _ in chunks]
+        assert len([i for i in range(len(runs)) if i == 0 or runs[i] != runs[i - 1]]) == 8
+        exactly_once(conn, "by-shard", t, 2000)
+        assert citus.settled() == {n.name: [] for n in citus.nodes}
+
+
+def test_a_chunk_spans_two_shards_only_where_one_ends(citus):
+    """Chunks of 70 over shards of 250 items each: a chunk takes the end of one shard's
+    items and the start of the next one's only at the 7 places where a shard ends inside
+    it; every other chunk lies in one shard. Keys in key order would put every chunk in
+    every shard."""
+    with orders(citus, "orders_span") as t, citus.connect() as conn:
+        assert register(conn, "spans", t, 70) == (2000, 29)
+        spans = shards_per_chunk(conn, "spans", t)
+        assert max(spans) == 2
+        assert spans.count(2) <= 7
+        conn.execute("CALL etc_batch.drain_job('spans')")
+        exactly_once(conn, "spans", t, 2000)
+
+
+def test_a_key_without_the_distribution_column_is_refused(citus):
+    """Every unique index of a distributed table has its distribution column: a key
+    without it names no one row, and chunks of it could not be placed in a shard."""
+    with table(citus, "accounts_dist", "CREATE TABLE accounts_dist (region text NOT NULL, id int NOT NULL, "
+               "status text, revision bigint DEFAULT 1, PRIMARY KEY (region, id))",
+               distribute="region", rows="INSERT INTO accounts_dist VALUES ('eu', 1), ('us', 2)") as t, \
+            citus.connect() as conn:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            conn.execute("SELECT * FROM etc_batch.register_job('by-id', NULL, %s::regclass, '[{\"id\": 1, "
+                         "\"revision\": 1}]', 10, '{\"status\": \"x\"}', key_column => 'id', "
+                         "tenant_column => NULL)", (t,))
+        assert refused.value.diag.message_primary == \
+            'target "accounts_dist" is distributed by column "region", which is not in the job\'s key (id)'
+        assert conn.execute("SELECT count(*) FROM etc_batch.job WHERE job_id = 'by-id'").fetchone() == (0,)
+
+
+def test_a_job_of_one_tenant_on_a_table_distributed_by_tenant(citus):
+    """A table distributed by its tenant column: a job of one tenant lies in that
+    tenant's one shard, each chunk goes there, and other tenants' rows are untouched."""
+    with table(citus, "tickets", "CREATE TABLE tickets (tenant int NOT NULL, id int NOT NULL, "
+               "status text NOT NULL DEFAULT 'new', updates int NOT NULL DEFAULT 0, "
+               "revision bigint NOT NULL DEFAULT 1, PRIMARY KEY (tenant, id))", distribute="tenant",
+               rows="INSERT INTO tickets (tenant, id) SELECT t, i FROM generate_series(1, 4) t, "
+                    "generate_series(1, 300) i") as t, citus.connect() as conn:
+        assert conn.execute(
+            "SELECT items FROM etc_batch.register_job_from_query('tenant-3', '3', 'tickets', "
+            "'SELECT id, revision FROM tickets WHERE tenant = 3', 40, '{\"status\": \"done\"}', "
+            "key_column => 'id', set_expressions => '{\"updates\": \"updates + 1\"}')").fetchone() == (300,)
+        remote = RemoteCommands(citus)
+        try:
+            remote.conn.execute("CALL etc_batch.drain_job('tenant-3')")
+            chunks = remote.chunks()
+        finally:
+            remote.close()
+        shard = conn.execute("SELECT get_shard_id_for_distribution_column('tickets', 3)").fetchone()[0]
+        assert [(shards, prepared, one_phase) for shards, prepared, one_phase in chunks] == \
+            [({shard}, 1, 0)] * 8
+        assert conn.execute(f"SELECT tenant, updates, status, count(*) FROM {t} GROUP BY 1, 2, 3 ORDER BY 1").fetchall() \
+            == [(1, 0, "new", 300), (2, 0, "new", 300), (3, 1, "done", 300), (4, 0, "new", 300)]
+
+
+@pytest.mark.parametrize("kind", ["reference", "local"])
+def test_reference_and_local_tables_drain_as_any_table(citus, kind):
+    """A reference table (a copy on every node, changed on all in one two-phase commit)
+    and a table of the coordinator's own: their jobs run as on a server without Citus."""
+    distribute = "reference" if kind == "reference" else None
+    name = f"plans_{kind}"
+    with table(citus, name, f"CREATE TABLE {name} (id int PRIMARY KEY, status text NOT NULL DEFAULT 'new', "
+               "updates int NOT NULL DEFAULT 0, revision bigint NOT NULL DEFAULT 1)", distribute=distribute,
+               rows=f"INSERT INTO {name} (id) SELECT generate_series(1, 500)") as t, citus.connect() as conn:
+        assert conn.execute(
+            "SELECT items, chunks FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, %s, 100, "
+            "'{\"status\": \"done\"}', tenant_column => NULL, set_expressions => '{\"updates\": \"updates + 1\"}')",
+            (kind, t, f"SELECT id, revision FROM {t}")).fetchone() == (500, 5)
+        conn.execute("CALL etc_batch.drain_job(%s)", (kind,))
+        exactly_once(conn, kind, t, 500)
+        if kind == "reference":
+            # the copy on each worker changed with the coordinator's
+            for worker in citus.workers:
+                with worker.connect() as w:
+                    shard = w.execute("SELECT logicalrelid::text FROM pg_dist_partition "
+                                      "WHERE logicalrelid = 'plans_reference'::regclass").fetchone()
+                    assert shard is not None
+        assert citus.settled() == {n.name: [] for n in citus.nodes}
+
+
+def test_two_drainers_of_a_parallel_job(citus):
+    """A parallel approval drained by two sessions at once: each chunk claimed by one of
+    them, on its own shard; every row once."""
+    with orders(citus, "orders_par", customers=80, per_customer=25) as t, citus.connect() as conn:
+        assert register(conn, "par", t, 25, parallel=True) == (2000, 80)
+        errors = []
+
+        def drain():
+            try:
+                with citus.connect() as c:
+                    c.execute("CALL etc_batch.drain_job('par')")
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        drainers = [threading.Thread(target=drain) for _ in range(2)]
+        for d in drainers:
+            d.start()
+        for d in drainers:
+            d.join(timeout=300)
+        assert errors == []
+        exactly_once(conn, "par", t, 2000)
+        # the chunks committed by each session
+        by = conn.execute("SELECT count(DISTINCT a.txid) > 1 FROM etc_batch.job_audit a "
+                          "WHERE a.job_id = 'par'").fetchone()
+        assert by == (True,)
+
+
+def test_a_delete_on_a_distributed_table(citus):
+    """A purge: each chunk's DELETE on its shard, the rows kept with the audit."""
+    with orders(citus, "orders_purge", customers=16, per_customer=30) as t, citus.connect() as conn:
+        assert conn.execute(
+            "SELECT items FROM etc_batch.register_job_from_query('purge', NULL, %s::regclass, %s, 30, NULL, "
+            "tenant_column => NULL, action => 'delete')",
+            (t, f"SELECT customer, id, revision FROM {t} WHERE id <= 20")).fetchone() == (320,)
+        remote = RemoteCommands(citus)
+        try:
+            remote.conn.execute("CALL etc_batch.drain_job('purge')")
+            chunks = remote.chunks()
+        finally:
+            remote.close()
+        assert len(chunks) == 11
+        assert max(len(shards) for shards, _, _ in chunks) <= 2
+        assert conn.execute(f"SELECT count(*), min(id) FROM {t}").fetchone() == (160, 21)
+        assert conn.execute("SELECT status FROM etc_batch.job WHERE job_id = 'purge'").fetchone() == ("done",)
+        assert all(r[1] for r in conn.execute("SELECT check_name, ok FROM etc_batch.verify_job('purge')"))
+        assert citus.settled() == {n.name: [] for n in citus.nodes}
+
+
+@pytest.mark.parametrize("archive", ["distributed", "local"])
+def test_a_move_to_an_archive(citus, archive):
+    """An archive move: each chunk's rows deleted from their shard and inserted into the
+    archive (distributed the same way, or a table of the coordinator) in the chunk's one
+    two-phase commit."""
+    name = f"orders_arch_{archive}"
+    with orders(citus, "orders_move", customers=16, per_customer=30) as t, \
+            table(citus, name, ORDERS.format(name=name),
+                  distribute="customer" if archive == "distributed" else None) as a, citus.connect() as conn:
+        assert conn.execute(
+            "SELECT items FROM etc_batch.register_job_from_query(%s, NULL, %s::regclass, %s, 30, NULL, "
+            "tenant_column => NULL, action => 'move', archive => %s::regclass)",
+            (f"move-{archive}", t, f"SELECT customer, id, revision FROM {t} WHERE id <= 20", a)).fetchone() == (320,)
+        conn.execute("CALL etc_batch.drain_job(%s)", (f"move-{archive}",))
+        assert conn.execute(f"SELECT count(*), min(id) FROM {t}").fetchone() == (160, 21)
+        assert conn.execute(f"SELECT count(*), count(DISTINCT (customer, id)), max(id) FROM {a}").fetchone() == \
+            (320, 320, 20)
+        assert conn.execute("SELECT status FROM etc_batch.job WHERE job_id = %s", (f"move-{archive}",)).fetchone() \
+            == ("done",)
+        assert all(r[1] for r in conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)",
+                                              (f"move-{archive}",)))
+        assert citus.settled() == {n.name: [] for n in citus.nodes}
