@@ -211,11 +211,11 @@ ensure_node() {
     fi
 }
 
-# Citus for tests/citus and bench/run citus: built from the source ../shared/citus holds
+# Citus for tests/citus and bench/run citus: built from the source tests/citus/source holds
 # (Citus is in no archive this project reaches) against the private copy of PostgreSQL 15,
-# once per machine, into target/citus/stage-<version>; then placed into the private copy,
+# once per tree, into target/citus/stage-<version>; then placed into the private copy,
 # again whenever ensure_private_pg15 makes the copy anew. Never into the system's.
-CITUS_SOURCE=${ETC_BATCH_CITUS_SOURCE:-$ROOT/../shared/citus}
+CITUS_SOURCE=$ROOT/tests/citus/source
 CITUS_VERSION=13.2.2
 ensure_citus() {
     [ "$PG_MAJOR" = 15 ] || { echo "Citus is built here for PostgreSQL 15 only" >&2; return 1; }
@@ -224,7 +224,7 @@ ensure_citus() {
     local stage="$ROOT/target/citus/stage-$CITUS_VERSION" build="$ROOT/target/citus/build"
     if [ ! -f "$stage.built" ]; then
         [ -f "$CITUS_SOURCE/citus-$CITUS_VERSION.tar.gz" ] \
-            || { echo "no Citus source in $CITUS_SOURCE (ETC_BATCH_CITUS_SOURCE)" >&2; return 1; }
+            || { echo "no Citus source in $CITUS_SOURCE" >&2; return 1; }
         log "building Citus $CITUS_VERSION against the private PostgreSQL 15 (about 6 minutes, once)"
         rm -rf "$build" "$stage" "$stage.built" && mkdir -p "$build"
         tar xzf "$CITUS_SOURCE/citus-$CITUS_VERSION.tar.gz" -C "$build"

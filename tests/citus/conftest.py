@@ -1,6 +1,6 @@
 """A Citus cluster of three PostgreSQL 15 servers on loopback: a coordinator and two
-workers, with Citus built from the source in ../shared/citus (lib.sh's ensure_citus,
-once per machine, into the tests' private copy of PostgreSQL).
+workers, with Citus built from the source in tests/citus/source (lib.sh's ensure_citus,
+once per tree, into the tests' private copy of PostgreSQL).
 
   citus     the coordinator, cluster `citus_coord` on port 55520, with Citus and
             etc_batch preloaded (launches), and workers `citus_w1` and `citus_w2` on
