@@ -48,13 +48,35 @@ pub enum ValueIn {
     Tenant,
 }
 
+/// Whether Citus is installed in this database.
+pub fn citus_here() -> Result<bool> {
+    Ok(query::one::<bool>(CITUS_CATALOG, &[])? == Some(true))
+}
+
 /// The column `table` is distributed by, when Citus distributes it by hash.
 pub fn distribution_column(table: pg_sys::Oid) -> Result<Option<String>> {
-    if query::one::<bool>(CITUS_CATALOG, &[])? != Some(true) {
+    if !citus_here()? {
         return Ok(None);
     }
     query::one::<String>(DISTRIBUTION_COLUMN, &[table.into()])
 }
+
+/// The greatest value `sql` (one bigint) has on Citus's workers, run on each through
+/// run_command_on_workers as the current role; None in a database without Citus, or
+/// where no worker answered (a worker that cannot be reached fails the chunks sent to
+/// it, and says so there).
+pub fn greatest_on_workers(sql: &str) -> Result<Option<i64>> {
+    if !citus_here()? {
+        return Ok(None);
+    }
+    query::one::<i64>(ON_WORKERS, &[sql.into()])
+}
+
+/// $1 run on every worker, the greatest of the bigints they return.
+const ON_WORKERS: &str = "\
+SELECT pg_catalog.max(w.result::pg_catalog.int8)
+  FROM pg_catalog.run_command_on_workers($1) w
+ WHERE w.success";
 
 impl Distributed {
     /// How a target of `shape`, distributed by `column`, places a job's items. Every

@@ -14,6 +14,8 @@ import psycopg
 import pytest
 from conftest import table
 
+from support import wait_until
+
 ORDERS = ("CREATE TABLE {name} (customer int NOT NULL, id int NOT NULL, status text NOT NULL DEFAULT 'new', "
           "updates int NOT NULL DEFAULT 0, revision bigint NOT NULL DEFAULT 1, PRIMARY KEY (customer, id))")
 
@@ -263,3 +265,41 @@ def test_a_move_to_an_archive(citus, archive):
         assert all(r[1] for r in conn.execute("SELECT check_name, ok FROM etc_batch.verify_job(%s)",
                                               (f"move-{archive}",)))
         assert citus.settled() == {n.name: [] for n in citus.nodes}
+
+
+def test_a_drain_waits_for_a_slot_nobody_reads_on_a_worker(citus):
+    """pace_job's max_replica_lag_bytes on a coordinator is read on every worker too: a
+    physical replication slot nobody reads, on worker 2, holding back more WAL than
+    that, holds the drain before its first chunk (job_progress says why); once the slot
+    is dropped the drain goes on to done."""
+    worker = citus.workers[1]
+    with orders(citus, "orders_lag") as t, citus.connect() as conn:
+        register(conn, "lag", t, 50)
+        conn.execute("SELECT etc_batch.pace_job('lag', max_replica_lag_bytes => 1024)")
+        with worker.connect() as w:
+            w.execute("SELECT pg_create_physical_replication_slot('unread', true)")
+            w.execute("CREATE TABLE wal_after_the_slot AS SELECT generate_series(1, 1000) g")
+        try:
+            drainer = citus.connect()
+            pid = drainer.info.backend_pid
+            thread = threading.Thread(target=lambda: drainer.execute("CALL etc_batch.drain_job('lag')"),
+                                      daemon=True)
+            thread.start()
+
+            def waiting():
+                row = conn.execute("SELECT waiting FROM etc_batch.job_progress WHERE job_id = 'lag'").fetchone()
+                return row and row[0]
+            reason = wait_until(waiting, "the drain to wait for the worker's slot")
+            assert re.fullmatch(r'job "lag": waiting for the replicas, \d+ bytes behind, more than 1024', reason), \
+                reason
+            assert conn.execute("SELECT next_index FROM etc_batch.job WHERE job_id = 'lag'").fetchone() == (0,)
+            assert "waiting for the replicas" in conn.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
+        finally:
+            with worker.connect() as w:
+                w.execute("SELECT pg_drop_replication_slot('unread')")
+                w.execute("DROP TABLE IF EXISTS wal_after_the_slot")
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        drainer.close()
+        exactly_once(conn, "lag", t, 2000)

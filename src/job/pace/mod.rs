@@ -323,7 +323,7 @@ pub fn read_signals(
     };
     let backlog =
         if pace.max_archive_backlog.is_some() || pace.pause_above_archive_backlog.is_some() {
-            signals::archive_backlog()
+            signals::archive_backlog()?
         } else {
             0
         };

@@ -1,5 +1,6 @@
 //! What the whole system says about going on (pace_job's signals), read for a job's
-//! drainers: the WAL segments waiting to be archived, a VACUUM at work on the target,
+//! drainers: the WAL segments waiting to be archived and the replicas' lag (on a Citus
+//! coordinator, on every worker too: the slowest node decides), a VACUUM at work on the target,
 //! the minute of the week in the pace's time zone, and the DBA's own throttle and
 //! critical queries. How often they are read: `etc_batch.signal_interval`.
 //!
@@ -9,6 +10,7 @@
 //! changes nothing.
 
 use crate::error::{BatchError, Result};
+use crate::job::distributed::greatest_on_workers;
 use crate::job::sql;
 use crate::query;
 use crate::txn::Failure;
@@ -41,9 +43,20 @@ pub fn recheck() -> Duration {
     interval().max(Duration::from_millis(100))
 }
 
-/// How many WAL segments wait for archive_command or archive_library: the `.ready` files
-/// of pg_wal/archive_status (the server's working directory is its data directory).
-pub fn archive_backlog() -> i64 {
+/// How many WAL segments wait for archive_command or archive_library, here or on the
+/// Citus worker with the most (the slowest node decides).
+pub fn archive_backlog() -> Result<i64> {
+    let workers = greatest_on_workers(ARCHIVE_BACKLOG_ON_WORKER)?.unwrap_or(0);
+    Ok(archive_backlog_here().max(workers))
+}
+
+/// A worker's archive backlog, read by a role with pg_monitor's privileges.
+const ARCHIVE_BACKLOG_ON_WORKER: &str = "SELECT pg_catalog.count(*) FROM pg_catalog.pg_ls_archive_statusdir() \
+     WHERE name OPERATOR(pg_catalog.~~) '%.ready'";
+
+/// This server's archive backlog: the `.ready` files of pg_wal/archive_status (the
+/// server's working directory is its data directory).
+fn archive_backlog_here() -> i64 {
     std::fs::read_dir("pg_wal/archive_status")
         .map(|entries| {
             entries
@@ -60,9 +73,11 @@ pub fn vacuum_of(target: pg_sys::Oid) -> Result<Option<i32>> {
     query::one::<i32>(sql::VACUUM_OF, &[target.into()])
 }
 
-/// The WAL bytes the slowest streaming standby or replication slot is behind.
+/// The WAL bytes the slowest streaming standby or replication slot is behind, of this
+/// server's or of any Citus worker's.
 pub fn replica_lag() -> Result<i64> {
-    Ok(query::one::<i64>(sql::REPLICA_LAG, &[])?.unwrap_or(0))
+    let here = query::one::<i64>(sql::REPLICA_LAG, &[])?.unwrap_or(0);
+    Ok(here.max(greatest_on_workers(sql::REPLICA_LAG)?.unwrap_or(0)))
 }
 
 /// The minute of the week (Monday 00:00 is 0) now in `time_zone`; an unknown time zone
