@@ -1,6 +1,7 @@
 """Jobs on a Citus cluster (bench/run citus): a coordinator and two workers on this
 machine, servers of their own that bench/run starts and stops, and one table of ROWS
-orders (1,000 customers, ROWS / 1,000 ids each) distributed by customer in 8 shards.
+orders (ROWS / 20 customers of 20 orders each, unless --customers says otherwise)
+distributed by customer in 8 shards.
 Every order gets status 'done' and its revision one higher, four ways:
 
   shard-aware   etc_batch as it is: the job registered from a query on the distributed
@@ -13,8 +14,9 @@ Every order gets status 'done' and its revision one higher, four ways:
                 order, and its UPDATE goes to the shards of all of them
   one UPDATE    one multi-shard UPDATE of every row, in one transaction
   hand loop     the loop a competent DBA writes (PL/pgSQL, HAND_LOOP): shard by shard,
-                keyset batches of 1,000 in (customer, id) order, each UPDATE sent to its
-                one shard by `customer = ANY(the shard's customers)`, COMMIT per batch
+                the shard's customers in batches of 1,000 rows, each batch's UPDATE sent
+                to its one shard by `customer = ANY(the batch's customers)`, COMMIT per
+                batch
 
 Each is timed on the client's wall clock from the start of its work to its end (the
 key-ordered job: its registration on the local table plus its drain after
@@ -27,7 +29,13 @@ machine's time.
 Before the runs, a check on a small table with citus.log_remote_commands: every batch
 of the hand loop sends its UPDATE to one shard, and the one UPDATE to all 8.
 
-    python bench/citus.py --rows N --reps R --out DIR     (PGHOST/PGPORT: the coordinator)
+    python bench/citus.py --rows N --reps R [--customers C] --out DIR
+
+--customers: how many customers the rows are spread over (ROWS / 20 by default: 20
+orders each, so that a chunk of 1,000 in key order holds 50 customers, in every shard).
+A key-ordered chunk holds 1,000 / (ROWS / C) customers: with 1,000 customers of 1,000
+orders each it would be one customer, in one shard, like a shard-aware chunk, and the
+report says so under the shards per chunk it measured.
 """
 
 import argparse
@@ -60,52 +68,49 @@ SETTINGS = ("shared_preload_libraries", "fsync", "shared_buffers", "max_wal_size
 TABLE = ("CREATE TABLE {t} (customer int NOT NULL, id int NOT NULL, status text NOT NULL DEFAULT 'new', "
          "revision bigint NOT NULL DEFAULT 1, note text, PRIMARY KEY (customer, id))")
 
-# The DBA's loop. The customers of each shard are found once, up front (one distinct
-# query over the table, then grouped by shard on the coordinator), and the shards taken
-# in the order of their hash ranges. Within a shard, keyset batches in (customer, id)
-# order: the batch's last key is the row `batch` rows on (or the shard's last row), and
-# the UPDATE takes the rows after the previous batch's last key up to it. Without
-# `customer = ANY(custs)` Citus could not tell which shard a key range lies in and would
-# send every batch's statements to all 8. The lower bound starts below every key (the
-# columns are int NOT NULL). The table is an argument, hence EXECUTE with its values
-# bound: Citus plans each statement with them and prunes to the one shard.
+# The DBA's loop: the customers of one shard per batch, COMMIT per batch. Each customer's
+# rows and shard are found once, up front (one grouped query over the table, then grouped
+# by shard on the coordinator), and the shards taken in the order of their hash ranges.
+# Within a shard, customers in order are gathered until their rows make a batch (a
+# customer of more rows than a batch is a batch of its own), and each batch is one
+# `UPDATE ... WHERE customer = ANY(the batch's customers)`: Citus sends it to the one
+# shard, where it reads those customers' rows by the primary key's index. The table is an
+# argument, hence EXECUTE with its values bound: Citus plans each statement with them.
 HAND_LOOP = """
 CREATE OR REPLACE PROCEDURE bench_hand_loop(target regclass, batch int DEFAULT 1000)
 LANGUAGE plpgsql AS $proc$
 DECLARE
-    all_custs int[];
     s record;
-    lc int; li int; ec int; ei int;
+    c record;
+    custs int[];
+    gathered int;
 BEGIN
-    EXECUTE format('SELECT array_agg(customer) FROM (SELECT DISTINCT customer FROM %s) d', target)
-        INTO all_custs;
     FOR s IN
-        SELECT g.shardid, g.custs
-          FROM (SELECT get_shard_id_for_distribution_column(target, c) AS shardid,
-                       array_agg(c ORDER BY c) AS custs
-                  FROM unnest(all_custs) c GROUP BY 1) g
-          JOIN pg_dist_shard p USING (shardid)
-         ORDER BY p.shardminvalue::int
+        EXECUTE format('SELECT g.shardid, g.custs, g.counts
+                          FROM (SELECT get_shard_id_for_distribution_column(%L, r.customer) AS shardid,
+                                       array_agg(r.customer ORDER BY r.customer) AS custs,
+                                       array_agg(r.n ORDER BY r.customer) AS counts
+                                  FROM (SELECT customer, count(*) AS n FROM %s GROUP BY customer) r
+                                 GROUP BY 1) g
+                          JOIN pg_dist_shard p USING (shardid)
+                         ORDER BY p.shardminvalue::int', target, target)
     LOOP
-        lc := -2147483648; li := -2147483648;
-        LOOP
-            EXECUTE format('SELECT customer, id FROM %s WHERE customer = ANY($1) AND (customer, id) > ($2, $3) '
-                           'ORDER BY customer, id LIMIT 1 OFFSET $4', target)
-                INTO ec, ei USING s.custs, lc, li, batch - 1;
-            IF ec IS NULL THEN
-                -- fewer than a batch remain: up to the shard's last row, if any remains
-                EXECUTE format('SELECT customer, id FROM %s WHERE customer = ANY($1) AND (customer, id) > ($2, $3) '
-                               'ORDER BY customer DESC, id DESC LIMIT 1', target)
-                    INTO ec, ei USING s.custs, lc, li;
-                EXIT WHEN ec IS NULL;
+        custs := '{}'; gathered := 0;
+        FOR c IN SELECT u.customer, u.n FROM unnest(s.custs, s.counts) AS u(customer, n) LOOP
+            custs := custs || c.customer;
+            gathered := gathered + c.n;
+            IF gathered >= batch THEN
+                EXECUTE format('UPDATE %s SET status = ''done'', revision = revision + 1 '
+                               'WHERE customer = ANY($1) AND status = ''new''', target) USING custs;
+                COMMIT;
+                custs := '{}'; gathered := 0;
             END IF;
-            EXECUTE format('UPDATE %s SET status = ''done'', revision = revision + 1 '
-                           'WHERE customer = ANY($1) AND (customer, id) > ($2, $3) AND (customer, id) <= ($4, $5) '
-                           'AND status = ''new''', target)
-                USING s.custs, lc, li, ec, ei;
-            COMMIT;
-            lc := ec; li := ei;
         END LOOP;
+        IF gathered > 0 THEN
+            EXECUTE format('UPDATE %s SET status = ''done'', revision = revision + 1 '
+                           'WHERE customer = ANY($1) AND status = ''new''', target) USING custs;
+            COMMIT;
+        END IF;
     END LOOP;
 END
 $proc$
@@ -356,9 +361,9 @@ def markdown(r):
         "registration on the local table plus the drain after distribution.",
         "- one UPDATE: `UPDATE ... WHERE status = 'new'` of every row in one multi-shard transaction.",
         "- hand loop: PL/pgSQL, shard by shard (in the order of their hash ranges, each shard's "
-        "customers found once up front), keyset batches of 1,000 in (customer, id) order, each "
-        "`UPDATE ... WHERE customer = ANY(the shard's customers) AND (customer, id) > last AND "
-        "(customer, id) <= batch end`, COMMIT per batch.",
+        "customers and their rows counted once up front), the shard's customers in order gathered "
+        "into batches of 1,000 rows, each `UPDATE ... WHERE customer = ANY(the batch's customers) "
+        "AND status = 'new'` sent to the one shard, COMMIT per batch.",
         "",
         "Shards per chunk of the two jobs' frozen lists, median (min to max) over the chunks:",
         "",
@@ -395,9 +400,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--customers", type=int, default=1000)
+    ap.add_argument("--customers", type=int, default=None, help="ROWS / 20 when not given")
     ap.add_argument("--out", default=None, help="directory for latest.md and latest.json")
     a = ap.parse_args()
+    a.customers = a.customers or max(a.rows // 20, 1)
     assert a.rows % a.customers == 0 and a.rows >= a.customers, "ROWS must be a multiple of the customers"
     setup()
     with node(*COORDINATOR) as c:

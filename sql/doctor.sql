@@ -323,6 +323,43 @@ BEGIN
             'If its workers should be running, they are not renewing; otherwise ignore it.';
     END LOOP;
 
+    -- 4b. On a Citus coordinator: every chunk and step that changes a worker commits there
+    --     in two phases, which each worker's max_prepared_transactions must allow; and
+    --     the chunks of each pending job on a distributed table, by the node of their
+    --     shards (job_progress.chunks_per_node).
+    IF to_regclass('pg_catalog.pg_dist_node') IS NOT NULL THEN
+        FOR r IN SELECT format('%s:%s', w.nodename, w.nodeport) AS node, w.success, w.result
+                   FROM run_command_on_workers('SHOW max_prepared_transactions') w
+                  ORDER BY 1
+        LOOP
+            check_name := format('Citus worker %s', r.node);
+            IF NOT r.success THEN
+                status := 'fail';
+                detail := format('The worker did not answer: %s', r.result);
+                hint := 'Chunks and steps whose changes reach it fail until it does; start it, or mend its link.';
+            ELSIF r.result = '0' THEN
+                status := 'fail';
+                detail := 'max_prepared_transactions is 0 there: no chunk or step that changes a shard on it can commit, since etc_batch commits every one in two phases.';
+                hint := 'Set max_prepared_transactions on the worker to at least its max_connections, and restart it.';
+            ELSE
+                status := 'ok';
+                detail := format('max_prepared_transactions is %s: chunks and steps commit there in two phases.', r.result);
+                hint := NULL;
+            END IF;
+            RETURN NEXT;
+        END LOOP;
+        FOR r IN SELECT p.job_id, p.chunks_per_node FROM etc_batch.job_progress p
+                  WHERE p.status = 'pending' AND p.chunks_per_node IS NOT NULL ORDER BY p.job_id
+        LOOP
+            RETURN QUERY SELECT format('job %s by node', r.job_id), 'ok',
+                format('Chunks committed, by the node of their shard: %s.',
+                       (SELECT string_agg(format('%s %s of %s', n.key, n.value ->> 'committed', n.value ->> 'chunks'),
+                                          ', ' ORDER BY n.key)
+                          FROM jsonb_each(r.chunks_per_node) n)),
+                NULL::text;
+        END LOOP;
+    END IF;
+
     -- 5. What else a DBA checks before trusting a deployment.
     SELECT s.setting INTO effective FROM pg_settings s WHERE s.name = 'default_transaction_isolation';
     RETURN QUERY SELECT 'default_transaction_isolation',
@@ -371,5 +408,5 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, on a Citus coordinator each worker''s two-phase commit and the chunks of jobs on distributed tables by node, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;

@@ -103,6 +103,11 @@ COMMENT ON TABLE etc_batch.job_pace IS
     'The pace set by pace_job: rows per second for all drainers of the job together, and how many WAL bytes the slowest standby or replication slot may be behind before drainers wait. next_slot is when the next chunk may start. The signals drainers wait for: WAL segments waiting to be archived, a VACUUM of the target, the windows (in time_zone) and a throttle query; and those that pause the job: a replica lag, an archive backlog, a critical query. transaction_time sizes each transaction of a drain: as many consecutive chunks as fit it commit together.';
 ALTER TABLE etc_batch.job ADD COLUMN chunks_per_transaction integer;
 
+-- a job on a table Citus distributes: its chunks by shard (job_progress.chunks_per_node)
+ALTER TABLE etc_batch.job ADD COLUMN shards jsonb;
+COMMENT ON COLUMN etc_batch.job.shards IS
+    'For a job on a table Citus distributes by a column of its key, its chunks by shard, frozen at registration: [{"shard": shardid, "first_chunk": n, "last_chunk": m}, ...] in chunk order, a chunk across two shards under both; NULL for any other job. job_progress.chunks_per_node counts them by the node each shard is on now.';
+
 -- job_progress: an estimated finish that counts the pace's rate and the waits for the
 -- windows to open, the rate of the clock beside the rate at work, and the job's number
 -- last (an event names the job by it, src/events.rs, and a role that may see the job
@@ -113,6 +118,24 @@ STABLE PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'wall_seconds_in_windows_wrapper';
 COMMENT ON FUNCTION etc_batch.wall_seconds_in_windows(double precision, text[], text) IS
     'The seconds of the clock, from now, that work_seconds of work take when done only inside windows (a pace''s, read in time_zone): the waits for them to open counted. job_progress''s estimated_finish counts them so.';
+-- The node a shard of a Citus table is on now, as host:port (several, comma-separated,
+-- for a shard replicated to more than one); NULL for a shard Citus does not know, and
+-- in a database without Citus, whose catalog this reads only once it is there.
+CREATE FUNCTION etc_batch.shard_node(shard bigint) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $shard_node$
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_shard_placement') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT string_agg(format('%s:%s', p.nodename, p.nodeport), ', ' ORDER BY p.nodename, p.nodeport)
+              FROM pg_dist_shard_placement p WHERE p.shardid = shard);
+END
+$shard_node$;
+
+COMMENT ON FUNCTION etc_batch.shard_node(bigint) IS
+    'The node a shard of a Citus table is on now, as host:port (several for a shard replicated to more than one); NULL in a database without Citus. job_progress.chunks_per_node counts a job''s chunks by it.';
+
 CREATE OR REPLACE VIEW etc_batch.job_progress WITH (security_barrier) AS
 WITH p AS (
     -- A sequential job's progress is its checkpoint, on its row; a parallel job's is
@@ -232,7 +255,27 @@ SELECT p.job_id, p.status,
        -- pace_job's target for a drain's transactions, and how many chunks the last one
        -- committed together (1 without a target)
        c.transaction_time,
-       p.per_transaction AS chunks_per_transaction
+       p.per_transaction AS chunks_per_transaction,
+       -- a job on a table Citus distributes: its chunks and those committed, by the node
+       -- each one's shard is on now (a chunk across shards on two nodes counts on both)
+       (SELECT pg_catalog.jsonb_object_agg(n.node, pg_catalog.jsonb_build_object('chunks', n.chunks,
+                                                                                  'committed', n.committed))
+          FROM (SELECT x.node, pg_catalog.count(*)::pg_catalog.int4 AS chunks,
+                       (pg_catalog.count(*) FILTER (
+                          WHERE CASE WHEN p.parallel
+                                     THEN EXISTS (SELECT FROM etc_batch.job_chunk k
+                                                   WHERE k.job_id OPERATOR(pg_catalog.=) p.job_id
+                                                     AND k.chunk OPERATOR(pg_catalog.=) x.chunk AND k.committed)
+                                     ELSE x.chunk OPERATOR(pg_catalog.<=) ((p.committed_items OPERATOR(pg_catalog.+) p.chunk_size
+                                                                            OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) p.chunk_size)
+                                END))::pg_catalog.int4 AS committed
+                  FROM (SELECT DISTINCT w.node, c.chunk
+                          FROM pg_catalog.jsonb_to_recordset(p.shards)
+                                   AS s(shard pg_catalog.int8, first_chunk pg_catalog.int4, last_chunk pg_catalog.int4)
+                         CROSS JOIN LATERAL (SELECT COALESCE(etc_batch.shard_node(s.shard),
+                                                             'shard ' OPERATOR(pg_catalog.||) s.shard) AS node) w
+                         CROSS JOIN LATERAL pg_catalog.generate_series(s.first_chunk, s.last_chunk) AS c(chunk)) x
+                 GROUP BY x.node) n) AS chunks_per_node
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
@@ -260,7 +303,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by; its pace''s transaction_time, and how many chunks its last transaction committed together (chunks_per_transaction).';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by; its pace''s transaction_time, and how many chunks its last transaction committed together (chunks_per_transaction); for a job on a table Citus distributes, its chunks and those committed by the node of their shards (chunks_per_node).';
 
 -- doctor() says what a job whose drainers wait for their pace waits for, as a row that
 -- is no warning. As in sql/doctor.sql:
@@ -585,6 +628,43 @@ BEGIN
             'If its workers should be running, they are not renewing; otherwise ignore it.';
     END LOOP;
 
+    -- 4b. On a Citus coordinator: every chunk and step that changes a worker commits there
+    --     in two phases, which each worker's max_prepared_transactions must allow; and
+    --     the chunks of each pending job on a distributed table, by the node of their
+    --     shards (job_progress.chunks_per_node).
+    IF to_regclass('pg_catalog.pg_dist_node') IS NOT NULL THEN
+        FOR r IN SELECT format('%s:%s', w.nodename, w.nodeport) AS node, w.success, w.result
+                   FROM run_command_on_workers('SHOW max_prepared_transactions') w
+                  ORDER BY 1
+        LOOP
+            check_name := format('Citus worker %s', r.node);
+            IF NOT r.success THEN
+                status := 'fail';
+                detail := format('The worker did not answer: %s', r.result);
+                hint := 'Chunks and steps whose changes reach it fail until it does; start it, or mend its link.';
+            ELSIF r.result = '0' THEN
+                status := 'fail';
+                detail := 'max_prepared_transactions is 0 there: no chunk or step that changes a shard on it can commit, since etc_batch commits every one in two phases.';
+                hint := 'Set max_prepared_transactions on the worker to at least its max_connections, and restart it.';
+            ELSE
+                status := 'ok';
+                detail := format('max_prepared_transactions is %s: chunks and steps commit there in two phases.', r.result);
+                hint := NULL;
+            END IF;
+            RETURN NEXT;
+        END LOOP;
+        FOR r IN SELECT p.job_id, p.chunks_per_node FROM etc_batch.job_progress p
+                  WHERE p.status = 'pending' AND p.chunks_per_node IS NOT NULL ORDER BY p.job_id
+        LOOP
+            RETURN QUERY SELECT format('job %s by node', r.job_id), 'ok',
+                format('Chunks committed, by the node of their shard: %s.',
+                       (SELECT string_agg(format('%s %s of %s', n.key, n.value ->> 'committed', n.value ->> 'chunks'),
+                                          ', ' ORDER BY n.key)
+                          FROM jsonb_each(r.chunks_per_node) n)),
+                NULL::text;
+        END LOOP;
+    END IF;
+
     -- 5. What else a DBA checks before trusting a deployment.
     SELECT s.setting INTO effective FROM pg_settings s WHERE s.name = 'default_transaction_isolation';
     RETURN QUERY SELECT 'default_transaction_isolation',
@@ -633,7 +713,7 @@ END
 $doctor$;
 
 COMMENT ON FUNCTION etc_batch.doctor() IS
-    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, isolation, durability, the crash_at test aid, privileges and the installed version.';
+    'Checks the facts a deployment depends on: timeouts as the server applies them (for this session and for every role that owns steps or jobs), advisory locks leaked by idle sessions, backends of batch work waiting on a client that stopped reading, chains and jobs stopped half-way, jobs whose drainers wait for their pace (what for, and when they should finish), in conflict, whose last drain failed or whose target is gone, launches whose workers are not all at work, expired leases, on a Citus coordinator each worker''s two-phase commit and the chunks of jobs on distributed tables by node, isolation, durability, the crash_at test aid, privileges and the installed version.';
 REVOKE ALL ON FUNCTION etc_batch.doctor() FROM PUBLIC;
 
 -- register_job and register_job_from_query take set_expressions (columns set to an SQL

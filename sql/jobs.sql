@@ -67,6 +67,8 @@ CREATE TABLE etc_batch.job (
     -- a sequential job's last transaction: how many chunks it committed together (pace_job's
     -- transaction_time); NULL: none yet. A parallel job's chunk rows tell it by their txid.
     chunks_per_transaction integer,
+    -- a job on a table Citus distributes by a column of its key: its chunks by shard
+    shards           jsonb,
     CONSTRAINT job_archive_check CHECK (action = 'restore' OR (action = 'move') = (archive IS NOT NULL))
 );
 
@@ -85,6 +87,8 @@ COMMENT ON COLUMN etc_batch.job.parallel IS
     'Whether the approval lets chunks commit in any order, each claimed by one of any number of drainers: then job_chunk_<job_number> holds which chunks are committed, and next_index reaches item_count only when the job is done.';
 COMMENT ON COLUMN etc_batch.job.key_columns IS
     'The columns an approved item names its row by: the target''s primary key or a unique index of it (less the tenant column), one column or several.';
+COMMENT ON COLUMN etc_batch.job.shards IS
+    'For a job on a table Citus distributes by a column of its key, its chunks by shard, frozen at registration: [{"shard": shardid, "first_chunk": n, "last_chunk": m}, ...] in chunk order, a chunk across two shards under both; NULL for any other job. job_progress.chunks_per_node counts them by the node each shard is on now.';
 COMMENT ON COLUMN etc_batch.job.guard IS
     'How a row is recognised as unchanged since it was approved: revision (the revision column is still at the approved revision; the change increments it), row (a digest of every column of the row, taken at registration), columns (only the guard columns the items name and expect).';
 COMMENT ON COLUMN etc_batch.job.on_drift IS

@@ -2,6 +2,24 @@
 -- checkpoint and the step statuses (what is committed) and from pg_locks (who is at
 -- work on it right now).
 
+-- The node a shard of a Citus table is on now, as host:port (several, comma-separated,
+-- for a shard replicated to more than one); NULL for a shard Citus does not know, and
+-- in a database without Citus, whose catalog this reads only once it is there.
+CREATE FUNCTION etc_batch.shard_node(shard bigint) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $shard_node$
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_shard_placement') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT string_agg(format('%s:%s', p.nodename, p.nodeport), ', ' ORDER BY p.nodename, p.nodeport)
+              FROM pg_dist_shard_placement p WHERE p.shardid = shard);
+END
+$shard_node$;
+
+COMMENT ON FUNCTION etc_batch.shard_node(bigint) IS
+    'The node a shard of a Citus table is on now, as host:port (several for a shard replicated to more than one); NULL in a database without Citus. job_progress.chunks_per_node counts a job''s chunks by it.';
+
 -- job_progress shows a job to the roles with the privileges of the one that registered
 -- it, and every job to readers of etc_batch.job; it is a security barrier, so that no
 -- function in a caller's WHERE sees the rows it hides.
@@ -124,7 +142,27 @@ SELECT p.job_id, p.status,
        -- pace_job's target for a drain's transactions, and how many chunks the last one
        -- committed together (1 without a target)
        c.transaction_time,
-       p.per_transaction AS chunks_per_transaction
+       p.per_transaction AS chunks_per_transaction,
+       -- a job on a table Citus distributes: its chunks and those committed, by the node
+       -- each one's shard is on now (a chunk across shards on two nodes counts on both)
+       (SELECT pg_catalog.jsonb_object_agg(n.node, pg_catalog.jsonb_build_object('chunks', n.chunks,
+                                                                                  'committed', n.committed))
+          FROM (SELECT x.node, pg_catalog.count(*)::pg_catalog.int4 AS chunks,
+                       (pg_catalog.count(*) FILTER (
+                          WHERE CASE WHEN p.parallel
+                                     THEN EXISTS (SELECT FROM etc_batch.job_chunk k
+                                                   WHERE k.job_id OPERATOR(pg_catalog.=) p.job_id
+                                                     AND k.chunk OPERATOR(pg_catalog.=) x.chunk AND k.committed)
+                                     ELSE x.chunk OPERATOR(pg_catalog.<=) ((p.committed_items OPERATOR(pg_catalog.+) p.chunk_size
+                                                                            OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) p.chunk_size)
+                                END))::pg_catalog.int4 AS committed
+                  FROM (SELECT DISTINCT w.node, c.chunk
+                          FROM pg_catalog.jsonb_to_recordset(p.shards)
+                                   AS s(shard pg_catalog.int8, first_chunk pg_catalog.int4, last_chunk pg_catalog.int4)
+                         CROSS JOIN LATERAL (SELECT COALESCE(etc_batch.shard_node(s.shard),
+                                                             'shard ' OPERATOR(pg_catalog.||) s.shard) AS node) w
+                         CROSS JOIN LATERAL pg_catalog.generate_series(s.first_chunk, s.last_chunk) AS c(chunk)) x
+                 GROUP BY x.node) n) AS chunks_per_node
   FROM p
   LEFT JOIN etc_batch.job_pause z ON z.job_id OPERATOR(pg_catalog.=) p.job_id
   LEFT JOIN etc_batch.job_pace c ON c.job_id OPERATOR(pg_catalog.=) p.job_id
@@ -152,7 +190,7 @@ SELECT p.job_id, p.status,
          ORDER BY l.launch_id DESC LIMIT 1) w ON true;
 
 COMMENT ON VIEW etc_batch.job_progress IS
-    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by; its pace''s transaction_time, and how many chunks its last transaction committed together (chunks_per_transaction).';
+    'Per job (the jobs of roles whose privileges the caller has, or all of them for a reader of etc_batch.job): status, items committed of approved, percent, chunks, when it started and last committed, its rate at work (items_per_second: not time paused or with nobody draining) and of the clock since it started (items_per_second_elapsed), an estimated finish reckoned from its rate at work or its pace''s rows per second, whichever is slower, and for a job with windows from now, counting the waits for them to open, whether chunks may commit in any order (parallel), the drainers in a drain_job of it now, waiting between chunks included: how many, and their pids; when and by whom it was paused (by etc_batch itself for a critical signal of its pace, with the reason), its pace, what its drainers wait for (a pace, the replicas, WAL archiving, a VACUUM, its windows, its throttle query, a retry), how many chunks were rolled back for a transient error and tried again (job_retry); on_standby: read on a hot standby, as of the WAL replayed there; the seconds at work; when its last drain failed for a reason other than a conflict, with what SQLSTATE and message, in which chunk; what the approval does with a drifted item; and for a job continued by register_remainder, its successor; the job''s launch that runs, and how many of its background workers are at work; the job''s number, which its events on the channel etc_batch name it by; its pace''s transaction_time, and how many chunks its last transaction committed together (chunks_per_transaction); for a job on a table Citus distributes, its chunks and those committed by the node of their shards (chunks_per_node).';
 
 CREATE VIEW etc_batch.chain_progress AS
 WITH running AS (

@@ -118,6 +118,32 @@ impl Distributed {
         ))
     }
 
+    /// The job's chunks by shard, written on its row at registration (job.shards) for
+    /// job_progress's chunks_per_node: each shard's first and last chunk, in chunk
+    /// order, a chunk across two shards in both. Read from the frozen list `items` (a
+    /// job's item partition) of chunks of `chunk_size`, as the owner. $1 the job.
+    pub fn shards_sql(&self, key_columns: usize, items: &str) -> Option<String> {
+        let ValueIn::Key(i) = self.by else {
+            return None;
+        };
+        let value = match key_columns {
+            1 => "k.key".to_string(),
+            _ => format!("(k.key::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {i})"),
+        };
+        Some(format!(
+            "UPDATE etc_batch.job j SET shards = (\n\
+               SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('shard', s.shard, \
+                      'first_chunk', s.first_chunk, 'last_chunk', s.last_chunk) ORDER BY s.first_chunk, s.shard)\n\
+                 FROM (SELECT k.shard, pg_catalog.min(k.chunk) AS first_chunk, pg_catalog.max(k.chunk) AS last_chunk\n\
+                         FROM (SELECT DISTINCT c.first_position OPERATOR(pg_catalog./) j.chunk_size OPERATOR(pg_catalog.+) 1 AS chunk,\n\
+                                      pg_catalog.get_shard_id_for_distribution_column({table}::pg_catalog.oid::pg_catalog.regclass, {value}) AS shard\n\
+                                 FROM etc_batch.{items} c, pg_catalog.unnest(c.keys) AS k(key)) k\n\
+                        GROUP BY k.shard) s)\n\
+             WHERE j.job_id OPERATOR(pg_catalog.=) $1",
+            table = self.table.to_u32(),
+        ))
+    }
+
     /// SQL: the condition that sends a chunk's statement to the shards of its items: the
     /// row's distribution value is one of those bound as `$param` (text[]; NULL, which
     /// sends it everywhere, when they could not be read). Citus evaluates the bound

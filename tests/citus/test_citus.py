@@ -98,10 +98,35 @@ def test_chunks_lie_in_one_shard_each_committed_in_two_phases(citus):
     with orders(citus, "orders_shard") as t, citus.connect() as conn:
         assert register(conn, "by-shard", t, 50) == (2000, 40)
         assert shards_per_chunk(conn, "by-shard", t) == [1] * 40
+        # job_progress and the doctor count the chunks by the node of their shard, as
+        # Citus places each chunk's one customer
+        per_chunk = [r[0] for r in conn.execute(
+            "SELECT p.nodeport FROM etc_batch.job_item i, pg_dist_shard_placement p "
+            "WHERE i.job_id = 'by-shard' AND i.position %% 50 = 0 AND p.shardid = "
+            "get_shard_id_for_distribution_column(%s, (i.item_key::jsonb ->> 0)::int) ORDER BY i.position", (t,))]
+
+        def by_node(committed):
+            return {f"127.0.0.1:{w.port}": {"chunks": per_chunk.count(w.port),
+                                            "committed": per_chunk[:committed].count(w.port)}
+                    for w in citus.workers}
+        assert conn.execute("SELECT chunks_per_node FROM etc_batch.job_progress WHERE job_id = 'by-shard'"
+                            ).fetchone()[0] == by_node(0)
         remote = RemoteCommands(citus)
         try:
-            remote.conn.execute("CALL etc_batch.drain_job('by-shard')")
+            remote.conn.execute("CALL etc_batch.drain_job('by-shard', 10)")
             chunks = remote.chunks()
+            expected = by_node(10)
+            assert conn.execute("SELECT chunks_per_node FROM etc_batch.job_progress WHERE job_id = 'by-shard'"
+                                ).fetchone()[0] == expected
+            doctor = {r[0]: r[1:] for r in conn.execute("SELECT * FROM etc_batch.doctor()")}
+            assert doctor["job by-shard by node"] == (
+                "ok", "Chunks committed, by the node of their shard: " + ", ".join(
+                    f"{n} {c['committed']} of {c['chunks']}" for n, c in sorted(expected.items())) + ".", None)
+            for w in citus.workers:
+                assert doctor[f"Citus worker 127.0.0.1:{w.port}"] == (
+                    "ok", "max_prepared_transactions is 50: chunks and steps commit there in two phases.", None)
+            remote.conn.execute("CALL etc_batch.drain_job('by-shard')")
+            chunks += remote.chunks()
         finally:
             remote.close()
         assert len(chunks) == 40

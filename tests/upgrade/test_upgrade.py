@@ -537,7 +537,9 @@ ADDED = {
                       "keep_deleted": True,
                       # how many chunks its last transaction committed: not known of a
                       # job drained before
-                      "chunks_per_transaction": None}},
+                      "chunks_per_transaction": None,
+                      # its chunks by shard: none was on a table Citus distributes
+                      "shards": None}},
 }
 
 # columns a version renamed or retyped: their new name, and what the old value becomes

@@ -377,6 +377,13 @@ fn register_now(mut req: Request) -> Result<Registered> {
                 if req.parallel {
                     claim::write_chunk_rows(&req.job_id, &tables, chunks)?;
                 }
+                // on a distributed target, its chunks by shard (distributed.rs)
+                let by_shard = target.distributed.as_ref().and_then(|d| {
+                    d.shards_sql(terms.key.columns().len(), &tables.items_relname())
+                });
+                if let Some(sql) = by_shard {
+                    query::run(&sql, &[req.job_id.as_str().into()])?;
+                }
                 tables.attach(&req.job_id)?;
                 if frozen.count == 0 {
                     finish_empty(&req.job_id)?;
