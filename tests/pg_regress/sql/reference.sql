@@ -230,5 +230,8 @@ SELECT launch_id, worker, run, started_by, outcome FROM etc_batch.launch_run ORD
 -- [resume_launches]
 SELECT * FROM etc_batch.resume_launches();
 
+-- [shard_node]
+SELECT etc_batch.shard_node(102008);
+
 -- [settings]
 SELECT name, setting, unit, context FROM pg_settings WHERE name LIKE 'etc_batch.%' ORDER BY name;
