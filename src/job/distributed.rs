@@ -120,27 +120,44 @@ impl Distributed {
 
     /// The job's chunks by shard, written on its row at registration (job.shards) for
     /// job_progress's chunks_per_node: each shard's first and last chunk, in chunk
-    /// order, a chunk across two shards in both. Read from the frozen list `items` (a
-    /// job's item partition) of chunks of `chunk_size`, as the owner. $1 the job.
+    /// order, a chunk across shards under each. Read from the frozen list `items` (a
+    /// job's item partition), as the owner: the shards of each chunk's first and last
+    /// item, and of every item only in the few chunks where those two differ (items lie
+    /// in shard order). $1 the job.
     pub fn shards_sql(&self, key_columns: usize, items: &str) -> Option<String> {
         let ValueIn::Key(i) = self.by else {
             return None;
         };
-        let value = match key_columns {
-            1 => "k.key".to_string(),
-            _ => format!("(k.key::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {i})"),
+        let shard = |key: &str| {
+            let value = match key_columns {
+                1 => key.to_string(),
+                _ => format!("({key}::pg_catalog.jsonb OPERATOR(pg_catalog.->>) {i})"),
+            };
+            format!(
+                "pg_catalog.get_shard_id_for_distribution_column({}::pg_catalog.oid::pg_catalog.regclass, {value})",
+                self.table.to_u32()
+            )
         };
         Some(format!(
-            "UPDATE etc_batch.job j SET shards = (\n\
+            "WITH c AS (\n\
+               SELECT c.first_position OPERATOR(pg_catalog./) j.chunk_size OPERATOR(pg_catalog.+) 1 AS chunk, c.keys,\n\
+                      {first} AS first_shard, {last} AS last_shard\n\
+                 FROM etc_batch.{items} c, etc_batch.job j WHERE j.job_id OPERATOR(pg_catalog.=) $1),\n\
+             s AS (\n\
+               SELECT x.shard, pg_catalog.min(x.chunk) AS first_chunk, pg_catalog.max(x.chunk) AS last_chunk\n\
+                 FROM (SELECT c.chunk, c.first_shard AS shard FROM c\n\
+                       UNION SELECT c.chunk, c.last_shard FROM c\n\
+                       UNION SELECT c.chunk, {each} FROM c, pg_catalog.unnest(c.keys) AS k(key)\n\
+                              WHERE c.first_shard OPERATOR(pg_catalog.<>) c.last_shard) x\n\
+                GROUP BY x.shard)\n\
+             UPDATE etc_batch.job j SET shards = (\n\
                SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('shard', s.shard, \
                       'first_chunk', s.first_chunk, 'last_chunk', s.last_chunk) ORDER BY s.first_chunk, s.shard)\n\
-                 FROM (SELECT k.shard, pg_catalog.min(k.chunk) AS first_chunk, pg_catalog.max(k.chunk) AS last_chunk\n\
-                         FROM (SELECT DISTINCT c.first_position OPERATOR(pg_catalog./) j.chunk_size OPERATOR(pg_catalog.+) 1 AS chunk,\n\
-                                      pg_catalog.get_shard_id_for_distribution_column({table}::pg_catalog.oid::pg_catalog.regclass, {value}) AS shard\n\
-                                 FROM etc_batch.{items} c, pg_catalog.unnest(c.keys) AS k(key)) k\n\
-                        GROUP BY k.shard) s)\n\
+                 FROM s)\n\
              WHERE j.job_id OPERATOR(pg_catalog.=) $1",
-            table = self.table.to_u32(),
+            first = shard("c.keys[1]"),
+            last = shard("c.keys[pg_catalog.cardinality(c.keys)]"),
+            each = shard("k.key"),
         ))
     }
 

@@ -7,12 +7,15 @@ by set_expressions); the drains run with citus.log_remote_commands, whose NOTICE
 which shards each chunk's statement went to and how Citus committed it.
 """
 
+import os
 import re
+import subprocess
 import threading
+from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import table
+from conftest import PG_BIN, table
 
 from support import wait_until
 
@@ -328,3 +331,19 @@ def test_a_drain_waits_for_a_slot_nobody_reads_on_a_worker(citus):
         assert not thread.is_alive()
         drainer.close()
         exactly_once(conn, "lag", t, 2000)
+
+
+def test_what_the_documentation_shows(citus):
+    """docs.sql, run by psql on the coordinator at etc_batch's default settings, prints
+    expected/citus.out, which docs/citus.md quotes: a job's chunks by shard and by node,
+    the doctor, a key refused, the job done and nothing left prepared."""
+    here = Path(__file__).parent
+    shown = subprocess.run(
+        [str(PG_BIN / "psql"), "-X", "-a", "-h", str(citus.coordinator.socket_dir), "-p",
+         str(citus.coordinator.port), "-U", "postgres", "-d", citus.coordinator.test_db,
+         "-f", "docs.sql"], cwd=here,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+        env={**os.environ, "PGOPTIONS": "-c etc_batch.progress_interval=1s"})
+    # errors and notices as a terminal shows them, each after the statement that raised it
+    assert shown.returncode == 0, shown.stdout
+    assert shown.stdout == (here / "expected" / "citus.out").read_text()
