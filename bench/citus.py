@@ -384,6 +384,15 @@ def markdown(r):
         met = "met" if s["median"] >= bound else "missed"
         every = "" if s["min"] >= bound or s["median"] < bound else ", not in every repetition"
         out.append(f"| {name} | {spread(s, lambda x: f'{x:.2f}')} | ≥ {bound} | {met}{every} |")
+    # the drains alone: the same drainer over the two orders of one frozen list, its
+    # registration (on the distributed table, or on the table before it was distributed)
+    # left out
+    drains = summary([x["key-ordered"]["drain_s"] / x["shard-aware"]["drain_s"] for x in r["runs"]])
+    per = {v: summary([rows / x[v]["drain_s"] for x in r["runs"]]) for v in ("shard-aware", "key-ordered")}
+    out += ["", "The drains alone, registration left out: shard-aware "
+            f"{spread(per['shard-aware'], lambda x: f'{x:,.0f}')} rows/s, key-ordered "
+            f"{spread(per['key-ordered'], lambda x: f'{x:,.0f}')}; shard-aware / key-ordered "
+            f"{spread(drains, lambda x: f'{x:.2f}')}."]
     ch = r["check"]
     loop, one = ch["hand loop"], ch["one UPDATE"]
     out += ["", f"Routing, checked with citus.log_remote_commands on a table of {ch['rows']:,} rows "
@@ -402,7 +411,11 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--customers", type=int, default=None, help="ROWS / 20 when not given")
     ap.add_argument("--out", default=None, help="directory for latest.md and latest.json")
+    ap.add_argument("--report", default=None, help="a latest.json to print the report of, running nothing")
     a = ap.parse_args()
+    if a.report:
+        sys.stdout.write(markdown(json.loads(Path(a.report).read_text())))
+        return
     a.customers = a.customers or max(a.rows // 20, 1)
     assert a.rows % a.customers == 0 and a.rows >= a.customers, "ROWS must be a multiple of the customers"
     setup()
