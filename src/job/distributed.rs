@@ -1,7 +1,8 @@
 //! Targets Citus distributes by the hash of a column: which part of a job's key holds
-//! that column, the order registration freezes the items in (by shard, then by key, so
-//! that a chunk's items lie in one shard), and the values a chunk's statement binds so
-//! that Citus sends it to the shards of its items only.
+//! that column, the order registration freezes the items in (by shard, a node's shards
+//! after each other, then by key, so that a chunk's items lie in one shard), and the
+//! values a chunk's statement binds so that Citus sends it to the shards of its items
+//! only.
 //!
 //! A chunk of items in one shard is a statement on one worker, whose transaction Citus
 //! commits there with etc_batch's audit and checkpoint on the coordinator, in one
@@ -72,6 +73,16 @@ pub fn greatest_on_workers(sql: &str) -> Result<Option<i64>> {
     query::one::<i64>(ON_WORKERS, &[sql.into()])
 }
 
+/// The shards of table $1, node by node (its first placement's group), each node's in
+/// the order of their ids.
+const SHARDS_BY_NODE: &str = "\
+SELECT pg_catalog.array_agg(x.shardid ORDER BY x.node, x.shardid)
+  FROM (SELECT s.shardid, pg_catalog.min(p.groupid) AS node
+          FROM pg_catalog.pg_dist_shard s
+          JOIN pg_catalog.pg_dist_placement p ON p.shardid OPERATOR(pg_catalog.=) s.shardid
+         WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1
+         GROUP BY s.shardid) x";
+
 /// $1 run on every worker, the greatest of the bigints they return.
 const ON_WORKERS: &str = "\
 SELECT pg_catalog.max(w.result::pg_catalog.int8)
@@ -104,18 +115,25 @@ impl Distributed {
         })
     }
 
-    /// SQL: the shard of the item whose key text is `k` (a registration's order puts it
-    /// first), or None when every item of the job lies in one shard.
-    pub fn shard_of(&self, shape: &Shape, k: &str) -> Option<String> {
+    /// SQL: where the item whose key text is `k` goes in a registration's order, before
+    /// its key: the place of its shard among the table's shards taken node by node (a
+    /// shard's first node, by group), so that a node's shards follow each other. Then a
+    /// chunk across two shards most often has both on one worker, and a parallel job's
+    /// drainers, which start spread over the list (run/claim.rs), start on different
+    /// workers. None when every item of the job lies in one shard.
+    pub fn shard_of(&self, shape: &Shape, k: &str) -> Result<Option<String>> {
         let ValueIn::Key(i) = self.by else {
-            return None;
+            return Ok(None);
         };
+        let shards = query::one::<Vec<i64>>(SHARDS_BY_NODE, &[self.table.into()])?.unwrap_or_default();
         let column = &shape.columns[&self.column];
-        Some(format!(
-            "pg_catalog.get_shard_id_for_distribution_column({}::pg_catalog.oid::pg_catalog.regclass, {})",
+        Ok(Some(format!(
+            "pg_catalog.array_position('{{{}}}'::pg_catalog.int8[], \
+             pg_catalog.get_shard_id_for_distribution_column({}::pg_catalog.oid::pg_catalog.regclass, {}))",
+            shards.iter().map(i64::to_string).collect::<Vec<_>>().join(","),
             self.table.to_u32(),
             shape.key.typed_part(k, i, &column.sql_type)
-        ))
+        )))
     }
 
     /// The job's chunks by shard, written on its row at registration (job.shards) for

@@ -169,7 +169,11 @@ impl SqlOrder<'_> {
         let mut source = self.source(given);
         let mut args = std::mem::take(&mut source.args);
         // by shard first on a distributed target, so that chunks lie in one shard
-        let order = match t.distributed.as_ref().and_then(|d| d.shard_of(s, "s.k")) {
+        let shard = match &t.distributed {
+            Some(d) => d.shard_of(s, "s.k")?,
+            None => None,
+        };
+        let order = match shard {
             Some(shard) => format!("{shard}, {}", self.order_by("s.k")),
             None => self.order_by("s.k"),
         };
