@@ -22,7 +22,12 @@ fn use_two_phases() -> Option<extern "C" fn()> {
     static FOUND: OnceLock<usize> = OnceLock::new();
     let address = *FOUND.get_or_init(|| {
         // SAFETY: dlsym with a NUL-terminated name, on the process's global symbols
-        unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"Use2PCForCoordinatedTransaction".as_ptr()) as usize }
+        unsafe {
+            libc::dlsym(
+                libc::RTLD_DEFAULT,
+                c"Use2PCForCoordinatedTransaction".as_ptr(),
+            ) as usize
+        }
     });
     // SAFETY: a function of that name and signature, exported by citus.so since Citus 9
     (address != 0).then(|| unsafe { std::mem::transmute::<usize, extern "C" fn()>(address) })

@@ -51,7 +51,8 @@ pub fn archive_backlog() -> Result<i64> {
 }
 
 /// A worker's archive backlog, read by a role with pg_monitor's privileges.
-const ARCHIVE_BACKLOG_ON_WORKER: &str = "SELECT pg_catalog.count(*) FROM pg_catalog.pg_ls_archive_statusdir() \
+const ARCHIVE_BACKLOG_ON_WORKER: &str =
+    "SELECT pg_catalog.count(*) FROM pg_catalog.pg_ls_archive_statusdir() \
      WHERE name OPERATOR(pg_catalog.~~) '%.ready'";
 
 /// This server's archive backlog: the `.ready` files of pg_wal/archive_status (the

@@ -145,9 +145,14 @@ impl Source {
         let s = &target.shape;
         let here = matches!(s.key.order(&s.columns)?, KeyOrder::Here(_));
         // a distributed target's items are frozen by shard (distributed.rs)
-        let by_shard = target.distributed.as_ref().is_some_and(|d| d.spans_shards());
-        Ok((!here || s.guard.is_digest() || !record.is_empty() || by_shard)
-            .then_some(SqlOrder { target, record }))
+        let by_shard = target
+            .distributed
+            .as_ref()
+            .is_some_and(|d| d.spans_shards());
+        Ok(
+            (!here || s.guard.is_digest() || !record.is_empty() || by_shard)
+                .then_some(SqlOrder { target, record }),
+        )
     }
 
     fn given(&self) -> Given<'_> {
@@ -378,9 +383,10 @@ fn register_now(mut req: Request) -> Result<Registered> {
                     claim::write_chunk_rows(&req.job_id, &tables, chunks)?;
                 }
                 // on a distributed target, its chunks by shard (distributed.rs)
-                let by_shard = target.distributed.as_ref().and_then(|d| {
-                    d.shards_sql(terms.key.columns().len(), &tables.items_relname())
-                });
+                let by_shard = target
+                    .distributed
+                    .as_ref()
+                    .and_then(|d| d.shards_sql(terms.key.columns().len(), &tables.items_relname()));
                 if let Some(sql) = by_shard {
                     query::run(&sql, &[req.job_id.as_str().into()])?;
                 }

@@ -72,10 +72,16 @@ impl ItemArrays {
 
     /// The distinct values of the distribution column of `d` among the items, as text[]
     /// (NULL when their keys cannot be read so), bound after the arrays.
-    pub fn distribution_values(&self, d: &Distributed, key_columns: usize) -> DatumWithOid<'static> {
+    pub fn distribution_values(
+        &self,
+        d: &Distributed,
+        key_columns: usize,
+    ) -> DatumWithOid<'static> {
         // SAFETY: a flat copy of the row's text[] column, alive in the current context
-        let keys = unsafe { <pgrx::Array<&str> as pgrx::FromDatum>::from_datum(self.keys.datum(), false) };
-        let values = keys.and_then(|keys| d.values(keys.iter().map(Option::unwrap_or_default), key_columns));
+        let keys =
+            unsafe { <pgrx::Array<&str> as pgrx::FromDatum>::from_datum(self.keys.datum(), false) };
+        let values =
+            keys.and_then(|keys| d.values(keys.iter().map(Option::unwrap_or_default), key_columns));
         match values {
             Some(values) => values.into(),
             None => DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
