@@ -365,3 +365,31 @@ def test_what_the_documentation_shows(citus):
     # errors and notices as a terminal shows them, each after the statement that raised it
     assert shown.returncode == 0, shown.stdout
     assert shown.stdout == (here / "expected" / "citus.out").read_text()
+
+
+def test_a_key_of_one_column_distributed_by_itself(citus):
+    """A table keyed and distributed by id: each chunk's items are ids of one shard (a
+    value of its own each), and its UPDATE goes to that shard alone."""
+    with table(citus, "accounts_by_id", "CREATE TABLE accounts_by_id (id bigint PRIMARY KEY, "
+               "status text NOT NULL DEFAULT 'new', updates int NOT NULL DEFAULT 0, "
+               "revision bigint NOT NULL DEFAULT 1)", distribute="id",
+               rows="INSERT INTO accounts_by_id (id) SELECT generate_series(1, 1600)") as t, citus.connect() as conn:
+        assert conn.execute(
+            "SELECT items, chunks FROM etc_batch.register_job_from_query('by-id', NULL, %s::regclass, %s, 100, "
+            "'{\"status\": \"done\"}', tenant_column => NULL, set_expressions => '{\"updates\": \"updates + 1\"}')",
+            (t, f"SELECT id, revision FROM {t}")).fetchone() == (1600, 16)
+        remote = RemoteCommands(citus)
+        try:
+            remote.conn.execute("CALL etc_batch.drain_job('by-id')")
+            chunks = remote.chunks()
+        finally:
+            remote.close()
+        assert len(chunks) == 16
+        # 200 ids a shard, or so: chunks of 100 lie in one shard but where one ends
+        assert max(len(shards) for shards, _, _ in chunks) <= 2
+        assert sum(len(shards) == 1 for shards, _, _ in chunks) >= 16 - 7
+        # every chunk prepared on its worker (or on both, for one across them), none
+        # committed in one phase
+        assert all(prepared >= 1 and one_phase == 0 for _, prepared, one_phase in chunks), chunks
+        exactly_once(conn, "by-id", t, 1600)
+        assert citus.settled() == {n.name: [] for n in citus.nodes}
