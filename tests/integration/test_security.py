@@ -1305,7 +1305,10 @@ PUBLIC_ROUTINES = {"etc_batch.lock_key(text,text)", "etc_batch.try_xact_lock(tex
                    "etc_batch.chunk_audit_items(integer,bigint[],integer[],jsonb)",
                    "etc_batch.chunk_items(integer,text[],bigint[],text[])",
                    # pure: the clock time work takes inside a pace's windows
-                   "etc_batch.wall_seconds_in_windows(doubleprecision,text[],text)"}
+                   "etc_batch.wall_seconds_in_windows(doubleprecision,text[],text)",
+                   # the node of a Citus shard, from Citus's catalog, which PUBLIC reads:
+                   # job_progress.chunks_per_node
+                   "etc_batch.shard_node(bigint)"}
 # What PUBLIC may read: job_progress, whose rows are those jobs, and launches, whose rows
 # are the reader's own launches.
 PUBLIC_RELATIONS = {"job_progress", "launches"}
@@ -1346,7 +1349,7 @@ def test_routines_of_the_extension_as_the_catalog_records_them(db):
                      "register_job_from_query", "register_remainder", "register_revert",
                      "release_lease", "reset_batch", "revert_preview", "revert_preview_left_out",
                      "resume_batch", "resume_job", "resume_launches", "retry_step", "run_chain",
-                     "stop_launch",
+                     "shard_node", "stop_launch",
                      "try_xact_lock",
                      "verify_job", "wall_seconds_in_windows", "xact_lock"}, (
         "a routine was added or removed: decide who may run it, then update this list")
