@@ -191,6 +191,12 @@ pub enum BatchError {
         named_by: Option<String>,
         default: Option<Defaulted>,
     },
+    /// A job that deletes rows of `table`, whose foreign keys would delete or change rows
+    /// of other tables with them (job/change/cascade.rs): `detail` names the keys.
+    DeleteReachesOtherRows {
+        table: String,
+        detail: String,
+    },
     /// Something etc_batch does not support (yet), such as a key of an unusual type.
     Unsupported {
         message: String,
@@ -628,6 +634,16 @@ impl BatchError {
                     None => r,
                 }
             }
+            DeleteReachesOtherRows { table, detail } => report(
+                Code::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+                format!("deleting rows of {table} would delete or change rows that reference them"),
+            )
+            .detail(detail)
+            .hint(
+                "Delete or move the referencing rows first, with a job of their own on each table, \
+                 or change the foreign keys to ON DELETE RESTRICT or NO ACTION, so that a row \
+                 still referenced stops its chunk instead.",
+            ),
             Unsupported { message, detail } => {
                 report(Code::ERRCODE_FEATURE_NOT_SUPPORTED, message).detail(detail)
             }
@@ -1156,6 +1172,10 @@ mod tests {
             pgrx::spi::SpiError::SpiError(pgrx::spi::SpiErrorCodes::Transaction).into(),
             pgrx::spi::SpiError::CursorNotFound("c".into()).into(),
             Internal("an aggregate returned no row".into()),
+            DeleteReachesOtherRows {
+                table: "public.customers".into(),
+                detail: "Deleting its rows would delete rows of other tables through the foreign key \"orders_customer_fkey\" of orders (ON DELETE CASCADE, referencing customers); etc_batch keeps only the rows the job deletes from its target, so those would be lost to its audit and its revert.".into(),
+            },
         ];
         let covered: std::collections::BTreeSet<usize> = all
             .iter()
@@ -1214,9 +1234,10 @@ mod tests {
                 SyncWaitCanceled { .. } => 51,
                 NotNullViolation { .. } => 52,
                 CheckViolation { .. } => 53,
+                DeleteReachesOtherRows { .. } => 54,
             })
             .collect();
-        assert_eq!(covered, (0..=53).collect(), "every variant has an example");
+        assert_eq!(covered, (0..=54).collect(), "every variant has an example");
         all
     }
 

@@ -13,9 +13,12 @@
 //! - `delete`      a guarded DELETE, the rows kept with the audit.
 //! - `move_rows`   a guarded DELETE whose rows are inserted into an archive table, in the
 //!   same statement, and kept with the audit as a delete's.
+//! - `cascade`     the rows of other tables a delete reaches through foreign keys, which
+//!   refuse a job that deletes rows (nothing would keep them).
 //! - `restore`     the revert of those two: the rows kept inserted again where their key
 //!   is free, a move's taken back from its archive in the same statement.
 
+pub(crate) mod cascade;
 pub(crate) mod delete;
 pub(crate) mod handler;
 pub(crate) mod item_values;
@@ -154,10 +157,12 @@ pub(crate) fn approve(
         )),
         (Asked::Delete, ..) => {
             deletes("delete")?;
+            cascade::refuse(table, &target.display)?;
             Ok((delete::check(set_values, keep)?, BTreeMap::new()))
         }
         (Asked::Move(archive), ..) => {
             deletes("move")?;
+            cascade::refuse(table, &target.display)?;
             Ok((
                 move_rows::check(target, table, set_values, archive, keep)?,
                 BTreeMap::new(),
@@ -353,6 +358,12 @@ impl KindOfChange {
     /// reads an archive that may have no index at all.
     pub(crate) fn reads_the_target_by_key(self) -> bool {
         self.is_guarded_update() && self != KindOfChange::Restore
+    }
+
+    /// Whether a chunk deletes rows of the target (a delete, a move), which foreign keys
+    /// made since registration may carry to other tables (cascade.rs).
+    pub(crate) fn deletes_rows(self) -> bool {
+        matches!(self, KindOfChange::Delete | KindOfChange::Move)
     }
 
     /// Whether the chunk's statement is etc_batch's own guarded UPDATE, planned as a

@@ -1,7 +1,10 @@
 //! A guarded move to an archive table (action 'move', archive): each chunk one statement
 //! that deletes every item's row that still matches it and inserts the deleted rows into
 //! the archive, columns by name, pt-archiver's copy-then-delete as one statement: the
-//! insert and the delete commit together or not at all. The rows are kept with the
+//! insert and the delete commit together or not at all. The archive keeps each row's
+//! own values, an identity column's too: OVERRIDING SYSTEM VALUE, so that an archive
+//! made LIKE the target INCLUDING ALL (an identity GENERATED ALWAYS) takes them, as a
+//! restore puts them back. The rows are kept with the
 //! audit as a delete's are.
 
 use super::{delete, guarded_rows};
@@ -50,7 +53,7 @@ fn check_columns(target: &Columns, archive: &str, columns: &Columns) -> Result<(
         if to.generated {
             return Err(BatchError::invalid_because(
                 format!("column \"{}\" of archive {archive} is a generated column", column.name),
-                "A move inserts each row's value of every column of the target into the archive, which cannot store it in a generated column.",
+                "A move inserts each row's value of every column of the target into the archive, which cannot store it in a generated column. An archive made with CREATE TABLE archive (LIKE target INCLUDING ALL EXCLUDING GENERATED) has a plain column in its place.",
             ));
         }
         // SAFETY: a lookup in the cast catalog by two type OIDs the catalog just gave
@@ -99,7 +102,7 @@ pub(crate) fn chunk_sql(
          DELETE FROM {} AS t\n USING {items}\n WHERE {conditions}\n\
          RETURNING it.position, t AS moved_row),\n\
          archived AS (\n\
-         INSERT INTO {archive} ({})\nSELECT {} FROM moved m)\n\
+         INSERT INTO {archive} ({}) OVERRIDING SYSTEM VALUE\nSELECT {} FROM moved m)\n\
          SELECT m.position, NULL::pg_catalog.int8 AS guard_now, {} AS kept FROM moved m",
         target.sql_name,
         names.join(", "),

@@ -40,7 +40,7 @@ use crate::txn::subtransaction;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Approved items read one at a time, from wherever they come.
 type ItemStream<'a> = Box<dyn Iterator<Item = Result<Item>> + 'a>;
@@ -376,6 +376,7 @@ fn register_now(mut req: Request) -> Result<Registered> {
             frozen
                 .guard_columns
                 .retain(|c| !req.set_from_items.contains(c));
+            refuse_unguarded_deletes(&terms, &frozen.guard_columns)?;
             let chunks = chunk_count(frozen.count, req.chunk_size);
             as_role(owner, || {
                 insert_job(&req, &terms, &frozen, registrant, number)?;
@@ -415,6 +416,25 @@ fn register_now(mut req: Request) -> Result<Registered> {
         }
     };
     Ok(registered)
+}
+
+/// A job that deletes its rows (a delete, a move) guarded by named columns, where the
+/// items name none and expect is empty: a purge that would delete each approved key's
+/// row whatever it holds when its chunk comes. Refused once the items are read (the
+/// error undoes the partitions made for them), since only they tell what they name.
+fn refuse_unguarded_deletes(terms: &Terms, guard_columns: &BTreeSet<String>) -> Result<()> {
+    let deletes = matches!(terms.action, Action::Delete { .. } | Action::Move { .. });
+    if deletes
+        && terms.guard == Guard::Columns
+        && guard_columns.is_empty()
+        && terms.expect.is_empty()
+    {
+        return Err(BatchError::invalid_because(
+            "a job that deletes its rows guarded by named columns needs a column to check",
+            "No item names a column besides its key and expect is empty, so each approved key's row would be deleted whatever it holds when its chunk comes. Name the values each row must still hold in expect (or in each item), or leave guard out: a job without a revision column is then guarded by a digest of each row, and deletes only rows unchanged since registration.",
+        ));
+    }
+    Ok(())
 }
 
 /// An approval of no items (a quiet night's items query): a job done at once, so that

@@ -135,6 +135,10 @@ impl Drainer {
         let planned = planning(def.chunk_size, target.distributed.is_some());
         let bounds = target.bounds_chunks() && planned == query::Planning::ForTheValues;
         let kind = KindOfChange::of(&def);
+        // a foreign key made since registration would take rows nothing keeps
+        if kind.deletes_rows() {
+            change::cascade::refuse(def.target, &target.display)?;
+        }
         let change_sql = kind.chunk_sql(&def, &target, &constants, bounds);
         let dense_sql = (planned == query::Planning::Generic
             && kind.reads_the_target_by_key()
